@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Sets batchcast up on a fresh Debian 12 machine (run as root): installs the Debian packages the
+# build, the tests and the demo need (skipping those already there), then configures and builds
+# into build/. Idempotent. CUDA is compiled in when /usr/local/cuda/bin/nvcc works.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  cmake g++ make pkg-config libzmq3-dev cppzmq-dev libturbojpeg0-dev libopencv-core-dev
+  libopencv-imgproc-dev libopencv-imgcodecs-dev libboost-dev pybind11-dev python3-dev
+  libgtest-dev libgmock-dev libdlpack-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libbenchmark-dev python3-torch python3-torchvision python3-numpy python3-pytest
+  python3-matplotlib python3-pil clang libfuzzer-14-dev mate-backgrounds procps
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi
+
+if [[ -x /usr/local/cuda/bin/nvcc && -z "${CUDACXX:-}" ]]; then
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DPython_EXECUTABLE=/usr/bin/python3 -DPYTHON_EXECUTABLE=/usr/bin/python3 \
+  ${BATCHCAST_CMAKE_ARGS:-} >"$BUILD_DIR.configure.log" 2>&1 || { cat "$BUILD_DIR.configure.log"; exit 1; }
+cmake --build "$BUILD_DIR" -j"$(nproc)"
