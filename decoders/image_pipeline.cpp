@@ -1,0 +1,399 @@
+#include "decoders/image_pipeline.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+#ifdef BATCHCAST_HAVE_IMGCODECS
+#include <opencv2/imgcodecs.hpp>
+#endif
+
+#include "common/error.h"
+#include "common/random.h"
+#include "decoders/crop_params.h"
+#include "decoders/jpeg_decode.h"
+#include "decoders/scratch_buffer.h"
+
+namespace batchcast {
+namespace {
+
+// The flip draw has its own stream so it does not depend on how many crop attempts were made.
+constexpr uint64_t kFlipStream = 0x666C6970ull;  // "flip"
+
+std::string errno_text(int error_number) {
+  char buffer[256];
+  // GNU strerror_r returns the message (possibly not in `buffer`); thread-safe, unlike strerror.
+  return strerror_r(error_number, buffer, sizeof(buffer));
+}
+
+// Closes a file descriptor on scope exit.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Reads the whole file into the thread's file buffer; returns its size.
+size_t read_file(const std::string& path, ScratchBuffer& buffer) {
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw SampleError(path, "cannot open: " + errno_text(errno));
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) throw SampleError(path, "cannot stat: " + errno_text(errno));
+  if (S_ISDIR(info.st_mode)) throw SampleError(path, "is a directory, not an image file");
+  if (!S_ISREG(info.st_mode)) throw SampleError(path, "not a regular file");
+  if (info.st_size == 0) throw SampleError(path, "empty file (0 bytes)");
+  const size_t size = static_cast<size_t>(info.st_size);
+  uint8_t* data = buffer.get(size);
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::read(fd.get(), data + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw SampleError(path, "read failed: " + errno_text(errno));
+    }
+    if (n == 0) break;  // shrank while reading; decode what is there (and likely fail)
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+ScratchBuffer& file_buffer() {
+  thread_local ScratchBuffer buffer;
+  return buffer;
+}
+
+ScratchBuffer& resized_buffer() {
+  thread_local ScratchBuffer buffer;
+  return buffer;
+}
+
+void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name) {
+  if (width * height > limit) {
+    throw SampleError(name, "image is " + std::to_string(width) + "x" + std::to_string(height) +
+                                " = " + std::to_string(width * height) +
+                                " pixels, above max_image_pixels=" + std::to_string(limit) +
+                                " (decompression-bomb guard)");
+  }
+}
+
+enum class FileFormat { kJpeg, kPng, kOther, kUnknown };
+
+FileFormat sniff_format(const uint8_t* data, size_t size) {
+  auto starts_with = [&](const char* magic, size_t n, size_t at = 0) {
+    return size >= at + n && std::memcmp(data + at, magic, n) == 0;
+  };
+  if (looks_like_jpeg(data, size)) return FileFormat::kJpeg;
+  if (starts_with("\x89PNG\r\n\x1a\n", 8)) return FileFormat::kPng;
+  if (starts_with("BM", 2) || starts_with("II*\0", 4) || starts_with("MM\0*", 4) ||
+      (starts_with("RIFF", 4) && starts_with("WEBP", 4, 8)) ||
+      (size >= 2 && data[0] == 'P' && data[1] >= '1' && data[1] <= '6')) {
+    return FileFormat::kOther;
+  }
+  return FileFormat::kUnknown;
+}
+
+uint32_t read_be32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+// The scaled-image rectangle that covers source rectangle `crop` after DCT scaling by `factor`.
+PixelRect scale_rect(const CropRect& crop, ScalingFactor factor, int scaled_w, int scaled_h) {
+  auto floor_scale = [&](int v) {
+    return static_cast<int>(int64_t{v} * factor.num / factor.denom);
+  };
+  int x0 = floor_scale(crop.left);
+  int y0 = floor_scale(crop.top);
+  int x1 = std::min(factor.scale(crop.left + crop.width), scaled_w);
+  int y1 = std::min(factor.scale(crop.top + crop.height), scaled_h);
+  return PixelRect{x0, y0, std::max(x1 - x0, 1), std::max(y1 - y0, 1)};
+}
+
+// Writes a size x size RGB8 image (rows `stride` bytes apart) into `out` as planar CHW values
+// from the per-channel tables, mirroring columns when `flip`.
+template <typename T>
+void write_planar(const uint8_t* rgb, size_t stride, int size, bool flip,
+                  const std::array<std::array<T, 256>, 3>& lut, void* out) {
+  T* plane0 = static_cast<T*>(out);
+  T* plane1 = plane0 + static_cast<size_t>(size) * size;
+  T* plane2 = plane1 + static_cast<size_t>(size) * size;
+  for (int y = 0; y < size; ++y) {
+    const uint8_t* row = rgb + static_cast<size_t>(y) * stride;
+    const size_t base = static_cast<size_t>(y) * size;
+    for (int x = 0; x < size; ++x) {
+      const uint8_t* px = row + static_cast<size_t>(flip ? size - 1 - x : x) * 3;
+      plane0[base + x] = lut[0][px[0]];
+      plane1[base + x] = lut[1][px[1]];
+      plane2[base + x] = lut[2][px[2]];
+    }
+  }
+}
+
+// Mirrors each row of a size x size RGB8 image in place.
+void flip_rows_in_place(uint8_t* rgb, int size) {
+  for (int y = 0; y < size; ++y) {
+    uint8_t* row = rgb + static_cast<size_t>(y) * size * 3;
+    for (int a = 0, b = size - 1; a < b; ++a, --b) {
+      for (int c = 0; c < 3; ++c) std::swap(row[a * 3 + c], row[b * 3 + c]);
+    }
+  }
+}
+
+}  // namespace
+
+OutputType parse_output_type(const std::string& name) {
+  if (name == "float32") return OutputType::kFloat32;
+  if (name == "float16") return OutputType::kFloat16;
+  if (name == "bfloat16") return OutputType::kBFloat16;
+  if (name == "uint8") return OutputType::kUInt8;
+  throw Error("unknown output type '" + name + "'; valid: float32, float16, bfloat16, uint8");
+}
+
+const char* output_type_name(OutputType type) {
+  switch (type) {
+    case OutputType::kFloat32:
+      return "float32";
+    case OutputType::kFloat16:
+      return "float16";
+    case OutputType::kBFloat16:
+      return "bfloat16";
+    case OutputType::kUInt8:
+      return "uint8";
+  }
+  return "invalid";
+}
+
+OnError parse_on_error(const std::string& name) {
+  if (name == "raise") return OnError::kRaise;
+  if (name == "skip") return OnError::kSkip;
+  throw Error("unknown on_error '" + name + "'; valid: raise, skip");
+}
+
+uint16_t float_to_half_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude >= 0x7F800000u) {  // inf or NaN (NaN keeps a quiet payload bit)
+    return sign | 0x7C00u | (magnitude > 0x7F800000u ? 0x0200u | ((magnitude >> 13) & 0x3FFu) : 0);
+  }
+  if (magnitude >= 0x477FF000u) return sign | 0x7C00u;  // >= 65520 rounds to infinity
+  if (magnitude < 0x38800000u) {                        // below 2^-14: a half subnormal
+    if (magnitude < 0x33000000u) return sign;           // <= 2^-25 rounds to zero
+    const uint32_t exponent = magnitude >> 23;
+    const uint32_t mantissa = (magnitude & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 126 - exponent;  // 14..24
+    uint32_t result = mantissa >> shift;
+    const uint32_t remainder = mantissa & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (remainder > halfway || (remainder == halfway && (result & 1u))) ++result;
+    return sign | static_cast<uint16_t>(result);
+  }
+  uint32_t result = (magnitude - 0x38000000u) >> 13;  // rebias the exponent 127 -> 15
+  const uint32_t remainder = magnitude & 0x1FFFu;
+  if (remainder > 0x1000u || (remainder == 0x1000u && (result & 1u))) ++result;
+  return sign | static_cast<uint16_t>(result);
+}
+
+uint16_t float_to_bfloat16_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+ImagePipeline::ImagePipeline(PipelineOptions options) : options_(options) {
+  if (options_.image_size < 1 || options_.image_size > 16384) {
+    throw Error("image_size must be in 1..16384, got " + std::to_string(options_.image_size));
+  }
+  if (options_.max_image_pixels < 1) throw Error("max_image_pixels must be positive");
+  for (int c = 0; c < 3; ++c) {
+    if (!(options_.std[c] != 0.0f) || !std::isfinite(options_.std[c])) {
+      throw Error("normalisation std must be finite and non-zero (channel " + std::to_string(c) +
+                  ")");
+    }
+    for (int v = 0; v < 256; ++v) {
+      // Same float32 operations as ToTensor (v / 255) followed by Normalize ((x - mean) / std).
+      float value = (static_cast<float>(v) / 255.0f - options_.mean[c]) / options_.std[c];
+      float_lut_[c][v] = value;
+      half_lut_[c][v] = options_.output == OutputType::kBFloat16 ? float_to_bfloat16_bits(value)
+                                                                 : float_to_half_bits(value);
+    }
+  }
+  // Samples run in parallel across worker threads; OpenCV's own per-call thread pool would only
+  // oversubscribe the cores (and costs more than it saves on a 224x224 resize).
+  cv::setNumThreads(1);
+}
+
+DType ImagePipeline::dtype() const {
+  switch (options_.output) {
+    case OutputType::kFloat32:
+      return DType::kFloat32;
+    case OutputType::kFloat16:
+      return DType::kFloat16;
+    case OutputType::kBFloat16:
+      return DType::kBFloat16;
+    case OutputType::kUInt8:
+      return DType::kUInt8;
+  }
+  return DType::kFloat32;
+}
+
+std::vector<int64_t> ImagePipeline::sample_shape() const {
+  const int64_t s = options_.image_size;
+  if (options_.output == OutputType::kUInt8) return {s, s, 3};
+  return {3, s, s};
+}
+
+size_t ImagePipeline::sample_bytes() const {
+  const size_t s = static_cast<size_t>(options_.image_size);
+  return s * s * 3 * dtype_size(dtype());
+}
+
+void ImagePipeline::process(const std::string& path, uint64_t epoch, uint64_t index,
+                            void* out) const {
+  ScratchBuffer& buffer = file_buffer();
+  size_t size = read_file(path, buffer);
+  process_bytes(buffer.data(), size, path, epoch, index, out);
+}
+
+void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::string& name,
+                                  uint64_t epoch, uint64_t index, void* out) const {
+  if (size == 0) throw SampleError(name, "empty file (0 bytes)");
+  const int out_size = options_.image_size;
+  const FileFormat format = sniff_format(data, size);
+
+  // 1. Geometry from the header, and the decoded source pixels it needs.
+  int width = 0;
+  int height = 0;
+  JpegHeader jpeg_header;
+#ifdef BATCHCAST_HAVE_IMGCODECS
+  thread_local cv::Mat decoded_bgr;
+  thread_local cv::Mat decoded_rgb;
+#endif
+  if (format == FileFormat::kJpeg) {
+    jpeg_header = read_jpeg_header(data, size, name);
+    width = jpeg_header.width;
+    height = jpeg_header.height;
+    check_pixel_count(width, height, options_.max_image_pixels, name);
+  } else if (format == FileFormat::kUnknown) {
+    throw SampleError(name, "not an image (unrecognised file signature)");
+  } else {
+#ifdef BATCHCAST_HAVE_IMGCODECS
+    if (format == FileFormat::kPng) {
+      // IHDR is the first chunk: width and height at bytes 16..23, checked before decoding.
+      if (size < 24) throw SampleError(name, "truncated PNG header");
+      check_pixel_count(read_be32(data + 16), read_be32(data + 20), options_.max_image_pixels,
+                        name);
+    }
+    try {
+      cv::Mat encoded(1, static_cast<int>(std::min<size_t>(size, INT32_MAX)), CV_8UC1,
+                      const_cast<uint8_t*>(data));
+      // PIL (and so torchvision) ignores EXIF orientation; so do we.
+      decoded_bgr = cv::imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+    } catch (const cv::Exception& e) {
+      throw SampleError(name, std::string("corrupt image: ") + e.what());
+    }
+    if (decoded_bgr.empty()) throw SampleError(name, "corrupt or truncated image (decode failed)");
+    width = decoded_bgr.cols;
+    height = decoded_bgr.rows;
+    check_pixel_count(width, height, options_.max_image_pixels, name);
+    cv::cvtColor(decoded_bgr, decoded_rgb, cv::COLOR_BGR2RGB);
+#else
+    throw SampleError(name,
+                      "not a JPEG; decoding PNG and other formats needs OpenCV imgcodecs "
+                      "(install libopencv-imgcodecs-dev and rebuild)");
+#endif
+  }
+
+  // 2. Source rectangle, output geometry and flip.
+  CropRect crop;
+  int resize_w = out_size;
+  int resize_h = out_size;
+  int final_left = 0;
+  int final_top = 0;
+  bool flip = false;
+  if (options_.train) {
+    SampleRng rng(options_.seed, epoch, index);
+    crop = random_resized_crop_params(width, height, rng);
+    SampleRng flip_rng(hash_combine(options_.seed, kFlipStream), epoch, index);
+    flip = flip_rng.uniform() < 0.5;
+  } else {
+    EvalGeometry g = eval_geometry(width, height, out_size);
+    crop = CropRect{0, 0, height, width};
+    resize_w = g.resized_width;
+    resize_h = g.resized_height;
+    final_left = g.crop_left;
+    final_top = g.crop_top;
+    // A sliver (1 x 100000) would resize to a gigantic strip; the bomb guard covers that too.
+    check_pixel_count(resize_w, resize_h, options_.max_image_pixels, name);
+  }
+
+  // 3. Decode just that rectangle (DCT-scaled when it is much larger than needed).
+  RgbView source;
+  if (format == FileFormat::kJpeg) {
+    ScalingFactor factor = choose_scaling(crop.width, crop.height, resize_w, resize_h);
+    PixelRect rect = scale_rect(crop, factor, factor.scale(width), factor.scale(height));
+    source = decode_jpeg_region(data, size, name, jpeg_header, factor, rect);
+  } else {
+#ifdef BATCHCAST_HAVE_IMGCODECS
+    source.stride = decoded_rgb.step[0];
+    source.pixels = decoded_rgb.ptr<uint8_t>(crop.top) + static_cast<size_t>(crop.left) * 3;
+    source.width = crop.width;
+    source.height = crop.height;
+#endif
+  }
+
+  // 4. Resize (bilinear, no antialias), then flip and normalise straight into `out`.
+  cv::Mat source_mat(source.height, source.width, CV_8UC3, const_cast<uint8_t*>(source.pixels),
+                     source.stride);
+  const bool direct_uint8 = options_.output == OutputType::kUInt8 && options_.train;
+  uint8_t* resized = direct_uint8 ? static_cast<uint8_t*>(out)
+                                  : resized_buffer().get(static_cast<size_t>(resize_w) *
+                                                         resize_h * 3);
+  cv::Mat resized_mat(resize_h, resize_w, CV_8UC3, resized);
+  if (source.width == resize_w && source.height == resize_h) {
+    source_mat.copyTo(resized_mat);
+  } else {
+    cv::resize(source_mat, resized_mat, resized_mat.size(), 0, 0, cv::INTER_LINEAR);
+  }
+  const size_t resized_stride = static_cast<size_t>(resize_w) * 3;
+  const uint8_t* square =
+      resized + static_cast<size_t>(final_top) * resized_stride + static_cast<size_t>(final_left) * 3;
+
+  switch (options_.output) {
+    case OutputType::kFloat32:
+      write_planar(square, resized_stride, out_size, flip, float_lut_, out);
+      break;
+    case OutputType::kFloat16:
+    case OutputType::kBFloat16:
+      write_planar(square, resized_stride, out_size, flip, half_lut_, out);
+      break;
+    case OutputType::kUInt8:
+      if (!direct_uint8) {
+        uint8_t* dst = static_cast<uint8_t*>(out);
+        for (int y = 0; y < out_size; ++y) {
+          std::memcpy(dst + static_cast<size_t>(y) * out_size * 3, square + y * resized_stride,
+                      static_cast<size_t>(out_size) * 3);
+        }
+      }
+      if (flip) flip_rows_in_place(static_cast<uint8_t*>(out), out_size);
+      break;
+  }
+}
+
+}  // namespace batchcast

@@ -1,0 +1,84 @@
+// The native image pipeline: file (or bytes) -> decoded, cropped, resized, flipped, normalised
+// sample written in place into caller-owned memory (a slot of the batch pool).
+//
+// Contract: an ImagePipeline is immutable after construction. process()/process_bytes() are
+// thread-safe and may run on many threads at once: all mutable state (TurboJPEG/libjpeg
+// decompressors, scratch buffers) is thread_local. Results are a pure function of (options, file
+// bytes, epoch, index): the random draws come from SampleRng(seed, epoch, index), never from
+// thread identity or timing. The caller owns `out` (sample_bytes() bytes); the pipeline keeps no
+// pointer to it. Bad samples throw SampleError(path, reason); bad options throw Error.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace batchcast {
+
+enum class OutputType { kFloat32, kFloat16, kBFloat16, kUInt8 };
+enum class OnError { kRaise, kSkip };
+
+// "float32" | "float16" | "bfloat16" | "uint8"; anything else throws Error listing these.
+OutputType parse_output_type(const std::string& name);
+const char* output_type_name(OutputType type);
+// "raise" | "skip"; anything else throws Error listing these.
+OnError parse_on_error(const std::string& name);
+
+struct PipelineOptions {
+  // Side of the square output. Default 224: the ImageNet training resolution of torchvision's
+  // reference recipes.
+  int image_size = 224;
+  // true: RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3)) + RandomHorizontalFlip(0.5),
+  // torchvision's training transform. false: Resize(int(size*256/224)) + CenterCrop(size), its
+  // eval transform. Default true: a data-loading server mostly feeds training.
+  bool train = true;
+  // Float types: normalised (x/255 - mean)/std, planar (3, S, S) per sample, as ToTensor +
+  // Normalize produce. uint8: (S, S, 3) HWC, not normalised (normalise on the GPU). Default
+  // float32: what a torchvision pipeline hands the model.
+  OutputType output = OutputType::kFloat32;
+  // Per-channel RGB mean and std of Normalize. Default: the ImageNet statistics every torchvision
+  // model was trained with.
+  std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
+  std::array<float, 3> std{0.229f, 0.224f, 0.225f};
+  // Seed of every random draw (with epoch and index). Default 0: reproducible unless asked.
+  uint64_t seed = 0;
+  // Decompression-bomb guard, checked from the header before any pixel is decoded. Default
+  // 178956970 = 2x PIL's MAX_IMAGE_PIXELS warning limit, the point where PIL itself refuses.
+  int64_t max_image_pixels = 178956970;
+};
+
+class ImagePipeline {
+ public:
+  explicit ImagePipeline(PipelineOptions options);
+
+  const PipelineOptions& options() const { return options_; }
+  DType dtype() const;
+  // {3, S, S} for float outputs, {S, S, 3} for uint8.
+  std::vector<int64_t> sample_shape() const;
+  size_t sample_bytes() const;
+
+  // Reads `path`, decodes and augments it into `out` (sample_bytes() bytes, written in place).
+  // Random draws depend only on (seed, epoch, index). Throws SampleError(path, reason) for
+  // zero-byte, truncated, corrupt, non-image, unreadable or too-large files.
+  void process(const std::string& path, uint64_t epoch, uint64_t index, void* out) const;
+  // Same, from bytes already in memory; `name` is the path reported in errors.
+  void process_bytes(const uint8_t* data, size_t size, const std::string& name, uint64_t epoch,
+                     uint64_t index, void* out) const;
+
+ private:
+  PipelineOptions options_;
+  // Normalisation tables: value[channel][pixel byte] in the output type's bit pattern, computed
+  // once as ((v / 255) - mean) / std in float32, exactly ToTensor + Normalize's arithmetic.
+  std::array<std::array<float, 256>, 3> float_lut_{};
+  std::array<std::array<uint16_t, 256>, 3> half_lut_{};  // float16 or bfloat16 bits
+};
+
+// float32 -> IEEE half / bfloat16 bits, round to nearest even (NaN stays NaN). Exposed for tests.
+uint16_t float_to_half_bits(float value);
+uint16_t float_to_bfloat16_bits(float value);
+
+}  // namespace batchcast

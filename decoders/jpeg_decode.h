@@ -1,0 +1,72 @@
+// JPEG decoding for the image pipeline: header inspection (TurboJPEG), choice of a DCT-domain
+// scaling factor, and decoding of just the pixel rectangle a crop needs.
+//
+// Contract: free functions; every call uses thread_local decoder state (a TurboJPEG handle and a
+// libjpeg decompressor per thread), so any number of threads may call them at once. The pixels a
+// call returns live in a thread_local buffer owned by this module and stay valid until the same
+// thread calls decode_jpeg_region() again. Bad data throws SampleError(name, reason).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace batchcast {
+
+// True when the bytes start with a JPEG SOI marker followed by another marker.
+bool looks_like_jpeg(const uint8_t* data, size_t size);
+
+struct JpegHeader {
+  int width = 0;
+  int height = 0;
+  int subsampling = 0;  // TJSAMP_*
+  int colorspace = 0;   // TJCS_*
+};
+
+// Reads the frame header without decoding pixels. Throws SampleError on a malformed header.
+JpegHeader read_jpeg_header(const uint8_t* data, size_t size, const std::string& name);
+
+// A DCT-domain scaling factor num/denom (<= 1) from tjGetScalingFactors().
+struct ScalingFactor {
+  int num = 1;
+  int denom = 1;
+  int scale(int dim) const { return static_cast<int>((int64_t{dim} * num + denom - 1) / denom); }
+  bool is_identity() const { return num == denom; }
+};
+
+// The largest reduction worth doing for a crop of crop_w x crop_h source pixels that will be
+// resized to out_w x out_h: none unless the crop is at least twice the output in both dimensions;
+// otherwise the smallest factor whose scaled crop is still >= the output in both dimensions (so the
+// final resize still only shrinks, and quality stays that of a bilinear downscale).
+ScalingFactor choose_scaling(int crop_w, int crop_h, int out_w, int out_h);
+
+// A rectangle in pixel coordinates.
+struct PixelRect {
+  int x = 0;
+  int y = 0;
+  int w = 0;
+  int h = 0;
+};
+
+// Decoded RGB8 pixels: `height` rows of `width` pixels, `stride` bytes apart.
+struct RgbView {
+  const uint8_t* pixels = nullptr;
+  int width = 0;
+  int height = 0;
+  size_t stride = 0;
+};
+
+// Decodes `rect` (in the coordinates of the image scaled by `factor`) as RGB. YCbCr and grayscale
+// files are decoded with libjpeg's jpeg_crop_scanline/jpeg_skip_scanlines so only the rows down to
+// the rectangle's bottom are entropy-decoded and only its columns are inverse-transformed; CMYK and
+// YCCK files take a full TurboJPEG decode (TJPF_RGB converts them) and are cropped after.
+// Truncated or corrupt data in the decoded part throws SampleError.
+RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name,
+                           const JpegHeader& header, ScalingFactor factor, PixelRect rect);
+
+// Decodes the whole image scaled by `factor` with TurboJPEG (the reference path; also used by
+// tests). Returns a tightly packed RGB view in the same thread_local buffer.
+RgbView decode_jpeg_full_turbo(const uint8_t* data, size_t size, const std::string& name,
+                               ScalingFactor factor);
+
+}  // namespace batchcast
