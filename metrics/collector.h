@@ -1,0 +1,94 @@
+// The built-in radT-style metrics collector: one sampler thread that, every `interval_s`, asks
+// its owner for a MetricsSnapshot (which processes to watch, cumulative counters), reads /proc
+// and NVML, and appends one row per process to CSV time series in a run directory; stop()
+// writes summary.json (also refreshed every few ticks, so a killed run still leaves one).
+// metrics/README.md documents the files and columns.
+//
+// CPU accounting for a watched pid: utime+stime of the process (all threads) + cutime+cstime
+// (children it has reaped) + the same for each of its live descendants (e.g. DataLoader
+// workers), found by walking the ppid tree of /proc/*/stat. A descendant that is itself watched
+// is charged to itself only. Figures are deltas from the first tick at which the collector saw
+// the process, so CPU and samples cover the same span.
+//
+// Thread-safety: start(), stop() and summary() may be called from any thread, concurrently.
+// The `source` callback is called on the sampler thread only (once per tick, first at start(),
+// last during stop()), never while an internal lock is held, so it may take other locks (e.g.
+// the Python GIL). Lifetime: the collector owns its thread, its files and the NVML handle; the
+// destructor stops it. `source` must stay callable until stop() returns.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace batchcast {
+
+// What the owner reports at each tick. Counters are cumulative since whatever origin the owner
+// likes (the collector takes deltas from its first sight of each process).
+struct MetricsSnapshot {
+  double producer_blocked_s = 0;  // producer time blocked on a full ring
+  int64_t ring_used = 0;          // ring slots holding data now
+  int64_t ring_size = 0;          // ring slots in all (0: no ring, e.g. a trainer's own tracker)
+  struct Process {
+    std::string role;  // "server", "consumer" or "trainer" (others are counted in "all" only)
+    std::string id;    // the owner's name for it (consumer id); may be empty
+    pid_t pid = 0;     // on this host; a pid not found in /proc gets empty CPU/RSS cells
+    uint64_t samples = 0;  // samples consumed (consumers/trainers)
+    double wait_s = 0;     // time spent waiting for data (consumers/trainers)
+  };
+  // Keep a process listed until it has finished: the collector reads its CPU only while it is.
+  std::vector<Process> processes;
+};
+
+struct CollectorOptions {
+  // Run directory for the CSVs and summary.json. Required. Created (with parents) if missing;
+  // existing files of the same names are overwritten, so use one directory per run.
+  std::string dir;
+  // Seconds between ticks. Default 1 s, as radT and MLflow system metrics: fine enough for
+  // epochs of minutes, and one tick costs a few ms of CPU. Must be > 0.
+  double interval_s = 1.0;
+  // Name shown in summary.json and in reports. Default "": the last component of `dir`.
+  std::string run_name;
+  // Read GPU utilisation, memory and power through NVML. Default true: the library is loaded
+  // only if present, so the only reason to turn this off is to skip NVML's start-up cost.
+  bool gpu = true;
+  // What to dlopen for NVML. Default the driver's soname, which the NVIDIA driver installs in
+  // the loader path; a path here serves unusual installs and tests (a fake NVML).
+  std::string nvml_library = "libnvidia-ml.so.1";
+  // Rewrite summary.json (marked "complete": false) every this many ticks, so a run that is
+  // killed still has totals. Default 10: a small JSON file every 10 s. 0 = only at stop().
+  int summary_every_ticks = 10;
+};
+
+class MetricsCollector {
+ public:
+  // Creates `dir`, opens the CSV files and writes their headers, and loads NVML. Throws
+  // batchcast::Error naming the directory or file (and what to do) if it cannot.
+  MetricsCollector(CollectorOptions options, std::function<MetricsSnapshot()> source);
+  ~MetricsCollector();  // stop(), errors logged
+  MetricsCollector(const MetricsCollector&) = delete;
+  MetricsCollector& operator=(const MetricsCollector&) = delete;
+
+  // Starts the sampler thread and returns once the first tick (t = 0, the baseline) is taken.
+  // No-op while running; throws batchcast::Error after stop() (a run cannot be resumed).
+  void start();
+  // Takes a final tick, joins the thread, writes summary.json. Idempotent; no-op before start().
+  // Throws batchcast::Error if summary.json (or a CSV) could not be written.
+  void stop();
+  // The totals summary.json holds (current ones while running). See metrics/README.md.
+  nlohmann::json summary() const;
+  // True when NVML was loaded and reports at least one GPU.
+  bool has_gpu() const;
+  const CollectorOptions& options() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace batchcast
