@@ -1,0 +1,471 @@
+#include "client/consumer.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <zmq.hpp>
+
+#include "common/error.h"
+#include "common/process.h"
+#include "shm/slot_pool.h"
+
+namespace batchcast {
+
+using protocol::BatchDescriptor;
+
+// Session: the connection behind a Consumer. Its I/O thread owns the DEALER socket: it receives
+// descriptors, heartbeats, End and errors, and sends credits, releases and heartbeats queued by
+// other threads (woken through an eventfd). Shared by the Consumer and every chunk reference,
+// so the mapping outlives the Consumer while batches still view it.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  explicit Session(const ConsumerOptions& options);
+  ~Session();
+
+  // Blocks for the next descriptor. nullopt once End was received and the queue is empty.
+  std::optional<BatchDescriptor> pop(double timeout_s, double* waited);
+  void post(protocol::Message message);
+  void goodbye();
+
+  const protocol::Welcome& welcome() const { return welcome_; }
+  const uint8_t* slot_data(uint32_t slot) const { return pool_->slot_data(slot); }
+  std::atomic<uint32_t> held{0};  // zero-copy batches alive
+  std::atomic<uint64_t> samples{0};
+  std::atomic<uint64_t> dropped{0};
+  std::atomic<double> wait_s{0};
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void loop();
+  void on_message(const void* data, size_t size, double now);
+  bool server_gone(double now);
+
+  std::string endpoint_;
+  zmq::context_t context_{1};
+  zmq::socket_t socket_{context_, zmq::socket_type::dealer};
+  int wake_fd_ = -1;
+  protocol::Welcome welcome_;
+  bool server_local_ = false;
+  std::optional<SlotPool> pool_;
+
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<BatchDescriptor> queue_;
+  std::vector<protocol::Message> outbox_;
+  bool ended_ = false;
+  bool gone_ = false;
+  bool stopping_ = false;
+  std::string gone_reason_;
+  std::string server_error_;
+  double last_heard_ = 0;
+  std::thread thread_;
+};
+
+// One received chunk. The last owner (the assembler or a zero-copy Batch) releases its slot.
+struct ChunkRef {
+  std::shared_ptr<Session> session;
+  BatchDescriptor desc;
+  const uint8_t* base = nullptr;
+  ~ChunkRef() { session->post(protocol::Release{desc.seq, desc.slot}); }
+};
+
+namespace {
+
+double deadline_from(double timeout_s) {
+  return timeout_s > 0 ? monotonic_seconds() + timeout_s : 1e300;
+}
+
+}  // namespace
+
+Session::Session(const ConsumerOptions& options)
+    : endpoint_(options.endpoint.empty() ? protocol::default_endpoint() : options.endpoint) {
+  socket_.set(zmq::sockopt::linger, 200);  // let a goodbye and final releases go out
+  socket_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(protocol::kMaxMessageBytes));
+  socket_.set(zmq::sockopt::rcvhwm, 100000);
+  socket_.set(zmq::sockopt::sndhwm, 100000);
+  try {
+    socket_.connect(endpoint_);
+  } catch (const zmq::error_t& e) {
+    throw Error("cannot connect to " + endpoint_ + ": " + e.what() +
+                "; endpoints look like ipc:///tmp/NAME.sock or tcp://127.0.0.1:PORT");
+  }
+  protocol::Hello hello;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  hello.boot_id = host_boot_id();
+  hello.name = options.name;
+  hello.late_join = options.late_join;
+  socket_.send(zmq::buffer(protocol::encode(hello)), zmq::send_flags::none);
+
+  // Handshake on the caller's thread: wait for the welcome.
+  double deadline = deadline_from(options.timeout_s);
+  while (true) {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    if (item.revents & ZMQ_POLLIN) {
+      zmq::message_t msg;
+      (void)socket_.recv(msg, zmq::recv_flags::none);
+      auto r = protocol::decode(msg.data(), msg.size());
+      if (r.message && std::holds_alternative<protocol::Welcome>(*r.message)) {
+        welcome_ = std::get<protocol::Welcome>(*r.message);
+        break;
+      }
+      throw Error("unexpected answer from " + endpoint_ + " (" +
+                  (r.message ? "not a welcome" : r.error) + "); is a batchcast server there?");
+    }
+    if (monotonic_seconds() > deadline)
+      throw TimeoutError("no batchcast server answered at " + endpoint_ + " within " +
+                         std::to_string(static_cast<int>(options.timeout_s)) +
+                         " s; start one with `batchcast serve --endpoint " + endpoint_ + "`");
+  }
+  server_local_ = welcome_.boot_id == host_boot_id();
+  if (welcome_.device != protocol::DeviceKind::kCpu)
+    throw Error("server at " + endpoint_ + " serves CUDA memory; this build has no CUDA support");
+  if (!server_local_)
+    throw Error("server at " + endpoint_ + " runs on another host; batchcast shares memory only "
+                "between processes of one machine");
+  pool_.emplace(SlotPool::attach(welcome_.segment_name, welcome_.slot_count, welcome_.slot_bytes,
+                                 welcome_.slots_offset));
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  last_heard_ = monotonic_seconds();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Session::~Session() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void Session::post(protocol::Message message) {
+  {
+    std::lock_guard lk(mu_);
+    outbox_.push_back(std::move(message));
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+void Session::goodbye() { post(protocol::Goodbye{}); }
+
+std::optional<BatchDescriptor> Session::pop(double timeout_s, double* waited) {
+  std::unique_lock lk(mu_);
+  double start = monotonic_seconds();
+  double deadline = deadline_from(timeout_s);
+  while (queue_.empty()) {
+    if (!server_error_.empty())
+      throw Error("batchcast server at " + endpoint_ + " reported: " + server_error_);
+    if (ended_) break;
+    if (gone_) throw ServerGoneError(gone_reason_);
+    if (monotonic_seconds() > deadline)
+      throw TimeoutError("no data from the batchcast server at " + endpoint_ + " within " +
+                         std::to_string(static_cast<int>(timeout_s)) +
+                         " s (it is alive: is it stalled on a slow or stopped consumer?)");
+    ready_.wait_for(lk, std::chrono::milliseconds(100));
+  }
+  *waited = monotonic_seconds() - start;
+  if (queue_.empty()) return std::nullopt;
+  auto d = std::move(queue_.front());
+  queue_.pop_front();
+  return d;
+}
+
+bool Session::server_gone(double now) {
+  if (server_local_) return !process_alive(static_cast<pid_t>(welcome_.server_pid));
+  return now - last_heard_ > welcome_.heartbeat_timeout_s;
+}
+
+void Session::on_message(const void* data, size_t size, double now) {
+  auto r = protocol::decode(data, size);
+  if (!r.message) {
+    dropped++;
+    return;
+  }
+  last_heard_ = now;
+  std::lock_guard lk(mu_);
+  if (auto* d = std::get_if<BatchDescriptor>(&*r.message)) {
+    auto invalid = protocol::validate_descriptor(*d, welcome_.slot_count, welcome_.slot_bytes);
+    if (invalid.empty() && pool_->slot_seq(d->slot) != d->seq)
+      invalid = "slot " + std::to_string(d->slot) + " does not hold chunk " + std::to_string(d->seq);
+    if (!invalid.empty()) {
+      dropped++;
+      spdlog::warn("dropped a descriptor from {}: {}", endpoint_, invalid);
+      outbox_.push_back(protocol::Release{d->seq, d->slot});
+      return;
+    }
+    queue_.push_back(std::move(*d));
+  } else if (std::holds_alternative<protocol::End>(*r.message)) {
+    ended_ = true;
+  } else if (auto* e = std::get_if<protocol::ErrorMessage>(&*r.message)) {
+    server_error_ = e->message;
+  } else if (!std::holds_alternative<protocol::Heartbeat>(*r.message)) {
+    dropped++;
+  }
+  ready_.notify_all();
+}
+
+void Session::loop() {
+  zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+  double next_heartbeat = 0, next_check = 0;
+  bool stopping = false;
+  bool goodbye_sent = false;
+  while (!stopping) {
+    zmq::poll(items, 2, std::chrono::milliseconds(50));
+    if (items[1].revents & ZMQ_POLLIN) {
+      uint64_t v;
+      [[maybe_unused]] auto n = ::read(wake_fd_, &v, sizeof(v));
+    }
+    double now = monotonic_seconds();
+    zmq::message_t msg;
+    while (socket_.recv(msg, zmq::recv_flags::dontwait)) on_message(msg.data(), msg.size(), now);
+    std::vector<protocol::Message> out;
+    {
+      std::lock_guard lk(mu_);
+      out.swap(outbox_);
+      stopping = stopping_;
+    }
+    if (now >= next_heartbeat) {
+      out.push_back(protocol::Heartbeat{samples.load(), wait_s.load()});
+      next_heartbeat = now + welcome_.heartbeat_interval_s;
+    }
+    if (stopping && !goodbye_sent) out.push_back(protocol::Goodbye{});
+    for (const auto& m : out) {
+      if (std::holds_alternative<protocol::Goodbye>(m)) {
+        if (goodbye_sent) continue;
+        goodbye_sent = true;
+      }
+      socket_.send(zmq::buffer(protocol::encode(m)), zmq::send_flags::dontwait);
+    }
+    if (now >= next_check) {
+      next_check = now + 0.2;
+      std::lock_guard lk(mu_);
+      if (!ended_ && !gone_ && server_gone(now)) {
+        gone_ = true;
+        gone_reason_ = "the batchcast server at " + endpoint_ + " (pid " +
+                       std::to_string(welcome_.server_pid) + ") is gone: it " +
+                       (server_local_ ? "exited or was killed" : "stopped answering heartbeats") +
+                       " before the end of the stream";
+        ready_.notify_all();
+      }
+    }
+  }
+}
+
+Batch::~Batch() {
+  if (session_) session_->held--;
+}
+
+Consumer::Consumer(ConsumerOptions options)
+    : options_(std::move(options)), session_(std::make_shared<Session>(options_)) {
+  batch_size_ = options_.batch_size ? options_.batch_size : session_->welcome().server_batch_size;
+  if (batch_size_ == 0) throw Error("batch_size must be >= 1 (the server announced none)");
+  epoch_ = session_->welcome().first_epoch;
+  session_->post(protocol::Credit{std::max<uint32_t>(options_.prefetch, 1)});
+}
+
+Consumer::~Consumer() { close(); }
+
+void Consumer::close() {
+  if (!session_) return;
+  cur_.reset();
+  stash_.reset();
+  session_->goodbye();
+  session_.reset();
+}
+
+const protocol::Welcome& Consumer::welcome() const { return session_->welcome(); }
+
+std::optional<uint64_t> Consumer::batches_per_epoch() const {
+  uint64_t n = session_ ? session_->welcome().epoch_samples : 0;
+  if (cur_ && cur_->desc.epoch_samples) n = cur_->desc.epoch_samples;
+  if (n == 0) return std::nullopt;
+  return options_.drop_last ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+}
+
+ConsumerStats Consumer::stats() const {
+  ConsumerStats s = stats_;
+  if (session_) s.dropped_messages = session_->dropped.load();
+  return s;
+}
+
+std::shared_ptr<ChunkRef> Consumer::pop_chunk() {
+  if (stash_) return std::move(stash_);
+  if (stream_ended_) return nullptr;
+  double waited = 0;
+  auto d = session_->pop(options_.timeout_s, &waited);
+  stats_.wait_s += waited;
+  session_->wait_s = stats_.wait_s;
+  if (!d) {
+    stream_ended_ = true;
+    return nullptr;
+  }
+  session_->post(protocol::Credit{1});  // keep `prefetch` chunks in flight
+  auto ref = std::make_shared<ChunkRef>();
+  ref->session = session_;
+  ref->base = session_->slot_data(d->slot);
+  ref->desc = std::move(*d);
+  return ref;
+}
+
+struct Pieces {
+  struct Piece {
+    std::shared_ptr<ChunkRef> chunk;
+    uint32_t start;
+    uint32_t count;
+  };
+  std::vector<Piece> list;
+};
+
+std::shared_ptr<Batch> Consumer::next() {
+  if (!session_) throw Error("consumer is closed");
+  if (pending_epoch_end_) {
+    pending_epoch_end_ = false;
+    return nullptr;
+  }
+  Pieces pieces;
+  uint32_t total = 0;
+  bool epoch_over = false;
+  while (total < batch_size_) {
+    if (!cur_ || pos_ == cur_->desc.sample_count) {
+      bool ended_epoch = cur_ && (cur_->desc.flags & protocol::kFlagEpochEnd);
+      cur_.reset();
+      if (ended_epoch) {
+        epoch_over = true;
+        break;
+      }
+      auto next = pop_chunk();
+      if (!next) {
+        epoch_over = true;
+        break;
+      }
+      const auto& d = next->desc;
+      if (epoch_open_ && d.epoch != epoch_) {  // new epoch without its predecessor's end: skipped
+        stash_ = std::move(next);
+        epoch_over = true;
+        break;
+      }
+      if (have_expected_ && d.stream_position > expected_position_)
+        stats_.skipped += d.stream_position - expected_position_;
+      if (!epoch_open_) {
+        epoch_open_ = true;
+        epoch_ = d.epoch;
+        if (!have_expected_) stats_.skipped += d.sample_start;  // joined mid-epoch
+      }
+      have_expected_ = true;
+      expected_position_ = d.stream_position + d.sample_count;
+      cur_ = std::move(next);
+      pos_ = 0;
+    }
+    uint32_t k = std::min(batch_size_ - total, cur_->desc.sample_count - pos_);
+    pieces.list.push_back({cur_, pos_, k});
+    pos_ += k;
+    total += k;
+  }
+  if (epoch_over) {
+    epoch_open_ = false;
+    if (total == 0 || (options_.drop_last && total < batch_size_)) return nullptr;
+    pending_epoch_end_ = true;
+  }
+  auto batch = assemble(pieces, total);
+  stats_.batches++;
+  stats_.samples += total;
+  session_->samples = stats_.samples;
+  return batch;
+}
+
+namespace {
+
+// Copies rows [start, start+count) of a strided tensor into contiguous `out`.
+void copy_rows(const uint8_t* base, const protocol::TensorSpec& t, uint32_t start, uint32_t count,
+               uint8_t* out) {
+  size_t item = dtype_size(t.dtype);
+  size_t row_elems = 1;
+  bool contiguous = true;
+  int64_t expect = 1;
+  for (size_t i = t.shape.size(); i-- > 1;) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) contiguous = false;
+    expect *= t.shape[i];
+    row_elems *= static_cast<size_t>(t.shape[i]);
+  }
+  const uint8_t* src = base + t.offset;
+  for (uint32_t r = 0; r < count; ++r) {
+    const uint8_t* row = src + (start + r) * t.strides[0] * item;
+    uint8_t* dst = out + r * row_elems * item;
+    if (contiguous) {
+      std::memcpy(dst, row, row_elems * item);
+      continue;
+    }
+    for (size_t e = 0; e < row_elems; ++e) {  // general strides: element by element
+      size_t rem = e;
+      int64_t off = 0;
+      for (size_t i = t.shape.size(); i-- > 1;) {
+        off += static_cast<int64_t>(rem % t.shape[i]) * t.strides[i];
+        rem /= t.shape[i];
+      }
+      std::memcpy(dst + e * item, row + off * item, item);
+    }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
+  std::shared_ptr<Batch> batch(new Batch());
+  const auto& first = pieces.list.front();
+  batch->epoch = first.chunk->desc.epoch;
+  batch->sample_start = first.chunk->desc.sample_start + first.start;
+  batch->size = total;
+  bool zero_copy = pieces.list.size() == 1 && session_->held.load() < options_.max_held;
+  if (zero_copy) {
+    session_->held++;
+    batch->session_ = session_;
+    batch->chunks_.push_back(first.chunk);
+    for (const auto& t : first.chunk->desc.tensors) {
+      TensorView v{t.name, t.dtype, t.shape, t.strides, nullptr};
+      v.shape[0] = total;
+      v.data = const_cast<uint8_t*>(first.chunk->base + t.offset +
+                                    first.start * t.strides[0] * dtype_size(t.dtype));
+      batch->tensors.push_back(std::move(v));
+    }
+    return batch;
+  }
+  batch->copied = true;
+  stats_.copies++;
+  for (size_t ti = 0; ti < first.chunk->desc.tensors.size(); ++ti) {
+    const auto& t = first.chunk->desc.tensors[ti];
+    TensorView v{t.name, t.dtype, t.shape, {}, nullptr};
+    v.shape[0] = total;
+    v.strides.assign(v.shape.size(), 1);
+    for (size_t i = v.shape.size() - 1; i-- > 0;) v.strides[i] = v.strides[i + 1] * v.shape[i + 1];
+    size_t row_bytes = static_cast<size_t>(v.strides[0]) * dtype_size(t.dtype);
+    auto buffer = std::make_unique<uint8_t[]>(std::max<size_t>(row_bytes * total, 1));
+    size_t row = 0;
+    for (const auto& p : pieces.list) {
+      const auto& pt = p.chunk->desc.tensors.at(ti);
+      if (pt.dtype != t.dtype || pt.shape.size() != t.shape.size() ||
+          !std::equal(pt.shape.begin() + 1, pt.shape.end(), t.shape.begin() + 1))
+        throw Error("chunks " + std::to_string(first.chunk->desc.seq) + " and " +
+                    std::to_string(p.chunk->desc.seq) + " disagree on tensor '" + t.name +
+                    "' (shape or dtype); use the producer's batch size to avoid mixing them");
+      copy_rows(p.chunk->base, pt, p.start, p.count, buffer.get() + row * row_bytes);
+      row += p.count;
+    }
+    v.data = buffer.get();
+    batch->owned_.push_back(std::move(buffer));
+    batch->tensors.push_back(std::move(v));
+  }
+  return batch;
+}
+
+}  // namespace batchcast

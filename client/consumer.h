@@ -1,0 +1,126 @@
+// Consumer: the C++ consumer library. Connects to a batchcast server, maps its pool once and
+// yields batches of the consumer's own batch size as views into shared memory.
+//
+// Stream semantics (shared/DESIGN.md): batches are b consecutive samples of one epoch, never
+// spanning two; next() returns nullptr at every epoch end (and at once, forever, after the
+// server's last epoch); the last batch of an epoch is short unless drop_last. A batch inside
+// one chunk is a zero-copy view; one spanning chunks, or any batch while max_held zero-copy
+// batches are alive, is a private copy. Views are read-only memory: writing through them
+// faults; clone a tensor before modifying it in place.
+//
+// Lifetime: a Batch keeps its slot (and the mapping) alive until it is destroyed, even after
+// the Consumer is gone; the slot is released to the server then. Destroying the Consumer tells
+// the server it wants no more chunks (Goodbye).
+// Errors: the constructor throws Error when no server answers; next() throws ServerGoneError
+// when the server dies (pid check on one host, heartbeats otherwise), TimeoutError when no data
+// comes within timeout_s, and Error with the server's message when the stream failed.
+// Thread-safety: one thread at a time may call next(); Batches may be destroyed on any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "protocol/messages.h"
+
+namespace batchcast {
+
+struct ConsumerOptions {
+  std::string endpoint;      // empty: protocol::default_endpoint()
+  uint32_t batch_size = 0;   // samples per batch; 0: the server's batch size
+  bool drop_last = false;    // drop each epoch's short last batch, as torch's DataLoader does
+  double timeout_s = 60.0;   // longest wait for the server's welcome or for data; <= 0: forever
+  uint32_t prefetch = 2;     // chunk descriptors asked for ahead: hides the round trip
+  // Zero-copy batches alive at once before further ones become private copies, so a user who
+  // keeps every batch cannot pin the whole ring and stall the server.
+  uint32_t max_held = 2;
+  protocol::LateJoin late_join = protocol::LateJoin::kReplay;
+  std::string name;          // shown in the server's log and metrics
+};
+
+// One tensor of a batch: a strided view (element strides) of memory owned by its Batch.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  void* data = nullptr;
+  protocol::DeviceKind device = protocol::DeviceKind::kCpu;
+  uint32_t device_index = 0;
+};
+
+class Session;
+struct ChunkRef;
+
+class Batch {
+ public:
+  ~Batch();
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  uint64_t epoch = 0;
+  uint64_t sample_start = 0;  // position of its first sample inside the epoch
+  uint32_t size = 0;
+  bool copied = false;
+  std::vector<TensorView> tensors;
+
+ private:
+  friend class Consumer;
+  Batch() = default;
+  std::vector<std::shared_ptr<ChunkRef>> chunks_;   // zero-copy: the chunk it views
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // copies
+  std::shared_ptr<Session> session_;               // counts it against max_held
+};
+
+struct ConsumerStats {
+  uint64_t batches = 0;
+  uint64_t samples = 0;
+  uint64_t skipped = 0;  // samples missed: late join into a partial epoch, or left behind (skip)
+  uint64_t copies = 0;   // batches assembled by copy
+  double wait_s = 0;     // time next() waited for data
+  uint64_t dropped_messages = 0;
+};
+
+class Consumer {
+ public:
+  explicit Consumer(ConsumerOptions options);
+  ~Consumer();
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  // The next batch of the current epoch; nullptr at its end (the next call starts the next).
+  std::shared_ptr<Batch> next();
+  // True once the server's last chunk was consumed: every further next() returns nullptr.
+  bool finished() const { return stream_ended_ && !cur_ && !stash_; }
+  // Epoch of the batches being yielded (the last one started).
+  uint64_t epoch() const { return epoch_; }
+  uint32_t batch_size() const { return batch_size_; }
+  // Batches per whole epoch; nullopt while the server does not know the epoch's length.
+  std::optional<uint64_t> batches_per_epoch() const;
+  ConsumerStats stats() const;
+  const protocol::Welcome& welcome() const;
+  // Tells the server this consumer wants no more chunks. Batches already out stay valid.
+  void close();
+
+ private:
+  std::shared_ptr<ChunkRef> pop_chunk();
+  std::shared_ptr<Batch> assemble(struct Pieces& pieces, uint32_t total);
+
+  ConsumerOptions options_;
+  std::shared_ptr<Session> session_;
+  uint32_t batch_size_ = 0;
+  std::shared_ptr<ChunkRef> cur_;
+  uint32_t pos_ = 0;
+  std::shared_ptr<ChunkRef> stash_;  // first chunk of a new epoch, read while closing the last
+  bool epoch_open_ = false;
+  bool pending_epoch_end_ = false;
+  bool stream_ended_ = false;
+  uint64_t epoch_ = 0;
+  bool have_expected_ = false;
+  uint64_t expected_position_ = 0;
+  ConsumerStats stats_;
+};
+
+}  // namespace batchcast

@@ -1,0 +1,322 @@
+#include "protocol/messages.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace batchcast::protocol {
+namespace {
+
+// Appends little-endian fields to a byte string.
+class Writer {
+ public:
+  template <typename T>
+  void put(T v) {
+    static_assert(std::is_arithmetic_v<T>);
+    char bytes[sizeof(T)];
+    std::memcpy(bytes, &v, sizeof(T));  // x86-64 and aarch64 are little-endian
+    out_.append(bytes, sizeof(T));
+  }
+  void put_string(const std::string& s) {
+    put<uint16_t>(static_cast<uint16_t>(s.size()));
+    out_.append(s);
+  }
+  void put_bytes(const uint8_t* data, size_t n) { out_.append(reinterpret_cast<const char*>(data), n); }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+// Reads little-endian fields; the first failure sticks and later reads return zeros.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
+  template <typename T>
+  T get() {
+    T v{};
+    if (!need(sizeof(T))) return v;
+    std::memcpy(&v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  std::string get_string() {
+    auto n = get<uint16_t>();
+    if (n > kMaxString) return fail("string longer than " + std::to_string(kMaxString)), "";
+    if (!need(n)) return "";
+    std::string s(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return s;
+  }
+  void get_bytes(uint8_t* out, size_t n) {
+    if (!need(n)) return;
+    std::memcpy(out, p_, n);
+    p_ += n;
+  }
+  void fail(const std::string& why) {
+    if (error_.empty()) error_ = why;
+  }
+  bool ok() const { return error_.empty(); }
+  bool at_end() const { return p_ == end_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  bool need(size_t n) {
+    if (!ok()) return false;
+    if (static_cast<size_t>(end_ - p_) < n) {
+      fail("truncated message");
+      return false;
+    }
+    return true;
+  }
+  const uint8_t* p_;
+  const uint8_t* end_;
+  std::string error_;
+};
+
+void write_body(Writer& w, const Hello& m) {
+  w.put(m.pid);
+  w.put_string(m.boot_id);
+  w.put_string(m.name);
+  w.put(static_cast<uint8_t>(m.late_join));
+  w.put(m.device_index);
+}
+void read_body(Reader& r, Hello& m) {
+  m.pid = r.get<uint32_t>();
+  m.boot_id = r.get_string();
+  m.name = r.get_string();
+  auto lj = r.get<uint8_t>();
+  if (lj > 1) r.fail("unknown late_join value " + std::to_string(lj));
+  m.late_join = static_cast<LateJoin>(lj);
+  m.device_index = r.get<uint32_t>();
+}
+
+void write_body(Writer& w, const Welcome& m) {
+  w.put(m.consumer_id);
+  w.put(m.server_pid);
+  w.put_string(m.boot_id);
+  w.put_string(m.segment_name);
+  w.put(m.segment_bytes);
+  w.put(m.slot_count);
+  w.put(m.slot_bytes);
+  w.put(m.slots_offset);
+  w.put(m.server_batch_size);
+  w.put(m.epoch_samples);
+  w.put(m.epochs);
+  w.put(m.first_epoch);
+  w.put(static_cast<uint8_t>(m.device));
+  w.put(m.device_index);
+  w.put_bytes(m.cuda_memory_handle.data(), m.cuda_memory_handle.size());
+  w.put(m.heartbeat_interval_s);
+  w.put(m.heartbeat_timeout_s);
+}
+void read_body(Reader& r, Welcome& m) {
+  m.consumer_id = r.get<uint64_t>();
+  m.server_pid = r.get<uint32_t>();
+  m.boot_id = r.get_string();
+  m.segment_name = r.get_string();
+  m.segment_bytes = r.get<uint64_t>();
+  m.slot_count = r.get<uint32_t>();
+  m.slot_bytes = r.get<uint64_t>();
+  m.slots_offset = r.get<uint64_t>();
+  m.server_batch_size = r.get<uint32_t>();
+  m.epoch_samples = r.get<uint64_t>();
+  m.epochs = r.get<uint64_t>();
+  m.first_epoch = r.get<uint64_t>();
+  auto dev = r.get<uint8_t>();
+  if (dev > 1) r.fail("unknown device kind " + std::to_string(dev));
+  m.device = static_cast<DeviceKind>(dev);
+  m.device_index = r.get<uint32_t>();
+  r.get_bytes(m.cuda_memory_handle.data(), m.cuda_memory_handle.size());
+  m.heartbeat_interval_s = r.get<double>();
+  m.heartbeat_timeout_s = r.get<double>();
+  if (!(m.heartbeat_interval_s > 0 && m.heartbeat_interval_s < 3600 &&
+        m.heartbeat_timeout_s > 0 && m.heartbeat_timeout_s < 36000))
+    r.fail("heartbeat interval/timeout out of range");
+  if (m.slot_count == 0 || m.slot_bytes == 0) r.fail("empty pool");
+}
+
+void write_body(Writer& w, const BatchDescriptor& m) {
+  w.put(m.seq);
+  w.put(m.epoch);
+  w.put(m.index_in_epoch);
+  w.put(m.sample_start);
+  w.put(m.sample_count);
+  w.put(m.epoch_samples);
+  w.put(m.stream_position);
+  w.put(m.flags);
+  w.put(m.slot);
+  w.put(static_cast<uint8_t>(m.tensors.size()));
+  for (const auto& t : m.tensors) {
+    w.put_string(t.name);
+    w.put(static_cast<uint8_t>(t.dtype));
+    w.put(static_cast<uint8_t>(t.shape.size()));
+    for (auto d : t.shape) w.put(d);
+    for (auto s : t.strides) w.put(s);
+    w.put(t.offset);
+  }
+}
+void read_body(Reader& r, BatchDescriptor& m) {
+  m.seq = r.get<uint64_t>();
+  m.epoch = r.get<uint64_t>();
+  m.index_in_epoch = r.get<uint64_t>();
+  m.sample_start = r.get<uint64_t>();
+  m.sample_count = r.get<uint32_t>();
+  m.epoch_samples = r.get<uint64_t>();
+  m.stream_position = r.get<uint64_t>();
+  m.flags = r.get<uint8_t>();
+  if (m.flags & ~kFlagAllFlags) r.fail("unknown descriptor flags");
+  m.slot = r.get<uint32_t>();
+  auto n = r.get<uint8_t>();
+  if (n == 0 || n > kMaxTensors) r.fail("tensor count " + std::to_string(n) + " not in 1.." +
+                                        std::to_string(kMaxTensors));
+  for (size_t i = 0; i < n && r.ok(); ++i) {
+    TensorSpec t;
+    t.name = r.get_string();
+    auto dt = r.get<uint8_t>();
+    if (dt >= kDTypeCount) r.fail("unknown dtype " + std::to_string(dt));
+    t.dtype = static_cast<DType>(dt);
+    auto nd = r.get<uint8_t>();
+    if (nd == 0 || nd > kMaxDims) r.fail("tensor rank " + std::to_string(nd) + " not in 1..8");
+    if (!r.ok()) break;
+    t.shape.resize(nd);
+    t.strides.resize(nd);
+    for (auto& d : t.shape) d = r.get<int64_t>();
+    for (auto& s : t.strides) s = r.get<int64_t>();
+    t.offset = r.get<uint64_t>();
+    m.tensors.push_back(std::move(t));
+  }
+}
+
+void write_body(Writer& w, const Credit& m) { w.put(m.chunks); }
+void read_body(Reader& r, Credit& m) {
+  m.chunks = r.get<uint32_t>();
+  if (m.chunks == 0 || m.chunks > 1024) r.fail("credit not in 1..1024");
+}
+void write_body(Writer& w, const Release& m) {
+  w.put(m.seq);
+  w.put(m.slot);
+}
+void read_body(Reader& r, Release& m) {
+  m.seq = r.get<uint64_t>();
+  m.slot = r.get<uint32_t>();
+}
+void write_body(Writer& w, const Heartbeat& m) {
+  w.put(m.samples);
+  w.put(m.wait_s);
+}
+void read_body(Reader& r, Heartbeat& m) {
+  m.samples = r.get<uint64_t>();
+  m.wait_s = r.get<double>();
+  if (!(m.wait_s >= 0 && m.wait_s < 1e12)) r.fail("wait_s out of range");
+}
+void write_body(Writer&, const Goodbye&) {}
+void read_body(Reader&, Goodbye&) {}
+void write_body(Writer& w, const End& m) { w.put(m.epochs); }
+void read_body(Reader& r, End& m) { m.epochs = r.get<uint64_t>(); }
+void write_body(Writer& w, const ErrorMessage& m) { w.put_string(m.message); }
+void read_body(Reader& r, ErrorMessage& m) { m.message = r.get_string(); }
+
+template <size_t I = 0>
+bool read_alternative(Reader& r, size_t index, Message& out) {
+  if constexpr (I < std::variant_size_v<Message>) {
+    if (index == I) {
+      std::variant_alternative_t<I, Message> m;
+      read_body(r, m);
+      out = std::move(m);
+      return true;
+    }
+    return read_alternative<I + 1>(r, index, out);
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string encode(const Message& message) {
+  Writer w;
+  w.put(kMagic);
+  w.put(kVersion);
+  w.put(static_cast<uint16_t>(message.index() + 1));
+  std::visit([&](const auto& m) { write_body(w, m); }, message);
+  return w.take();
+}
+
+DecodeResult decode(const void* data, size_t size) {
+  DecodeResult result;
+  if (size > kMaxMessageBytes) {
+    result.error = "message of " + std::to_string(size) + " bytes exceeds the limit";
+    return result;
+  }
+  Reader r(static_cast<const uint8_t*>(data), size);
+  auto magic = r.get<uint32_t>();
+  auto version = r.get<uint16_t>();
+  auto type = r.get<uint16_t>();
+  if (!r.ok()) {
+    result.error = "message shorter than its header";
+    return result;
+  }
+  if (magic != kMagic) {
+    result.error = "bad magic (not a batchcast peer)";
+    return result;
+  }
+  if (version != kVersion) {
+    result.error = "protocol version " + std::to_string(version) + " (this side speaks " +
+                   std::to_string(kVersion) + "); upgrade the older side";
+    return result;
+  }
+  if (type == 0 || type > std::variant_size_v<Message>) {
+    result.error = "unknown message type " + std::to_string(type);
+    return result;
+  }
+  Message m;
+  read_alternative(r, type - 1, m);
+  if (r.ok() && !r.at_end()) r.fail("trailing bytes after the message");
+  if (!r.ok()) {
+    result.error = r.error();
+    return result;
+  }
+  result.message = std::move(m);
+  return result;
+}
+
+std::string default_endpoint() {
+  return "ipc:///tmp/batchcast-" + std::to_string(::getuid()) + ".sock";
+}
+
+std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t) {
+  // The view spans [offset, offset + (sum over dims of (shape-1)*stride + 1) * itemsize).
+  unsigned __int128 last = 0;
+  for (size_t i = 0; i < t.shape.size(); ++i) {
+    if (t.shape[i] < 0 || t.strides[i] < 0) return std::nullopt;
+    if (t.shape[i] == 0) return 0;
+    last += static_cast<unsigned __int128>(t.shape[i] - 1) * static_cast<uint64_t>(t.strides[i]);
+  }
+  unsigned __int128 bytes = (last + 1) * dtype_size(t.dtype);
+  if (bytes > std::numeric_limits<uint64_t>::max()) return std::nullopt;
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count,
+                                uint64_t slot_bytes) {
+  if (d.slot >= slot_count)
+    return "slot " + std::to_string(d.slot) + " outside the pool of " + std::to_string(slot_count);
+  if (d.sample_count == 0) return "empty chunk";
+  if (d.epoch_samples != 0 && d.sample_start + d.sample_count > d.epoch_samples)
+    return "chunk samples beyond the epoch's end";
+  for (const auto& t : d.tensors) {
+    if (t.shape.size() != t.strides.size() || t.shape.empty()) return "tensor " + t.name + ": bad rank";
+    if (t.shape[0] != static_cast<int64_t>(d.sample_count))
+      return "tensor " + t.name + ": dimension 0 is not the chunk's sample count";
+    auto extent = tensor_extent_bytes(t);
+    if (!extent) return "tensor " + t.name + ": negative or overflowing shape/strides";
+    if (t.offset > slot_bytes || *extent > slot_bytes - t.offset)
+      return "tensor " + t.name + ": extends outside its slot";
+    if (t.offset % dtype_size(t.dtype) != 0) return "tensor " + t.name + ": misaligned offset";
+  }
+  return "";
+}
+
+}  // namespace batchcast::protocol

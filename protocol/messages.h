@@ -1,0 +1,141 @@
+// The batchcast wire protocol: every message that crosses ZeroMQ between a server and its
+// consumers, with a versioned binary codec.
+//
+// Framing: one ZeroMQ frame per message (plus the ROUTER identity frame on the server side).
+// Each frame starts with a fixed header {magic u32, version u16, type u16}; fields follow in
+// little-endian order; strings are u16 length + bytes. decode() checks the header, the exact
+// size, every enum and every bound it can check alone (string lengths, tensor and dim counts,
+// extents that would overflow); checks that need context (slot ids, offsets inside the pool,
+// which slots a consumer holds) are done by the receiver with validate_descriptor() and the
+// server's SlotRing. A malformed message is a value (DecodeResult::error), never an exception,
+// so callers can drop and count it.
+//
+// Only descriptors cross the wire: pixels stay in the shared pool.
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace batchcast::protocol {
+
+constexpr uint32_t kMagic = 0x53414342;  // "BCAS"
+constexpr uint16_t kVersion = 1;
+constexpr size_t kMaxTensors = 16;
+constexpr size_t kMaxDims = 8;
+constexpr size_t kMaxString = 1024;
+constexpr size_t kMaxMessageBytes = 16 * 1024;
+constexpr size_t kCudaIpcHandleBytes = 64;
+
+enum class LateJoin : uint8_t { kReplay = 0, kNextEpoch = 1 };
+enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1 };
+
+// One tensor of a batch inside a slot. Shapes and strides count elements; offset counts bytes
+// from the start of the slot. Dimension 0 is the sample dimension.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  uint64_t offset = 0;
+  bool operator==(const TensorSpec& o) const {
+    return name == o.name && dtype == o.dtype && shape == o.shape && strides == o.strides &&
+           offset == o.offset;
+  }
+};
+
+// consumer -> server: first message of a session.
+struct Hello {
+  uint32_t pid = 0;
+  std::string boot_id;  // lets the server check `pid` when both run on one host
+  std::string name;     // for logs and metrics
+  LateJoin late_join = LateJoin::kReplay;
+  uint32_t device_index = 0;  // CUDA consumers: the device they read on
+};
+
+// server -> consumer: the answer to Hello; everything needed to map the pool once.
+struct Welcome {
+  uint64_t consumer_id = 0;
+  uint32_t server_pid = 0;
+  std::string boot_id;
+  std::string segment_name;  // POSIX shared-memory name of the pool (host slots or header)
+  uint64_t segment_bytes = 0;
+  uint32_t slot_count = 0;
+  uint64_t slot_bytes = 0;
+  uint64_t slots_offset = 0;  // byte offset of slot 0 in the segment (host pools)
+  uint32_t server_batch_size = 0;
+  uint64_t epoch_samples = 0;  // samples per epoch; 0 when not known yet
+  uint64_t epochs = 0;         // 0: unbounded
+  uint64_t first_epoch = 0;
+  DeviceKind device = DeviceKind::kCpu;
+  uint32_t device_index = 0;
+  std::array<uint8_t, kCudaIpcHandleBytes> cuda_memory_handle{};
+  double heartbeat_interval_s = 0.25;
+  double heartbeat_timeout_s = 3.0;
+};
+
+constexpr uint8_t kFlagEpochEnd = 1;   // last chunk of its epoch
+constexpr uint8_t kFlagAllFlags = 1;
+
+// server -> consumer: one chunk of the stream, decoded once into one slot.
+struct BatchDescriptor {
+  uint64_t seq = 0;              // position of the chunk in the stream (0, 1, 2, ...)
+  uint64_t epoch = 0;
+  uint64_t index_in_epoch = 0;   // chunk number inside the epoch
+  uint64_t sample_start = 0;     // first sample's position inside the epoch
+  uint32_t sample_count = 0;
+  uint64_t epoch_samples = 0;    // samples in this epoch; 0 when unknown
+  uint64_t stream_position = 0;  // samples before this chunk since the stream began
+  uint8_t flags = 0;
+  uint32_t slot = 0;
+  std::vector<TensorSpec> tensors;
+};
+
+struct Credit {  // consumer -> server: may send `chunks` more descriptors
+  uint32_t chunks = 0;
+};
+struct Release {  // consumer -> server: done with the chunk `seq` held in `slot`
+  uint64_t seq = 0;
+  uint32_t slot = 0;
+};
+struct Heartbeat {  // both ways; consumers add their cumulative counters for the metrics
+  uint64_t samples = 0;
+  double wait_s = 0;
+};
+struct Goodbye {};  // consumer -> server: leaving; release everything I hold
+struct End {        // server -> consumer: no chunk follows
+  uint64_t epochs = 0;
+};
+struct ErrorMessage {  // server -> consumer: the stream failed (e.g. a bad sample with on_error=raise)
+  std::string message;
+};
+
+using Message = std::variant<Hello, Welcome, BatchDescriptor, Credit, Release, Heartbeat,
+                             Goodbye, End, ErrorMessage>;
+
+std::string encode(const Message& message);
+
+struct DecodeResult {
+  std::optional<Message> message;
+  std::string error;  // why the frame was rejected, when message is empty
+};
+DecodeResult decode(const void* data, size_t size);
+
+// Checks a descriptor against the pool the consumer mapped: slot id, every tensor inside its
+// slot (offset + extent of the strided view), sample counts matching dimension 0.
+// Returns an empty string when valid, else the reason.
+std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count, uint64_t slot_bytes);
+
+// The endpoint used when none is given: ipc:///tmp/batchcast-<uid>.sock.
+std::string default_endpoint();
+
+// Bytes spanned by a strided tensor view (0 for an empty one); nullopt on overflow.
+std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t);
+
+}  // namespace batchcast::protocol

@@ -1,0 +1,175 @@
+#include "server/sample_producer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+
+namespace batchcast {
+namespace {
+
+constexpr uint64_t kTensorAlignment = 256;
+
+// One chunk being filled: shared by its sample tasks; the task that writes the last sample
+// publishes it.
+struct ChunkJob {
+  FillLease lease;
+  ChunkInfo info;
+  std::shared_ptr<const std::vector<uint64_t>> order;  // the epoch's sample order
+  std::atomic<uint32_t> remaining{0};
+};
+
+struct SampleTask {
+  std::shared_ptr<ChunkJob> job;
+  uint32_t position;  // inside the chunk
+};
+
+// A FIFO of sample tasks for the worker threads; close() ends them.
+class TaskQueue {
+ public:
+  void push(SampleTask t) {
+    {
+      std::lock_guard lk(mu_);
+      tasks_.push_back(std::move(t));
+    }
+    cv_.notify_one();
+  }
+  bool pop(SampleTask* t) {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return closed_ || !tasks_.empty(); });
+    if (tasks_.empty()) return false;
+    *t = std::move(tasks_.front());
+    tasks_.pop_front();
+    return true;
+  }
+  void close() {
+    {
+      std::lock_guard lk(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<SampleTask> tasks_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+SlotLayout SlotLayout::plan(const std::vector<SampleTensor>& tensors, uint32_t batch_size) {
+  SlotLayout layout;
+  for (const auto& t : tensors) {
+    layout.bytes = (layout.bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+    layout.offsets.push_back(layout.bytes);
+    layout.bytes += t.bytes() * batch_size;
+  }
+  return layout;
+}
+
+SampleProducer::SampleProducer(ServerCore& core, const SampleSource& source,
+                               const StreamPlan& plan, SampleProducerOptions options)
+    : core_(core),
+      source_(source),
+      plan_(plan),
+      options_(options),
+      tensors_(source.tensors()),
+      layout_(SlotLayout::plan(tensors_, options.batch_size)) {
+  if (options_.batch_size == 0) throw Error("batch size must be >= 1");
+  if (layout_.bytes > core_.pool().slot_bytes())
+    throw Error("a chunk needs " + std::to_string(layout_.bytes) + " bytes but slots hold " +
+                std::to_string(core_.pool().slot_bytes()));
+}
+
+bool SampleProducer::run() {
+  TaskQueue queue;
+  std::atomic<bool> failed{false};
+  auto fill_one = [&](const SampleTask& task) {
+    auto& job = *task.job;
+    std::vector<uint8_t*> outs(tensors_.size());
+    for (size_t t = 0; t < tensors_.size(); ++t)
+      outs[t] = job.lease.data + layout_.offsets[t] + task.position * tensors_[t].bytes();
+    const auto& order = *job.order;
+    uint64_t p = job.info.sample_start + task.position;
+    for (uint64_t attempt = 0; attempt < order.size(); ++attempt) {
+      try {
+        source_.fill(order[(p + attempt) % order.size()], job.info.epoch, outs);
+        return;
+      } catch (const SampleError& e) {
+        if (options_.on_error == OnErrorPolicy::kRaise) throw;
+        if (skipped_++ < 20) spdlog::warn("skipped bad sample {} (on_error=skip)", e.what());
+      }
+    }
+    throw Error("every sample of epoch " + std::to_string(job.info.epoch) + " failed to decode");
+  };
+  std::vector<std::thread> workers;
+  for (uint32_t w = 0; w < std::max<uint32_t>(options_.workers, 1); ++w) {
+    workers.emplace_back([&] {
+      SampleTask task;
+      while (queue.pop(&task)) {
+        if (failed) continue;  // drain
+        try {
+          fill_one(task);
+        } catch (const std::exception& e) {
+          failed = true;
+          core_.fail(e.what());
+          continue;
+        }
+        if (--task.job->remaining == 0) core_.publish(task.job->lease, task.job->info);
+      }
+    });
+  }
+
+  bool ok = true;
+  uint64_t epoch_samples = plan_.epoch_samples();
+  for (uint64_t e = options_.first_epoch;
+       ok && (options_.epochs == 0 || e < options_.first_epoch + options_.epochs); ++e) {
+    auto order = std::make_shared<const std::vector<uint64_t>>(plan_.epoch_order(e));
+    uint64_t chunks = (epoch_samples + options_.batch_size - 1) / options_.batch_size;
+    for (uint64_t c = 0; c < chunks; ++c) {
+      auto lease = core_.acquire();
+      if (!lease || failed) {
+        ok = false;
+        break;
+      }
+      auto job = std::make_shared<ChunkJob>();
+      job->lease = *lease;
+      job->order = order;
+      auto& info = job->info;
+      info.epoch = e;
+      info.index_in_epoch = c;
+      info.sample_start = c * options_.batch_size;
+      info.sample_count = static_cast<uint32_t>(
+          std::min<uint64_t>(options_.batch_size, epoch_samples - info.sample_start));
+      info.epoch_samples = epoch_samples;
+      info.epoch_end = c + 1 == chunks;
+      for (size_t t = 0; t < tensors_.size(); ++t) {
+        protocol::TensorSpec spec;
+        spec.name = tensors_[t].name;
+        spec.dtype = tensors_[t].dtype;
+        spec.shape.push_back(info.sample_count);
+        spec.shape.insert(spec.shape.end(), tensors_[t].shape.begin(), tensors_[t].shape.end());
+        spec.strides.assign(spec.shape.size(), 1);
+        for (size_t i = spec.shape.size() - 1; i-- > 0;)
+          spec.strides[i] = spec.strides[i + 1] * spec.shape[i + 1];
+        spec.offset = layout_.offsets[t];
+        info.tensors.push_back(std::move(spec));
+      }
+      job->remaining = info.sample_count;
+      for (uint32_t p = 0; p < info.sample_count; ++p) queue.push({job, p});
+    }
+  }
+  queue.close();
+  for (auto& w : workers) w.join();
+  if (ok && !failed) core_.finish();
+  return ok && !failed;
+}
+
+}  // namespace batchcast

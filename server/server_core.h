@@ -1,0 +1,178 @@
+// ServerCore: the producer side of the transport. It owns the batch pool (SlotPool), the slot
+// book (SlotRing), the consumers (ConsumerRegistry) and a ZeroMQ ROUTER socket, and implements
+// the stream semantics of shared/DESIGN.md: descriptors go out in stream order, a slot is
+// reused only when no consumer still needs it, late joiners replay what is retained, dead
+// consumers are dropped within two seconds, and the stream ends with End to everyone.
+//
+// Producers (the native pipeline, the Python Producer, the synthetic source) talk to it through
+// acquire() / publish(): acquire() blocks until a slot may be (re)filled and hands it out with
+// the next stream sequence number; publish() may be called in any order, and chunks are
+// published to consumers in sequence order.
+//
+// Threads: one internal event-loop thread owns the socket and does all I/O. Every public method
+// is thread-safe. Lifetime: the constructor removes stale segments of dead servers, creates the
+// pool (mode 0600) and binds the endpoint (an ipc socket file is made 0600); the destructor
+// stops the loop, closes the socket (removing the ipc file) and unlinks the pool.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "protocol/messages.h"
+#include "server/consumer_registry.h"
+#include "shm/slot_pool.h"
+#include "shm/slot_ring.h"
+
+namespace zmq {
+class context_t;
+class socket_t;
+}  // namespace zmq
+
+namespace batchcast {
+
+enum class StallPolicy { kWait, kSkip };
+
+struct ServerOptions {
+  // Where consumers connect. ipc://PATH (local; socket file made 0600) or tcp://HOST:PORT
+  // (a wildcard host binds 127.0.0.1 unless allow_remote).
+  std::string endpoint = "";  // empty: protocol::default_endpoint()
+  bool allow_remote = false;  // let tcp://*:PORT listen on every interface
+  // Pool geometry: K slots of slot_bytes each. More slots = more lag allowed between consumers
+  // and more retained chunks for late joiners, at slot_bytes each.
+  uint32_t ring_slots = 8;
+  uint64_t slot_bytes = 0;  // required
+  uint32_t batch_size = 0;  // the chunk size, announced to consumers as their default batch size
+  uint64_t epoch_samples = 0;  // samples per epoch (0: unknown until the producer says)
+  uint64_t epochs = 0;         // announced; 0 = unbounded
+  uint64_t first_epoch = 0;
+  // The stream starts (descriptors flow) once this many consumers have attached, so that they
+  // all see it from its first chunk.
+  uint32_t min_consumers = 1;
+  StallPolicy stall_policy = StallPolicy::kWait;  // wait: never skip data
+  double stall_timeout_s = 10.0;  // skip: a consumer idle this long stops holding the producer
+  double heartbeat_interval_s = 0.25;
+  // Remote consumers silent this long are dropped; consumers use it to declare a silent server
+  // gone. Local consumers are checked by pid every 0.2 s instead (a SIGSTOPped one is alive).
+  double heartbeat_timeout_s = 2.0;
+  protocol::DeviceKind device = protocol::DeviceKind::kCpu;
+};
+
+// A slot handed to a producer to fill.
+struct FillLease {
+  uint64_t seq = 0;
+  uint32_t slot = 0;
+  uint8_t* data = nullptr;
+  uint64_t capacity = 0;
+};
+
+// What a producer says about a filled slot.
+struct ChunkInfo {
+  uint64_t epoch = 0;
+  uint64_t index_in_epoch = 0;
+  uint64_t sample_start = 0;
+  uint32_t sample_count = 0;
+  uint64_t epoch_samples = 0;
+  bool epoch_end = false;
+  std::vector<protocol::TensorSpec> tensors;
+};
+
+struct ServerStats {
+  uint64_t chunks_published = 0;
+  uint64_t samples_published = 0;
+  uint64_t descriptors_sent = 0;
+  uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
+  uint64_t consumers_now = 0;
+  uint64_t consumers_ever = 0;
+  uint64_t consumers_died = 0;
+  uint32_t ring_occupied = 0;
+  uint32_t ring_slots = 0;
+  double producer_blocked_s = 0;
+  struct Consumer {
+    uint64_t id;
+    pid_t pid;
+    std::string name;
+    uint64_t samples;
+    double wait_s;
+  };
+  std::vector<Consumer> consumers;
+};
+
+class ServerCore {
+ public:
+  explicit ServerCore(ServerOptions options);
+  ~ServerCore();
+  ServerCore(const ServerCore&) = delete;
+  ServerCore& operator=(const ServerCore&) = delete;
+
+  // Blocks until a slot may take the next chunk; nullopt once stop() or fail() was called.
+  std::optional<FillLease> acquire();
+  // Hands a filled slot back; published to consumers in sequence order.
+  void publish(const FillLease& lease, ChunkInfo info);
+  // No chunk follows the ones acquired so far; consumers get End after them.
+  void finish();
+  // The stream failed: every consumer (and any that joins later) gets `message` as an error.
+  void fail(const std::string& message);
+  // True once finish() was called, min_consumers attached, and every consumer was sent End (or
+  // left). Waits up to timeout_s (negative: forever) or until stop().
+  bool wait_finished(double timeout_s);
+  // Stops the loop and wakes every waiter (SIGINT/SIGTERM path). Idempotent.
+  void stop();
+
+  void set_epoch_samples(uint64_t samples);
+  ServerStats stats() const;
+  const std::string& endpoint() const { return endpoint_; }
+  const SlotPool& pool() const { return pool_; }
+  uint64_t consumers_now() const;
+  uint64_t consumers_ever() const;
+
+ private:
+  void loop();
+  void handle(const std::string& identity, const void* data, size_t size, double now);
+  void on_hello(const std::string& identity, const protocol::Hello& hello, double now);
+  void deliver(double now);
+  void check_liveness(double now);
+  void drop_consumer(uint64_t id, const char* why);
+  bool may_reuse(uint64_t old_seq, double now) const;
+  bool send(const std::string& identity, const protocol::Message& message);
+  void wake();
+  void publish_ready();  // moves finished fills into the ring in sequence order
+
+  ServerOptions options_;
+  std::string endpoint_;
+  std::string ipc_path_;
+  std::string boot_id_;
+  SlotPool pool_;
+  std::unique_ptr<zmq::context_t> context_;
+  std::unique_ptr<zmq::socket_t> router_;
+  int wake_fd_ = -1;
+
+  mutable std::mutex mu_;
+  std::condition_variable slot_freed_;
+  std::condition_variable finished_cv_;
+  SlotRing ring_;
+  ConsumerRegistry consumers_;
+  uint64_t next_acquire_seq_ = 0;
+  uint64_t next_publish_seq_ = 0;  // chunks below are published (or reused)
+  uint64_t stream_position_ = 0;   // samples in published chunks
+  std::map<uint64_t, std::pair<uint32_t, ChunkInfo>> ready_;  // filled, waiting for their turn
+  std::map<uint64_t, protocol::BatchDescriptor> descriptors_;  // by seq, for retained chunks
+  bool started_ = false;  // min_consumers reached
+  bool finished_ = false;
+  uint64_t end_seq_ = 0;
+  std::string failure_;
+  std::atomic<bool> stopping_{false};
+  ServerStats counters_;
+  std::thread loop_thread_;
+};
+
+}  // namespace batchcast

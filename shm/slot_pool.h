@@ -1,0 +1,82 @@
+// SlotPool: the batch pool, a fixed array of K equal slots in one shared segment.
+//
+// Layout: a PoolHeader (magic, version, owner pid, geometry) followed by one sequence word per
+// slot, then the slots, each starting on a 4 KiB boundary. The server writes a chunk into a
+// slot, then stores the chunk's stream sequence number into the slot's word (release order);
+// consumers compare that word with the descriptor they were sent, a cheap guard that a slot
+// they read holds the chunk they expect.
+//
+// Ownership: the server create()s the pool and owns the segment (see SharedSegment); consumers
+// attach() read-only. Naming: segment_name_for(endpoint) is unique per user and endpoint, so a
+// restarted server finds (and removes) its dead predecessor's segment.
+// Thread-safety: slot memory is written by one producer thread at a time per slot (the server's
+// SlotRing hands each slot to one filler); the sequence words are atomics.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "shm/shared_segment.h"
+
+namespace batchcast {
+
+struct PoolHeader {
+  static constexpr uint64_t kMagic = 0x4c4f4f5054534342ull;  // "BCSTPOOL"
+  static constexpr uint32_t kVersion = 1;
+  uint64_t magic;
+  uint32_t version;
+  uint32_t owner_pid;
+  uint32_t slot_count;
+  uint32_t reserved;
+  uint64_t slot_bytes;
+  uint64_t slots_offset;
+};
+
+class SlotPool {
+ public:
+  static constexpr uint64_t kNoChunk = ~0ull;
+
+  // Creates the pool's segment (0600) and writes its header; throws Error naming the segment.
+  static SlotPool create(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes);
+  // Maps an existing pool read-only and checks its header against the geometry the server
+  // announced; throws Error naming the segment and the mismatch.
+  static SlotPool attach(const std::string& segment_name, uint32_t slot_count,
+                         uint64_t slot_bytes, uint64_t slots_offset);
+
+  uint32_t slot_count() const { return header()->slot_count; }
+  uint64_t slot_bytes() const { return header()->slot_bytes; }
+  uint64_t slots_offset() const { return header()->slots_offset; }
+  const std::string& segment_name() const { return segment_.name(); }
+  size_t segment_bytes() const { return segment_.size(); }
+
+  uint8_t* slot_data(uint32_t slot) const {
+    return segment_.data() + header()->slots_offset + slot * header()->slot_bytes;
+  }
+  // The stream sequence number of the chunk a slot holds (kNoChunk while being filled).
+  uint64_t slot_seq(uint32_t slot) const { return seq_word(slot)->load(std::memory_order_acquire); }
+  void set_slot_seq(uint32_t slot, uint64_t seq) {
+    seq_word(slot)->store(seq, std::memory_order_release);
+  }
+
+  static size_t layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t* slots_offset);
+
+ private:
+  explicit SlotPool(SharedSegment segment) : segment_(std::move(segment)) {}
+  const PoolHeader* header() const { return reinterpret_cast<const PoolHeader*>(segment_.data()); }
+  std::atomic<uint64_t>* seq_word(uint32_t slot) const {
+    return reinterpret_cast<std::atomic<uint64_t>*>(segment_.data() + sizeof(PoolHeader)) + slot;
+  }
+
+  SharedSegment segment_;
+};
+
+// The pool segment name for a server endpoint: "batchcast.<uid>.<hash of endpoint>".
+std::string segment_name_for(const std::string& endpoint);
+
+// Removes this user's batchcast segments whose owner process is dead. Returns how many.
+int remove_stale_segments();
+
+}  // namespace batchcast
