@@ -111,8 +111,8 @@ bool has_image_extension(const std::string& file_name) {
 Dataset Dataset::image_folder(const std::string& root) {
   struct stat info {};
   if (::stat(root.c_str(), &info) != 0) {
-    throw Error("image folder '" + root + "' does not exist or cannot be read: " +
-                std::strerror(errno));
+    throw Error("image folder '" + root +
+                "' does not exist or cannot be read: " + std::strerror(errno));
   }
   if (!S_ISDIR(info.st_mode)) throw Error("image folder '" + root + "' is not a directory");
   DirectoryListing top;

@@ -362,9 +362,9 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   cv::Mat source_mat(source.height, source.width, CV_8UC3, const_cast<uint8_t*>(source.pixels),
                      source.stride);
   const bool direct_uint8 = options_.output == OutputType::kUInt8 && options_.train;
-  uint8_t* resized = direct_uint8 ? static_cast<uint8_t*>(out)
-                                  : resized_buffer().get(static_cast<size_t>(resize_w) *
-                                                         resize_h * 3);
+  uint8_t* resized = direct_uint8
+                         ? static_cast<uint8_t*>(out)
+                         : resized_buffer().get(static_cast<size_t>(resize_w) * resize_h * 3);
   cv::Mat resized_mat(resize_h, resize_w, CV_8UC3, resized);
   if (source.width == resize_w && source.height == resize_h) {
     source_mat.copyTo(resized_mat);
@@ -372,8 +372,8 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
     cv::resize(source_mat, resized_mat, resized_mat.size(), 0, 0, cv::INTER_LINEAR);
   }
   const size_t resized_stride = static_cast<size_t>(resize_w) * 3;
-  const uint8_t* square =
-      resized + static_cast<size_t>(final_top) * resized_stride + static_cast<size_t>(final_left) * 3;
+  const uint8_t* square = resized + static_cast<size_t>(final_top) * resized_stride +
+                          static_cast<size_t>(final_left) * 3;
 
   switch (options_.output) {
     case OutputType::kFloat32:

@@ -1,12 +1,13 @@
 #include "decoders/jpeg_decode.h"
 
 // jpeglib.h needs size_t and FILE declared before it.
+#include <jerror.h>
+#include <jpeglib.h>
+
+#include <algorithm>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
-
-#include <jerror.h>
-#include <jpeglib.h>
 
 #include "common/error.h"
 #include "decoders/scratch_buffer.h"
@@ -121,16 +122,21 @@ class LibjpegDecompressor {
                     rect.y, cinfo_.output_width, cinfo_.output_height);
       std::longjmp(errors_.jump, 1);
     }
-    JDIMENSION x_offset = static_cast<JDIMENSION>(rect.x);
-    JDIMENSION width = static_cast<JDIMENSION>(rect.w);
-    // Aligns the columns to iMCU boundaries (x_offset down, width up) and then only
-    // inverse-transforms, upsamples and converts those columns.
+    // jpeg_crop_scanline aligns the columns to iMCU boundaries (x_offset down, width up) and then
+    // only inverse-transforms, upsamples and converts those columns. Fancy upsampling treats the
+    // cropped edges as image edges, so the outermost column on each side differs from a full
+    // decode; ask for kEdgeMargin extra columns each side so the rectangle's own pixels are exact.
+    constexpr int kEdgeMargin = 2;
+    const int padded_left = rect.x > kEdgeMargin ? rect.x - kEdgeMargin : 0;
+    const int padded_right = static_cast<int>(std::min<JDIMENSION>(
+        cinfo_.output_width, static_cast<JDIMENSION>(rect.x + rect.w + kEdgeMargin)));
+    JDIMENSION x_offset = static_cast<JDIMENSION>(padded_left);
+    JDIMENSION width = static_cast<JDIMENSION>(padded_right - padded_left);
     if (width < cinfo_.output_width) jpeg_crop_scanline(&cinfo_, &x_offset, &width);
     size_t stride = size_t{width} * 3;
     uint8_t* rows = buffer.get(stride * static_cast<size_t>(rect.h));
-    if (rect.y > 0 &&
-        jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(rect.y)) !=
-            static_cast<JDIMENSION>(rect.y)) {
+    if (rect.y > 0 && jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(rect.y)) !=
+                          static_cast<JDIMENSION>(rect.y)) {
       std::snprintf(errors_.message, sizeof(errors_.message), "cannot skip to row %d", rect.y);
       std::longjmp(errors_.jump, 1);
     }
@@ -229,14 +235,31 @@ RgbView decode_jpeg_full_turbo(const uint8_t* data, size_t size, const std::stri
                                ScalingFactor factor) {
   TjHandle& handle = thread_decompressor();
   JpegHeader header = read_jpeg_header(data, size, name);
-  int width = factor.scale(header.width);
-  int height = factor.scale(header.height);
-  size_t stride = static_cast<size_t>(width) * 3;
-  uint8_t* pixels = pixel_buffer().get(stride * static_cast<size_t>(height));
-  if (tjDecompress2(handle.get(), data, static_cast<unsigned long>(size), pixels, width, 0,
-                    height, TJPF_RGB, 0) != 0 &&
+  const int width = factor.scale(header.width);
+  const int height = factor.scale(header.height);
+  const size_t pixel_count = static_cast<size_t>(width) * static_cast<size_t>(height);
+  const size_t stride = static_cast<size_t>(width) * 3;
+  uint8_t* pixels = pixel_buffer().get(pixel_count * 3);
+  // libjpeg-turbo 2.1 cannot convert CMYK/YCCK to RGB itself ("Unsupported color conversion
+  // request"): decode to CMYK and convert here.
+  const bool cmyk = header.colorspace == TJCS_CMYK || header.colorspace == TJCS_YCCK;
+  thread_local ScratchBuffer cmyk_buffer;
+  uint8_t* target = cmyk ? cmyk_buffer.get(pixel_count * 4) : pixels;
+  if (tjDecompress2(handle.get(), data, static_cast<unsigned long>(size), target, width, 0, height,
+                    cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0 &&
       !is_harmless_turbo_warning(handle.get())) {
     throw SampleError(name, "corrupt or truncated JPEG: " + handle.last_error());
+  }
+  if (cmyk) {
+    // libjpeg hands back Adobe's inverted CMYK (255 = no ink), so R = C * K / 255: the formula of
+    // TurboJPEG's own tools and, up to rounding, of PIL's convert("RGB").
+    for (size_t i = 0; i < pixel_count; ++i) {
+      const uint8_t* in = target + i * 4;
+      const unsigned k = in[3];
+      pixels[i * 3 + 0] = static_cast<uint8_t>((in[0] * k + 127) / 255);
+      pixels[i * 3 + 1] = static_cast<uint8_t>((in[1] * k + 127) / 255);
+      pixels[i * 3 + 2] = static_cast<uint8_t>((in[2] * k + 127) / 255);
+    }
   }
   return RgbView{pixels, width, height, stride};
 }
@@ -247,10 +270,9 @@ RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& 
     throw SampleError(name, "truncated JPEG (no end-of-image marker)");
   }
   if (header.colorspace == TJCS_CMYK || header.colorspace == TJCS_YCCK) {
-    // libjpeg cannot convert CMYK to RGB; TurboJPEG can, on a full decode.
+    // libjpeg cannot convert CMYK to RGB, so these rare files take a full decode.
     RgbView full = decode_jpeg_full_turbo(data, size, name, factor);
-    if (rect.x < 0 || rect.y < 0 || rect.x + rect.w > full.width ||
-        rect.y + rect.h > full.height) {
+    if (rect.x < 0 || rect.y < 0 || rect.x + rect.w > full.width || rect.y + rect.h > full.height) {
       throw SampleError(name, "crop outside the decoded image");
     }
     full.pixels += static_cast<size_t>(rect.y) * full.stride + static_cast<size_t>(rect.x) * 3;

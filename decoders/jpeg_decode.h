@@ -59,7 +59,7 @@ struct RgbView {
 // Decodes `rect` (in the coordinates of the image scaled by `factor`) as RGB. YCbCr and grayscale
 // files are decoded with libjpeg's jpeg_crop_scanline/jpeg_skip_scanlines so only the rows down to
 // the rectangle's bottom are entropy-decoded and only its columns are inverse-transformed; CMYK and
-// YCCK files take a full TurboJPEG decode (TJPF_RGB converts them) and are cropped after.
+// YCCK files take a full TurboJPEG decode (converted to RGB here) and are cropped after.
 // Truncated or corrupt data in the decoded part throws SampleError.
 RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name,
                            const JpegHeader& header, ScalingFactor factor, PixelRect rect);

@@ -148,8 +148,10 @@ MakeDatasetReport make_dataset(const MakeDatasetOptions& options) {
       // Target size: shorter side 300..500, aspect 3:4..4:3 (ImageNet's bulk).
       const int shorter = 300 + static_cast<int>(rng.below(201));
       const double aspect = std::exp(rng.uniform(std::log(3.0 / 4.0), std::log(4.0 / 3.0)));
-      const int target_w = aspect >= 1.0 ? static_cast<int>(std::lround(shorter * aspect)) : shorter;
-      const int target_h = aspect >= 1.0 ? shorter : static_cast<int>(std::lround(shorter / aspect));
+      const int target_w =
+          aspect >= 1.0 ? static_cast<int>(std::lround(shorter * aspect)) : shorter;
+      const int target_h =
+          aspect >= 1.0 ? shorter : static_cast<int>(std::lround(shorter / aspect));
       // Source crop with the target's aspect, 35..100% of the largest that fits.
       double crop_w = std::min<double>(photo.cols, photo.rows * aspect);
       double crop_h = crop_w / aspect;
@@ -174,11 +176,12 @@ MakeDatasetReport make_dataset(const MakeDatasetOptions& options) {
                       grayscale ? TJSAMP_GRAY : subsampling, quality, 0) != 0) {
         throw Error("make_dataset: JPEG encoding failed: " + compressor.last_error());
       }
-      fs::path path = fs::path(options.out_dir) /
-                      format_name(name, sizeof(name), "class_%03d", image.label);
+      fs::path path =
+          fs::path(options.out_dir) / format_name(name, sizeof(name), "class_%03d", image.label);
       path /= format_name(name, sizeof(name), "img_%05d.jpg", image.index);
       std::ofstream out(path, std::ios::binary | std::ios::trunc);
-      out.write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg_size));
+      out.write(reinterpret_cast<const char*>(jpeg.data()),
+                static_cast<std::streamsize>(jpeg_size));
       if (!out) throw Error("make_dataset: cannot write " + path.string());
       report.images += 1;
       report.bytes += jpeg_size;

@@ -17,8 +17,8 @@ struct MakeDatasetOptions {
   // Where the real photos are found (recursively; .jpg/.jpeg via TurboJPEG, .png via OpenCV
   // imgcodecs). Default: Debian's desktop backgrounds (package mate-backgrounds and friends).
   std::string source_dir = "/usr/share/backgrounds";
-  std::string out_dir;       // required; created if missing
-  int classes = 10;          // class folders class_000 ...
+  std::string out_dir;  // required; created if missing
+  int classes = 10;     // class folders class_000 ...
   int images_per_class = 40;
   uint64_t seed = 0;
 };
@@ -32,7 +32,8 @@ struct MakeDatasetReport {
 
 // Writes out_dir/class_NNN/img_NNNNN.jpg: random crops of the photos resized to ImageNet-typical
 // sizes (shorter side 300..500, aspect 3:4..4:3, 5% grayscale), JPEG quality 75..95 (4:2:0, some
-// 4:4:4). Throws Error if source_dir holds no photo (suggesting `apt-get install mate-backgrounds`).
+// 4:4:4). Throws Error if source_dir holds no photo (suggesting `apt-get install
+// mate-backgrounds`).
 MakeDatasetReport make_dataset(const MakeDatasetOptions& options);
 
 }  // namespace batchcast
