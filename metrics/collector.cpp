@@ -250,8 +250,11 @@ class MetricsCollector::Impl {
     if (have_snap) last_snap_ = std::move(snap);
     const MetricsSnapshot& s = last_snap_;
     const double dt = ticks_ ? t - last_t_ : 0.0;
+    // Rates over a span much shorter than the interval (the final tick at stop()) would be noise
+    // (/proc counts CPU in 10 ms ticks), so their cells stay empty; cumulative columns do not.
+    const double min_span = 0.25 * opt_.interval_s;
     auto rate = [&](double delta) -> std::optional<double> {
-      if (!(dt > 0)) return std::nullopt;
+      if (!(dt >= min_span)) return std::nullopt;
       return delta / dt;
     };
 
@@ -296,7 +299,9 @@ class MetricsCollector::Impl {
         const double prev_cpu = r.cpu_rel;
         r.cpu_rel = std::max(r.cpu_rel, r.cpu_carried + u->cpu_s - r.cpu_base);
         cpu_s = r.cpu_rel;
-        if (t > r.prev_cpu_t) cpu_pct = (r.cpu_rel - prev_cpu) / (t - r.prev_cpu_t) * 100.0;
+        if (t - r.prev_cpu_t >= min_span) {
+          cpu_pct = (r.cpu_rel - prev_cpu) / (t - r.prev_cpu_t) * 100.0;
+        }
         r.prev_cpu_t = t;
         rss = u->rss_bytes / 1e6;
         tree_rss = u->tree_rss_bytes / 1e6;
@@ -307,7 +312,7 @@ class MetricsCollector::Impl {
         procs = u->procs;
       }
       std::optional<double> sps;
-      if (!fresh && t > prev_t) sps = (r.samples - prev_samples) / (t - prev_t);
+      if (!fresh && t - prev_t >= min_span) sps = (r.samples - prev_samples) / (t - prev_t);
       processes_csv_->write_row({cell(t), p.role, p.id, std::to_string(p.pid), cell(cpu_s),
                                  cell(cpu_pct, 1), cell(rss, 1), cell(tree_rss, 1),
                                  cpu_s ? std::to_string(procs) : "",
