@@ -81,8 +81,9 @@ ServerCore::ServerCore(ServerOptions options)
 ServerCore::~ServerCore() {
   stop();
   if (loop_thread_.joinable()) loop_thread_.join();
-  router_.reset();  // closing an ipc socket removes its file
+  router_.reset();
   context_.reset();
+  if (!ipc_path_.empty()) ::unlink(ipc_path_.c_str());  // libzmq leaves the socket file behind
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 

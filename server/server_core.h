@@ -148,8 +148,8 @@ class ServerCore {
   void publish_ready();  // moves finished fills into the ring in sequence order
 
   ServerOptions options_;
+  std::string ipc_path_;  // declared before endpoint_: resolve_endpoint() fills it
   std::string endpoint_;
-  std::string ipc_path_;
   std::string boot_id_;
   SlotPool pool_;
   std::unique_ptr<zmq::context_t> context_;
