@@ -92,8 +92,8 @@ class MetricsCollector::Impl {
                   "; choose a writable metrics directory");
     }
     if (::access(opt_.dir.c_str(), W_OK) != 0) {
-      throw Error("metrics: directory " + opt_.dir + " is not writable (" +
-                  std::strerror(errno) + "); choose a writable metrics directory");
+      throw Error("metrics: directory " + opt_.dir + " is not writable (" + std::strerror(errno) +
+                  "); choose a writable metrics directory");
     }
     if (opt_.run_name.empty()) {
       fs::path p = fs::absolute(opt_.dir).lexically_normal();
@@ -106,26 +106,25 @@ class MetricsCollector::Impl {
       if (!nvml_ && !g_nvml_absence_logged.exchange(true)) spdlog::info("metrics: {}", why);
     }
     const fs::path dir(opt_.dir);
-    processes_csv_.emplace((dir / "processes.csv").string(),
-                           std::vector<std::string>{"time_s", "role", "id", "pid", "cpu_s",
-                                                    "cpu_percent", "rss_mb", "tree_rss_mb",
-                                                    "procs", "samples", "samples_per_s",
-                                                    "wait_s"});
+    processes_csv_.emplace(
+        (dir / "processes.csv").string(),
+        std::vector<std::string>{"time_s", "role", "id", "pid", "cpu_s", "cpu_percent", "rss_mb",
+                                 "tree_rss_mb", "procs", "samples", "samples_per_s", "wait_s"});
     std::vector<std::string> sys_header{"time_s", "system/cpu_utilization_percentage",
                                         "system/system_memory_usage_megabytes",
                                         "system/system_memory_usage_percentage"};
     for (int g = 0; g < gpu_count(); ++g) {
       const std::string p = "system/gpu_" + std::to_string(g) + "_";
-      for (const char* s : {"utilization_percentage", "memory_usage_megabytes",
-                            "memory_usage_percentage", "power_usage_watts",
-                            "power_usage_percentage"})
+      for (const char* s :
+           {"utilization_percentage", "memory_usage_megabytes", "memory_usage_percentage",
+            "power_usage_watts", "power_usage_percentage"})
         sys_header.push_back(p + s);
     }
     system_csv_.emplace((dir / "system.csv").string(), sys_header);
-    server_csv_.emplace((dir / "server.csv").string(),
-                        std::vector<std::string>{"time_s", "producer_blocked_s",
-                                                 "producer_blocked_percent", "ring_used",
-                                                 "ring_size", "ring_fill_percent"});
+    server_csv_.emplace(
+        (dir / "server.csv").string(),
+        std::vector<std::string>{"time_s", "producer_blocked_s", "producer_blocked_percent",
+                                 "ring_used", "ring_size", "ring_fill_percent"});
     gpu_util_.resize(gpu_count());
     gpu_mem_.resize(gpu_count());
     gpu_power_.resize(gpu_count());
@@ -211,9 +210,9 @@ class MetricsCollector::Impl {
       const double now = monotonic_seconds();
       if (next < now) next = now;
       std::unique_lock lk(wake_mu_);
-      const auto deadline =
-          std::chrono::steady_clock::time_point(std::chrono::duration_cast<
-              std::chrono::steady_clock::duration>(std::chrono::duration<double>(next)));
+      const auto deadline = std::chrono::steady_clock::time_point(
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+              std::chrono::duration<double>(next)));
       if (wake_cv_.wait_until(lk, deadline, [this] { return stop_requested_; })) break;
       lk.unlock();
       tick(false);
@@ -232,8 +231,8 @@ class MetricsCollector::Impl {
       have_snap = true;
     } catch (const std::exception& e) {
       if (!source_error_logged_) {
-        spdlog::warn("metrics: snapshot source for {} failed: {} (last snapshot reused)",
-                     opt_.dir, e.what());
+        spdlog::warn("metrics: snapshot source for {} failed: {} (last snapshot reused)", opt_.dir,
+                     e.what());
         source_error_logged_ = true;
       }
     }
@@ -315,8 +314,8 @@ class MetricsCollector::Impl {
       if (!fresh && t - prev_t >= min_span) sps = (r.samples - prev_samples) / (t - prev_t);
       processes_csv_->write_row({cell(t), p.role, p.id, std::to_string(p.pid), cell(cpu_s),
                                  cell(cpu_pct, 1), cell(rss, 1), cell(tree_rss, 1),
-                                 cpu_s ? std::to_string(procs) : "",
-                                 std::to_string(r.samples), cell(sps, 2), cell(r.wait)});
+                                 cpu_s ? std::to_string(procs) : "", std::to_string(r.samples),
+                                 cell(sps, 2), cell(r.wait)});
     }
     peak_rss_sum_.add(tree_rss_sum);
 
@@ -333,8 +332,7 @@ class MetricsCollector::Impl {
     }
     sys_cpu_util_.add(cpu_util);
     sys_mem_mb_.add(mem_mb);
-    std::vector<std::string> sys_row{cell(t), cell(cpu_util, 2), cell(mem_mb, 1),
-                                     cell(mem_pct, 2)};
+    std::vector<std::string> sys_row{cell(t), cell(cpu_util, 2), cell(mem_mb, 1), cell(mem_pct, 2)};
     for (size_t g = 0; g < gpus.size(); ++g) {
       const auto& r = gpus[g];
       sys_row.insert(sys_row.end(),

@@ -35,9 +35,9 @@ struct MetricsSnapshot {
   int64_t ring_used = 0;          // ring slots holding data now
   int64_t ring_size = 0;          // ring slots in all (0: no ring, e.g. a trainer's own tracker)
   struct Process {
-    std::string role;  // "server", "consumer" or "trainer" (others are counted in "all" only)
-    std::string id;    // the owner's name for it (consumer id); may be empty
-    pid_t pid = 0;     // on this host; a pid not found in /proc gets empty CPU/RSS cells
+    std::string role;      // "server", "consumer" or "trainer" (others are counted in "all" only)
+    std::string id;        // the owner's name for it (consumer id); may be empty
+    pid_t pid = 0;         // on this host; a pid not found in /proc gets empty CPU/RSS cells
     uint64_t samples = 0;  // samples consumed (consumers/trainers)
     double wait_s = 0;     // time spent waiting for data (consumers/trainers)
   };

@@ -71,8 +71,9 @@ std::optional<Nvml> Nvml::open(const std::string& library, std::string* why_not)
   auto get_util = reinterpret_cast<GetUtilFn>(sym("nvmlDeviceGetUtilizationRates"));
   auto get_mem = reinterpret_cast<GetMemFn>(sym("nvmlDeviceGetMemoryInfo"));
   if (!init || !shutdown || !get_count || !get_handle || !get_util || !get_mem) {
-    return fail(library + " lacks the NVML functions batchcast needs (driver too old?); GPU "
-                          "metrics are omitted");
+    return fail(library +
+                " lacks the NVML functions batchcast needs (driver too old?); GPU "
+                "metrics are omitted");
   }
   if (nvmlReturn_t rc = init(); rc != 0) {
     return fail("nvmlInit failed with NVML error " + std::to_string(rc) +

@@ -41,11 +41,11 @@ std::optional<ProcStat> read_proc_stat(pid_t pid);
 
 // What one process and its live descendants use at one instant.
 struct TreeUsage {
-  double cpu_s = 0;             // sum of ProcStat::cpu_s() over the process and its descendants
-  int64_t rss_bytes = 0;        // the process alone
-  int64_t tree_rss_bytes = 0;   // the process plus its descendants (shared pages count twice)
-  int procs = 0;                // processes summed (1 + live descendants)
-  uint64_t starttime = 0;       // of the root process
+  double cpu_s = 0;            // sum of ProcStat::cpu_s() over the process and its descendants
+  int64_t rss_bytes = 0;       // the process alone
+  int64_t tree_rss_bytes = 0;  // the process plus its descendants (shared pages count twice)
+  int procs = 0;               // processes summed (1 + live descendants)
+  uint64_t starttime = 0;      // of the root process
 };
 
 // A snapshot of every process on the machine, indexed by pid and by parent.

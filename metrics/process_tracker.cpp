@@ -16,8 +16,7 @@ ProcessTracker::ProcessTracker(CollectorOptions options, std::string role, std::
 
 void ProcessTracker::add_wait(double seconds) {
   if (!(seconds > 0)) return;  // negative or NaN from a clock hiccup: ignore
-  wait_ns_.fetch_add(static_cast<uint64_t>(std::llround(seconds * 1e9)),
-                     std::memory_order_relaxed);
+  wait_ns_.fetch_add(static_cast<uint64_t>(std::llround(seconds * 1e9)), std::memory_order_relaxed);
 }
 
 double ProcessTracker::wait_s() const {

@@ -42,7 +42,8 @@ MetricsSnapshot snapshot_from(const py::handle& obj) {
   MetricsSnapshot s;
   if (obj.is_none()) return s;
   py::dict d = py::reinterpret_borrow<py::dict>(obj);
-  if (d.contains("producer_blocked_s")) s.producer_blocked_s = d["producer_blocked_s"].cast<double>();
+  if (d.contains("producer_blocked_s"))
+    s.producer_blocked_s = d["producer_blocked_s"].cast<double>();
   if (d.contains("ring_used")) s.ring_used = d["ring_used"].cast<int64_t>();
   if (d.contains("ring_size")) s.ring_size = d["ring_size"].cast<int64_t>();
   if (d.contains("processes")) {
@@ -136,19 +137,21 @@ void bind_metrics(py::module_& m) {
                           "A collector whose snapshot comes from a Python callable returning a "
                           "dict: producer_blocked_s, ring_used, ring_size, processes=[{role, id, "
                           "pid, samples, wait_s}].")
-      .def(py::init([](std::string dir, py::function source, double interval,
-                       std::string run_name, bool gpu, std::string nvml_library) {
+      .def(py::init([](std::string dir, py::function source, double interval, std::string run_name,
+                       bool gpu, std::string nvml_library) {
              return std::make_unique<PyCollector>(
                  make_options(std::move(dir), interval, std::move(run_name), gpu,
                               std::move(nvml_library)),
                  std::move(source));
            }),
-           py::arg("dir"), py::arg("source"), py::arg("interval") = 1.0,
-           py::arg("run_name") = "", py::arg("gpu") = true, py::arg("nvml_library") = "")
-      .def("start", [](PyCollector& c) { c.collector().start(); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("stop", [](PyCollector& c) { c.collector().stop(); },
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("dir"), py::arg("source"), py::arg("interval") = 1.0, py::arg("run_name") = "",
+           py::arg("gpu") = true, py::arg("nvml_library") = "")
+      .def(
+          "start", [](PyCollector& c) { c.collector().start(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "stop", [](PyCollector& c) { c.collector().stop(); },
+          py::call_guard<py::gil_scoped_release>())
       .def("summary",
            [](PyCollector& c) {
              nlohmann::json j;

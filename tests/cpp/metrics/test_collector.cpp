@@ -105,8 +105,7 @@ TempDirs* const g_temp_dirs =
     static_cast<TempDirs*>(::testing::AddGlobalTestEnvironment(new TempDirs));
 
 fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() /
-               ("bc_metrics_" + name + "_" + std::to_string(getpid()));
+  fs::path d = fs::temp_directory_path() / ("bc_metrics_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(d);
   g_temp_dirs->dirs.push_back(d);
   return d;
@@ -333,9 +332,9 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
   EXPECT_THROW(c.start(), Error);
 
   auto procs = read_csv(dir / "processes.csv");
-  const std::vector<std::string> want{"time_s",  "role",  "id",          "pid",
-                                      "cpu_s",   "cpu_percent", "rss_mb",  "tree_rss_mb",
-                                      "procs",   "samples", "samples_per_s", "wait_s"};
+  const std::vector<std::string> want{"time_s",        "role",   "id",          "pid",   "cpu_s",
+                                      "cpu_percent",   "rss_mb", "tree_rss_mb", "procs", "samples",
+                                      "samples_per_s", "wait_s"};
   EXPECT_EQ(procs.at(0), want);
   ASSERT_GE(procs.size(), 1 + 3 * 3u);
   EXPECT_EQ(procs[1][1], "server");
@@ -345,9 +344,9 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
   EXPECT_EQ(procs[2][9], "0");  // deltas from first sight
   for (size_t i = 1; i < procs.size(); ++i) EXPECT_EQ(procs[i].size(), want.size()) << i;
   auto server = read_csv(dir / "server.csv");
-  EXPECT_EQ(server.at(0), (std::vector<std::string>{"time_s", "producer_blocked_s",
-                                                    "producer_blocked_percent", "ring_used",
-                                                    "ring_size", "ring_fill_percent"}));
+  EXPECT_EQ(server.at(0),
+            (std::vector<std::string>{"time_s", "producer_blocked_s", "producer_blocked_percent",
+                                      "ring_used", "ring_size", "ring_fill_percent"}));
   EXPECT_EQ(server.at(1)[4], "8");
   EXPECT_EQ(header_of(dir / "system.csv"),
             (std::vector<std::string>{"time_s", "system/cpu_utilization_percentage",
@@ -472,8 +471,7 @@ TEST(MetricsCollector, SamplerCostUnderOnePercentOfACoreAtOneSecond) {
   json s = c.summary();
   const double per_tick = s["sampler"]["cpu_s"].get<double>() / s["ticks"].get<double>();
   std::printf("sampler: %lld ticks, %.3f ms CPU per tick -> %.3f%% of a core at 1 s\n",
-              static_cast<long long>(s["ticks"].get<int64_t>()), per_tick * 1e3,
-              per_tick * 100);
+              static_cast<long long>(s["ticks"].get<int64_t>()), per_tick * 1e3, per_tick * 100);
   RecordProperty("sampler_ms_per_tick", std::to_string(per_tick * 1e3));
   EXPECT_LT(per_tick, 0.01);
 }
