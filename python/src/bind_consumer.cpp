@@ -1,0 +1,5 @@
+#include "python/src/bindings.h"
+
+namespace batchcast::python {
+void bind_consumer(pybind11::module_&) {}
+}  // namespace batchcast::python

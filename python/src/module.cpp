@@ -1,0 +1,12 @@
+// batchcast._batchcast: the native half of the Python package. Each component binds itself in
+// its own file (bindings.h); the Python layer in python/batchcast/ is the documented surface.
+#include "python/src/bindings.h"
+
+PYBIND11_MODULE(_batchcast, m) {
+  m.doc() = "batchcast native core (use the batchcast package, not this module)";
+  batchcast::python::bind_common(m);
+  batchcast::python::bind_consumer(m);
+  batchcast::python::bind_server(m);
+  batchcast::python::bind_decoders(m);
+  batchcast::python::bind_metrics(m);
+}
