@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/random.h"
 #include "decoders/crop_params.h"
+#include "decoders/image_header.h"
 #include "decoders/jpeg_decode.h"
 #include "decoders/scratch_buffer.h"
 
@@ -82,32 +83,17 @@ ScratchBuffer& resized_buffer() {
 }
 
 void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name) {
-  if (width * height > limit) {
-    throw SampleError(name, "image is " + std::to_string(width) + "x" + std::to_string(height) +
-                                " = " + std::to_string(width * height) +
-                                " pixels, above max_image_pixels=" + std::to_string(limit) +
-                                " (decompression-bomb guard)");
+  // Division, not width * height: header fields of crafted files can overflow the product.
+  if (width > 0 && height > 0 && height <= limit / width) return;
+  if (width <= 0 || height <= 0) {
+    throw SampleError(name, "image header declares " + std::to_string(width) + "x" +
+                                std::to_string(height) + " pixels");
   }
-}
-
-enum class FileFormat { kJpeg, kPng, kOther, kUnknown };
-
-FileFormat sniff_format(const uint8_t* data, size_t size) {
-  auto starts_with = [&](const char* magic, size_t n, size_t at = 0) {
-    return size >= at + n && std::memcmp(data + at, magic, n) == 0;
-  };
-  if (looks_like_jpeg(data, size)) return FileFormat::kJpeg;
-  if (starts_with("\x89PNG\r\n\x1a\n", 8)) return FileFormat::kPng;
-  if (starts_with("BM", 2) || starts_with("II*\0", 4) || starts_with("MM\0*", 4) ||
-      (starts_with("RIFF", 4) && starts_with("WEBP", 4, 8)) ||
-      (size >= 2 && data[0] == 'P' && data[1] >= '1' && data[1] <= '6')) {
-    return FileFormat::kOther;
-  }
-  return FileFormat::kUnknown;
-}
-
-uint32_t read_be32(const uint8_t* p) {
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+  // Callers pass 32-bit header fields, so the product fits in 64 unsigned bits.
+  const uint64_t pixels = static_cast<uint64_t>(width) * static_cast<uint64_t>(height);
+  throw SampleError(name, "image is " + std::to_string(width) + "x" + std::to_string(height) +
+                              " = " + std::to_string(pixels) + " pixels, above max_image_pixels=" +
+                              std::to_string(limit) + " (decompression-bomb guard)");
 }
 
 // The scaled-image rectangle that covers source rectangle `crop` after DCT scaling by `factor`.
@@ -275,7 +261,7 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
                                   uint64_t epoch, uint64_t index, void* out) const {
   if (size == 0) throw SampleError(name, "empty file (0 bytes)");
   const int out_size = options_.image_size;
-  const FileFormat format = sniff_format(data, size);
+  const ImageFormat format = sniff_image_format(data, size);
 
   // 1. Geometry from the header, and the decoded source pixels it needs.
   int width = 0;
@@ -285,21 +271,23 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   thread_local cv::Mat decoded_bgr;
   thread_local cv::Mat decoded_rgb;
 #endif
-  if (format == FileFormat::kJpeg) {
+  if (format == ImageFormat::kJpeg) {
     jpeg_header = read_jpeg_header(data, size, name);
     width = jpeg_header.width;
     height = jpeg_header.height;
     check_pixel_count(width, height, options_.max_image_pixels, name);
-  } else if (format == FileFormat::kUnknown) {
+  } else if (format == ImageFormat::kUnknown) {
     throw SampleError(name, "not an image (unrecognised file signature)");
   } else {
 #ifdef BATCHCAST_HAVE_IMGCODECS
-    if (format == FileFormat::kPng) {
-      // IHDR is the first chunk: width and height at bytes 16..23, checked before decoding.
-      if (size < 24) throw SampleError(name, "truncated PNG header");
-      check_pixel_count(read_be32(data + 16), read_be32(data + 20), options_.max_image_pixels,
-                        name);
+    // OpenCV allocates from the header's claim: check it first.
+    int64_t claimed_width = 0;
+    int64_t claimed_height = 0;
+    if (!read_image_dimensions(format, data, size, &claimed_width, &claimed_height)) {
+      throw SampleError(
+          name, std::string("corrupt or truncated ") + image_format_name(format) + " header");
     }
+    check_pixel_count(claimed_width, claimed_height, options_.max_image_pixels, name);
     try {
       cv::Mat encoded(1, static_cast<int>(std::min<size_t>(size, INT32_MAX)), CV_8UC1,
                       const_cast<uint8_t*>(data));
@@ -345,7 +333,7 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
 
   // 3. Decode just that rectangle (DCT-scaled when it is much larger than needed).
   RgbView source;
-  if (format == FileFormat::kJpeg) {
+  if (format == ImageFormat::kJpeg) {
     ScalingFactor factor = choose_scaling(crop.width, crop.height, resize_w, resize_h);
     PixelRect rect = scale_rect(crop, factor, factor.scale(width), factor.scale(height));
     source = decode_jpeg_region(data, size, name, jpeg_header, factor, rect);

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/random.h"
 #include "decoders/crop_params.h"
+#include "decoders/image_header.h"
 #include "decoders/jpeg_decode.h"
 #include "tests/cpp/decoders/test_images.h"
 
@@ -475,6 +476,47 @@ TEST(ImagePipeline, RejectsBadOptions) {
   options.image_size = 224;
   options.std[1] = 0.0f;
   EXPECT_THROW(ImagePipeline{options}, Error);
+}
+
+}  // namespace
+}  // namespace batchcast
+
+namespace batchcast {
+namespace {
+
+// Header-only dimensions of every format OpenCV decodes for us, from OpenCV's own encoders.
+TEST(ImageHeader, DimensionsOfEveryOpenCvFormat) {
+  cv::Mat bgr = testing::photo_rgb(123, 45, 0);
+  for (const char* extension : {".png", ".bmp", ".ppm", ".pgm", ".tiff", ".webp"}) {
+    cv::Mat pixels = bgr;
+    if (std::string(extension) == ".pgm") cv::cvtColor(bgr, pixels, cv::COLOR_RGB2GRAY);
+    std::vector<uint8_t> bytes;
+    ASSERT_TRUE(cv::imencode(extension, pixels, bytes)) << extension;
+    ImageFormat format = sniff_image_format(bytes.data(), bytes.size());
+    ASSERT_NE(format, ImageFormat::kUnknown) << extension;
+    int64_t w = 0, h = 0;
+    ASSERT_TRUE(read_image_dimensions(format, bytes.data(), bytes.size(), &w, &h)) << extension;
+    EXPECT_EQ(w, 123) << extension;
+    EXPECT_EQ(h, 45) << extension;
+    // And the pipeline decodes it.
+    ImagePipeline pipeline(uint8_options(32, true));
+    std::vector<uint8_t> out(pipeline.sample_bytes());
+    pipeline.process_bytes(bytes.data(), bytes.size(), extension, 0, 0, out.data());
+  }
+  // A BMP claiming 1320 x 51717 (found by the fuzzer) is refused before OpenCV allocates.
+  std::vector<uint8_t> bmp;
+  cv::imencode(".bmp", bgr, bmp);
+  bmp[18] = 0x28, bmp[19] = 0x05, bmp[20] = bmp[21] = 0;
+  bmp[22] = 0x05, bmp[23] = 0xCA, bmp[24] = bmp[25] = 0;
+  PipelineOptions small = uint8_options(32, true);
+  small.max_image_pixels = 4 << 20;
+  std::vector<uint8_t> out(ImagePipeline(small).sample_bytes());
+  try {
+    ImagePipeline(small).process_bytes(bmp.data(), bmp.size(), "b.bmp", 0, 0, out.data());
+    ADD_FAILURE() << "no SampleError";
+  } catch (const SampleError& e) {
+    EXPECT_NE(std::string(e.what()).find("1320x51717"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
