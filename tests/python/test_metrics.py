@@ -43,7 +43,8 @@ TRAINER = textwrap.dedent(
             return torch.zeros(3, 4, 4), i
 
     def cpu():
-        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
         return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
     c0 = cpu()
