@@ -1,6 +1,7 @@
 // batchcast: the command-line program. Subcommands: serve (the server), make-dataset (an
 // ImageNet-like dataset cut from real photos), report (plots of metrics run directories).
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -257,6 +258,7 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--out", report_out, "output folder (default: DIR/report)");
 
   CLI11_PARSE(app, argc, argv);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("batchcast"));  // stdout stays for data
   spdlog::set_level(spdlog::level::from_str(log_level));
   try {
     if (*serve_cmd) return serve(a);

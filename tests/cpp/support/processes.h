@@ -1,0 +1,140 @@
+// Test support: real child processes (the batchcast server, probe consumers) with their output
+// in temporary files, plus the checks every transport test ends with.
+// ChildProcess owns its child: the destructor SIGKILLs and reaps it if it still runs.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace batchcast::testing {
+
+inline std::string build_path(const std::string& relative) {
+  return std::string(BATCHCAST_BUILD_DIR) + "/" + relative;
+}
+inline std::string batchcast_bin() { return build_path("server/batchcast"); }
+inline std::string probe_bin() { return build_path("tests/cpp/support/probe_consumer"); }
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A unique ipc endpoint per test and call.
+inline std::string unique_endpoint(const std::string& tag) {
+  static int n = 0;
+  return "ipc:///tmp/bctest-" + std::to_string(::getpid()) + "-" + tag + "-" + std::to_string(n++) +
+         ".sock";
+}
+
+class ChildProcess {
+ public:
+  explicit ChildProcess(std::vector<std::string> args) {
+    static int n = 0;
+    out_path_ = "/tmp/bctest-out-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int out = ::open((out_path_ + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int err = ::open((out_path_ + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~ChildProcess() {
+    if (running()) {
+      ::kill(pid_, SIGKILL);
+      wait(5);
+    }
+    ::unlink((out_path_ + ".out").c_str());
+    ::unlink((out_path_ + ".err").c_str());
+  }
+  ChildProcess(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() {
+    if (exited_) return false;
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      status_ = status;
+    }
+    return !exited_;
+  }
+  // Waits up to timeout_s; returns the exit code, 128+signal, or -1 if still running.
+  int wait(double timeout_s) {
+    double end = now_s() + timeout_s;
+    while (running()) {
+      if (now_s() > end) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  }
+  void signal(int sig) { ::kill(pid_, sig); }
+  std::string out() const { return slurp(out_path_ + ".out"); }
+  std::string err() const { return slurp(out_path_ + ".err"); }
+  std::vector<std::string> out_lines() const {
+    std::vector<std::string> lines;
+    std::istringstream in(out());
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    return lines;
+  }
+  // Waits until stdout has at least `n` lines starting with `prefix`.
+  bool wait_for_lines(const std::string& prefix, size_t n, double timeout_s) {
+    double end = now_s() + timeout_s;
+    while (now_s() < end) {
+      size_t count = 0;
+      for (const auto& l : out_lines()) count += l.rfind(prefix, 0) == 0;
+      if (count >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  // Waits until stderr contains `text`.
+  bool wait_for_err(const std::string& text, double timeout_s) {
+    double end = now_s() + timeout_s;
+    while (now_s() < end) {
+      if (err().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+ private:
+  static std::string slurp(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = 0;
+  std::string out_path_;
+};
+
+// This user's batchcast segments in /dev/shm.
+inline std::vector<std::string> shm_segments() {
+  std::vector<std::string> names;
+  std::string prefix = "batchcast." + std::to_string(::getuid()) + ".";
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) names.push_back(e->d_name);
+    ::closedir(d);
+  }
+  return names;
+}
+
+}  // namespace batchcast::testing
