@@ -20,24 +20,26 @@ std::string user_prefix() { return "batchcast." + std::to_string(::getuid()) + "
 
 }  // namespace
 
-size_t SlotPool::layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t* slots_offset) {
+size_t SlotPool::layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t* slots_offset,
+                              bool host_slots) {
   uint64_t offset = align_up(sizeof(PoolHeader) + slot_count * sizeof(uint64_t), kSlotAlignment);
   if (slots_offset) *slots_offset = offset;
-  return offset + slot_count * slot_bytes;
+  return offset + (host_slots ? slot_count * slot_bytes : 0);
 }
 
 SlotPool SlotPool::create(const std::string& segment_name, uint32_t slot_count,
-                          uint64_t slot_bytes) {
+                          uint64_t slot_bytes, bool host_slots) {
   if (slot_count == 0 || slot_bytes == 0) throw Error("a pool needs at least one non-empty slot");
   slot_bytes = align_up(slot_bytes, kSlotAlignment);
   uint64_t slots_offset = 0;
-  size_t bytes = layout_bytes(slot_count, slot_bytes, &slots_offset);
+  size_t bytes = layout_bytes(slot_count, slot_bytes, &slots_offset, host_slots);
   SlotPool pool(SharedSegment::create(segment_name, bytes));
   auto* h = reinterpret_cast<PoolHeader*>(pool.segment_.data());
   h->magic = PoolHeader::kMagic;
   h->version = PoolHeader::kVersion;
   h->owner_pid = static_cast<uint32_t>(::getpid());
   h->slot_count = slot_count;
+  h->flags = host_slots ? 0 : PoolHeader::kDeviceSlots;
   h->slot_bytes = slot_bytes;
   h->slots_offset = slots_offset;
   for (uint32_t i = 0; i < slot_count; ++i) pool.set_slot_seq(i, kNoChunk);
@@ -58,7 +60,7 @@ SlotPool SlotPool::attach(const std::string& segment_name, uint32_t slot_count,
   if (h->slot_count != slot_count || h->slot_bytes != slot_bytes ||
       h->slots_offset != slots_offset)
     throw mismatch("geometry");
-  if (layout_bytes(slot_count, slot_bytes, nullptr) > pool.segment_.size())
+  if (layout_bytes(slot_count, slot_bytes, nullptr, pool.host_slots()) > pool.segment_.size())
     throw mismatch("segment shorter than its slots");
   return pool;
 }

@@ -1,7 +1,9 @@
 // SlotPool: the batch pool, a fixed array of K equal slots in one shared segment.
 //
 // Layout: a PoolHeader (magic, version, owner pid, geometry) followed by one sequence word per
-// slot, then the slots, each starting on a 4 KiB boundary. The server writes a chunk into a
+// slot, then the slots, each starting on a 4 KiB boundary. A device pool (--device cuda:K) keeps
+// only the header and the sequence words here: its slots live in the GPU arena
+// (shm/cuda_pool.h), and slot_bytes still gives their size. The server writes a chunk into a
 // slot, then stores the chunk's stream sequence number into the slot's word (release order);
 // consumers compare that word with the descriptor they were sent, a cheap guard that a slot
 // they read holds the chunk they expect.
@@ -26,11 +28,12 @@ namespace batchcast {
 struct PoolHeader {
   static constexpr uint64_t kMagic = 0x4c4f4f5054534342ull;  // "BCSTPOOL"
   static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kDeviceSlots = 1;
   uint64_t magic;
   uint32_t version;
   uint32_t owner_pid;
   uint32_t slot_count;
-  uint32_t reserved;
+  uint32_t flags;  // kDeviceSlots: the slots are in GPU memory, not in this segment
   uint64_t slot_bytes;
   uint64_t slots_offset;
 };
@@ -40,7 +43,9 @@ class SlotPool {
   static constexpr uint64_t kNoChunk = ~0ull;
 
   // Creates the pool's segment (0600) and writes its header; throws Error naming the segment.
-  static SlotPool create(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes);
+  // host_slots=false: a device pool's segment (header and sequence words only).
+  static SlotPool create(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes,
+                         bool host_slots = true);
   // Maps an existing pool read-only and checks its header against the geometry the server
   // announced; throws Error naming the segment and the mismatch.
   static SlotPool attach(const std::string& segment_name, uint32_t slot_count,
@@ -51,8 +56,11 @@ class SlotPool {
   uint64_t slots_offset() const { return header()->slots_offset; }
   const std::string& segment_name() const { return segment_.name(); }
   size_t segment_bytes() const { return segment_.size(); }
+  bool host_slots() const { return !(header()->flags & PoolHeader::kDeviceSlots); }
 
+  // A host slot's memory; nullptr in a device pool.
   uint8_t* slot_data(uint32_t slot) const {
+    if (!host_slots()) return nullptr;
     return segment_.data() + header()->slots_offset + slot * header()->slot_bytes;
   }
   // The stream sequence number of the chunk a slot holds (kNoChunk while being filled).
@@ -61,7 +69,8 @@ class SlotPool {
     seq_word(slot)->store(seq, std::memory_order_release);
   }
 
-  static size_t layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t* slots_offset);
+  static size_t layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t* slots_offset,
+                             bool host_slots = true);
 
  private:
   explicit SlotPool(SharedSegment segment) : segment_(std::move(segment)) {}

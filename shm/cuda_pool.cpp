@@ -1,0 +1,248 @@
+#include "shm/cuda_pool.h"
+
+#include <cstring>
+
+#include "common/error.h"
+
+namespace batchcast {
+
+int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no driver" error for later callers
+    return 0;
+  }
+  return n;
+}
+
+void cuda_check(cudaError_t status, const std::string& what) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw Error(what + ": " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
+}
+
+int require_cuda_device(int device) {
+  int n = cuda_device_count();
+  if (n == 0)
+    throw Error("cuda:" + std::to_string(device) +
+                ": no CUDA device is usable here (no GPU or no driver); use --device cpu");
+  if (device < 0 || device >= n)
+    throw Error("cuda:" + std::to_string(device) + ": this process sees " + std::to_string(n) +
+                " CUDA device(s) (0.." + std::to_string(n - 1) +
+                "); pick one of them or check CUDA_VISIBLE_DEVICES");
+  return device;
+}
+
+DeviceUuid cuda_device_uuid(int device) {
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, device),
+             "cudaGetDeviceProperties(cuda:" + std::to_string(device) + ")");
+  DeviceUuid uuid;
+  std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
+  return uuid;
+}
+
+int cuda_device_by_uuid(const DeviceUuid& uuid) noexcept {
+  int n = cuda_device_count();
+  for (int d = 0; d < n; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
+    if (std::memcmp(prop.uuid.bytes, uuid.data(), uuid.size()) == 0) return d;
+  }
+  return -1;
+}
+
+CudaDeviceGuard::CudaDeviceGuard(int device) {
+  cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+  cuda_check(cudaSetDevice(device), "cudaSetDevice(cuda:" + std::to_string(device) + ")");
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() noexcept {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
+// --- CudaEvent ---
+
+CudaEvent CudaEvent::create(bool interprocess) {
+  cudaEvent_t e = nullptr;
+  unsigned flags = cudaEventDisableTiming | (interprocess ? cudaEventInterprocess : 0u);
+  cuda_check(cudaEventCreateWithFlags(&e, flags), "cudaEventCreateWithFlags");
+  return CudaEvent(e);
+}
+
+CudaEvent CudaEvent::open(const IpcHandleBytes& handle) {
+  cudaIpcEventHandle_t h;
+  static_assert(sizeof(h) == kIpcHandleBytes);
+  std::memcpy(&h, handle.data(), sizeof(h));
+  cudaEvent_t e = nullptr;
+  cuda_check(cudaIpcOpenEventHandle(&e, h),
+             "cudaIpcOpenEventHandle (the server's slot event; did the server exit?)");
+  return CudaEvent(e);
+}
+
+CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
+  if (this != &o) {
+    if (event_) (void)cudaEventDestroy(event_);
+    event_ = o.event_;
+    o.event_ = nullptr;
+  }
+  return *this;
+}
+
+CudaEvent::~CudaEvent() noexcept {
+  if (event_) (void)cudaEventDestroy(event_);
+}
+
+IpcHandleBytes CudaEvent::ipc_handle() const {
+  cudaIpcEventHandle_t h;
+  cuda_check(cudaIpcGetEventHandle(&h, event_), "cudaIpcGetEventHandle");
+  IpcHandleBytes out;
+  std::memcpy(out.data(), &h, out.size());
+  return out;
+}
+
+// --- CudaStream ---
+
+CudaStream CudaStream::create() {
+  CudaStream s;
+  cuda_check(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  return s;
+}
+
+CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
+  if (this != &o) {
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    stream_ = o.stream_;
+    o.stream_ = nullptr;
+  }
+  return *this;
+}
+
+CudaStream::~CudaStream() noexcept {
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+// --- PinnedBuffer / DeviceBuffer ---
+
+PinnedBuffer PinnedBuffer::allocate(size_t bytes) {
+  PinnedBuffer b;
+  void* p = nullptr;
+  cuda_check(cudaHostAlloc(&p, bytes, cudaHostAllocPortable),
+             "cudaHostAlloc of " + std::to_string(bytes >> 20) +
+                 " MiB pinned staging memory (lower --ring or --batch-size, or raise the "
+                 "locked-memory limit)");
+  b.data_ = static_cast<uint8_t*>(p);
+  b.bytes_ = bytes;
+  return b;
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (data_) (void)cudaFreeHost(data_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+PinnedBuffer::~PinnedBuffer() noexcept {
+  if (data_) (void)cudaFreeHost(data_);
+}
+
+DeviceBuffer DeviceBuffer::allocate(size_t bytes) {
+  DeviceBuffer b;
+  void* p = nullptr;
+  cuda_check(cudaMalloc(&p, bytes), "cudaMalloc of " + std::to_string(bytes >> 20) +
+                                        " MiB (lower --ring or --batch-size, or free GPU memory)");
+  b.data_ = static_cast<uint8_t*>(p);
+  b.bytes_ = bytes;
+  return b;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (data_) (void)cudaFree(data_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() noexcept {
+  if (data_) (void)cudaFree(data_);
+}
+
+// --- DeviceArena ---
+
+DeviceArena DeviceArena::create(int device, uint32_t slot_count, uint64_t slot_bytes) {
+  require_cuda_device(device);
+  CudaDeviceGuard guard(device);
+  DeviceArena a;
+  a.device_ = device;
+  a.slot_bytes_ = slot_bytes;
+  a.memory_ = DeviceBuffer::allocate(slot_count * slot_bytes);
+  cudaIpcMemHandle_t mh;
+  static_assert(sizeof(mh) == kIpcHandleBytes);
+  cuda_check(cudaIpcGetMemHandle(&mh, a.memory_.data()),
+             "cudaIpcGetMemHandle (CUDA IPC needs Linux and a GPU not in WDDM/MIG-restricted mode)");
+  std::memcpy(a.memory_handle_.data(), &mh, sizeof(mh));
+  for (uint32_t i = 0; i < slot_count; ++i) {
+    a.events_.push_back(CudaEvent::create(/*interprocess=*/true));
+    a.event_handles_.push_back(a.events_.back().ipc_handle());
+  }
+  a.uuid_ = cuda_device_uuid(device);
+  return a;
+}
+
+// --- ArenaMapping ---
+
+ArenaMapping ArenaMapping::open(const DeviceUuid& uuid, const IpcHandleBytes& memory,
+                                const std::vector<IpcHandleBytes>& events, uint64_t slot_bytes) {
+  ArenaMapping m;
+  m.device_ = cuda_device_by_uuid(uuid);
+  if (m.device_ < 0)
+    throw Error(cuda_device_count() == 0
+                    ? std::string("the server shares GPU memory but this process sees no CUDA "
+                                  "device (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides it)")
+                    : std::string("the server's GPU is not visible to this process; run the "
+                                  "consumer with that GPU in CUDA_VISIBLE_DEVICES"));
+  CudaDeviceGuard guard(m.device_);
+  cudaIpcMemHandle_t mh;
+  std::memcpy(&mh, memory.data(), sizeof(mh));
+  void* base = nullptr;
+  cuda_check(cudaIpcOpenMemHandle(&base, mh, cudaIpcMemLazyEnablePeerAccess),
+             "cudaIpcOpenMemHandle (the server's GPU pool; did the server exit?)");
+  m.base_ = static_cast<uint8_t*>(base);
+  m.slot_bytes_ = slot_bytes;
+  for (const auto& h : events) m.events_.push_back(CudaEvent::open(h));
+  return m;
+}
+
+ArenaMapping::ArenaMapping(ArenaMapping&& o) noexcept
+    : device_(o.device_), base_(o.base_), slot_bytes_(o.slot_bytes_), events_(std::move(o.events_)) {
+  o.base_ = nullptr;
+}
+
+ArenaMapping& ArenaMapping::operator=(ArenaMapping&& o) noexcept {
+  if (this != &o) {
+    close();
+    device_ = o.device_;
+    base_ = o.base_;
+    slot_bytes_ = o.slot_bytes_;
+    events_ = std::move(o.events_);
+    o.base_ = nullptr;
+  }
+  return *this;
+}
+
+ArenaMapping::~ArenaMapping() noexcept { close(); }
+
+void ArenaMapping::close() noexcept {
+  events_.clear();
+  if (base_) (void)cudaIpcCloseMemHandle(base_);
+  base_ = nullptr;
+}
+
+}  // namespace batchcast

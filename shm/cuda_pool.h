@@ -1,0 +1,176 @@
+// CUDA building blocks of the GPU batch pool: RAII owners for every CUDA handle batchcast holds.
+// Compiled only when BATCHCAST_HAVE_CUDA (CMake found nvcc); a CPU-only build has none of it.
+//
+// - DeviceArena (server): one device allocation of K equal slots (cudaMalloc once), exported
+//   once with cudaIpcGetMemHandle, and one interprocess event per slot (recorded by the producer
+//   after the slot's last write, waited on by consumers before they read it).
+// - ArenaMapping (consumer): the same arena and events opened once in another process
+//   (cudaIpcOpenMemHandle / cudaIpcOpenEventHandle), closed when the mapping is destroyed.
+// - PinnedBuffer (cudaHostAlloc), DeviceBuffer (cudaMalloc), CudaStream, CudaEvent.
+//
+// Ownership and lifetime: every class is move-only; its destructor is noexcept and frees what it
+// owns (errors while freeing are ignored: the process may be tearing down its context). The
+// exporting DeviceArena must outlive every ArenaMapping of it: the server keeps it until all
+// consumers left (a consumer of a dead server gets errors from CUDA, never a crash here).
+// Errors: "no GPU" is a value (cuda_device_count() == 0); every other failure throws
+// batchcast::Error naming the call, the device and the fix.
+// Thread-safety: objects are not synchronised; the CUDA calls they make are thread-safe.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace batchcast {
+
+constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
+using IpcHandleBytes = std::array<uint8_t, kIpcHandleBytes>;
+using DeviceUuid = std::array<uint8_t, 16>;
+
+// Number of usable CUDA devices; 0 when there is no driver, no GPU, or CUDA fails to start.
+int cuda_device_count() noexcept;
+// Throws Error("<what>: <CUDA's message>") unless `status` is cudaSuccess.
+void cuda_check(cudaError_t status, const std::string& what);
+// Throws Error naming the fix unless `device` is a usable device index; returns it.
+int require_cuda_device(int device);
+// The device's UUID (stable across processes, unlike indices under CUDA_VISIBLE_DEVICES).
+DeviceUuid cuda_device_uuid(int device);
+// The index, in this process, of the device with `uuid`; -1 if this process cannot see it.
+int cuda_device_by_uuid(const DeviceUuid& uuid) noexcept;
+
+// Sets the calling thread's current device for the guard's lifetime, then restores it.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device);
+  ~CudaDeviceGuard() noexcept;
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+class CudaEvent {
+ public:
+  CudaEvent() = default;
+  // cudaEventDisableTiming, plus cudaEventInterprocess when `interprocess`.
+  static CudaEvent create(bool interprocess);
+  // Opens an event exported by another process.
+  static CudaEvent open(const IpcHandleBytes& handle);
+  CudaEvent(CudaEvent&& o) noexcept : event_(o.event_) { o.event_ = nullptr; }
+  CudaEvent& operator=(CudaEvent&& o) noexcept;
+  ~CudaEvent() noexcept;
+  cudaEvent_t get() const { return event_; }
+  IpcHandleBytes ipc_handle() const;
+
+ private:
+  explicit CudaEvent(cudaEvent_t e) : event_(e) {}
+  cudaEvent_t event_ = nullptr;
+};
+
+class CudaStream {
+ public:
+  CudaStream() = default;
+  static CudaStream create();  // non-blocking w.r.t. the legacy default stream
+  CudaStream(CudaStream&& o) noexcept : stream_(o.stream_) { o.stream_ = nullptr; }
+  CudaStream& operator=(CudaStream&& o) noexcept;
+  ~CudaStream() noexcept;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// Page-locked host memory (cudaHostAlloc, portable to every device).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static PinnedBuffer allocate(size_t bytes);
+  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) { o.data_ = nullptr; }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  ~PinnedBuffer() noexcept;
+  uint8_t* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Device memory on the current device (cudaMalloc).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static DeviceBuffer allocate(size_t bytes);
+  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) { o.data_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  ~DeviceBuffer() noexcept;
+  uint8_t* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The server's GPU pool: slot_count slots of slot_bytes each (the host pool's slot size, a
+// multiple of 4 KiB) in one cudaMalloc on `device`, plus one interprocess event per slot.
+class DeviceArena {
+ public:
+  static DeviceArena create(int device, uint32_t slot_count, uint64_t slot_bytes);
+  DeviceArena(DeviceArena&&) noexcept = default;
+  DeviceArena& operator=(DeviceArena&&) noexcept = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+
+  int device() const { return device_; }
+  uint32_t slot_count() const { return static_cast<uint32_t>(events_.size()); }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint8_t* slot_data(uint32_t slot) const { return memory_.data() + slot * slot_bytes_; }
+  cudaEvent_t slot_event(uint32_t slot) const { return events_[slot].get(); }
+  const IpcHandleBytes& memory_handle() const { return memory_handle_; }
+  const std::vector<IpcHandleBytes>& event_handles() const { return event_handles_; }
+  const DeviceUuid& device_uuid() const { return uuid_; }
+
+ private:
+  DeviceArena() = default;
+  int device_ = 0;
+  uint64_t slot_bytes_ = 0;
+  DeviceBuffer memory_;
+  std::vector<CudaEvent> events_;
+  IpcHandleBytes memory_handle_{};
+  std::vector<IpcHandleBytes> event_handles_;
+  DeviceUuid uuid_{};
+};
+
+// A consumer's view of a server's DeviceArena, opened once on the device with `uuid`.
+class ArenaMapping {
+ public:
+  // Throws Error when this process cannot see the device (naming CUDA_VISIBLE_DEVICES) or the
+  // handles cannot be opened (e.g. the server died).
+  static ArenaMapping open(const DeviceUuid& uuid, const IpcHandleBytes& memory,
+                           const std::vector<IpcHandleBytes>& events, uint64_t slot_bytes);
+  ArenaMapping(ArenaMapping&& o) noexcept;
+  ArenaMapping& operator=(ArenaMapping&& o) noexcept;
+  ArenaMapping(const ArenaMapping&) = delete;
+  ArenaMapping& operator=(const ArenaMapping&) = delete;
+  ~ArenaMapping() noexcept;
+
+  int device() const { return device_; }
+  uint8_t* slot_data(uint32_t slot) const { return base_ + slot * slot_bytes_; }
+  cudaEvent_t slot_event(uint32_t slot) const { return events_[slot].get(); }
+
+ private:
+  ArenaMapping() = default;
+  void close() noexcept;
+  int device_ = -1;
+  uint8_t* base_ = nullptr;
+  uint64_t slot_bytes_ = 0;
+  std::vector<CudaEvent> events_;
+};
+
+}  // namespace batchcast
