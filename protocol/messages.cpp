@@ -109,6 +109,9 @@ void write_body(Writer& w, const Welcome& m) {
   w.put(static_cast<uint8_t>(m.device));
   w.put(m.device_index);
   w.put_bytes(m.cuda_memory_handle.data(), m.cuda_memory_handle.size());
+  w.put_bytes(m.cuda_device_uuid.data(), m.cuda_device_uuid.size());
+  w.put(static_cast<uint16_t>(m.cuda_event_handles.size()));
+  for (const auto& h : m.cuda_event_handles) w.put_bytes(h.data(), h.size());
   w.put(m.heartbeat_interval_s);
   w.put(m.heartbeat_timeout_s);
 }
@@ -130,12 +133,23 @@ void read_body(Reader& r, Welcome& m) {
   m.device = static_cast<DeviceKind>(dev);
   m.device_index = r.get<uint32_t>();
   r.get_bytes(m.cuda_memory_handle.data(), m.cuda_memory_handle.size());
+  r.get_bytes(m.cuda_device_uuid.data(), m.cuda_device_uuid.size());
+  auto events = r.get<uint16_t>();
+  if (events > kMaxCudaSlots) r.fail("more than " + std::to_string(kMaxCudaSlots) + " CUDA events");
+  for (uint16_t i = 0; i < events && r.ok(); ++i) {
+    m.cuda_event_handles.emplace_back();
+    r.get_bytes(m.cuda_event_handles.back().data(), kCudaIpcHandleBytes);
+  }
   m.heartbeat_interval_s = r.get<double>();
   m.heartbeat_timeout_s = r.get<double>();
   if (!(m.heartbeat_interval_s > 0 && m.heartbeat_interval_s < 3600 &&
         m.heartbeat_timeout_s > 0 && m.heartbeat_timeout_s < 36000))
     r.fail("heartbeat interval/timeout out of range");
   if (m.slot_count == 0 || m.slot_bytes == 0) r.fail("empty pool");
+  size_t expected_events = m.device == DeviceKind::kCuda ? m.slot_count : 0;
+  if (r.ok() && m.cuda_event_handles.size() != expected_events)
+    r.fail("welcome has " + std::to_string(m.cuda_event_handles.size()) +
+           " CUDA event handles for " + std::to_string(expected_events) + " device slots");
 }
 
 void write_body(Writer& w, const BatchDescriptor& m) {

@@ -32,6 +32,9 @@ constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxString = 1024;
 constexpr size_t kMaxMessageBytes = 16 * 1024;
 constexpr size_t kCudaIpcHandleBytes = 64;
+constexpr size_t kCudaUuidBytes = 16;
+// A CUDA pool's Welcome carries one event handle per slot; this bounds it under kMaxMessageBytes.
+constexpr size_t kMaxCudaSlots = 192;
 
 enum class LateJoin : uint8_t { kReplay = 0, kNextEpoch = 1 };
 enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1 };
@@ -75,7 +78,11 @@ struct Welcome {
   uint64_t first_epoch = 0;
   DeviceKind device = DeviceKind::kCpu;
   uint32_t device_index = 0;
-  std::array<uint8_t, kCudaIpcHandleBytes> cuda_memory_handle{};
+  std::array<uint8_t, kCudaIpcHandleBytes> cuda_memory_handle{};  // the GPU arena (CUDA pools)
+  // CUDA pools: the UUID of the server's GPU (indices differ under CUDA_VISIBLE_DEVICES) and one
+  // interprocess event per slot, recorded after the slot's chunk is written. Empty for host pools.
+  std::array<uint8_t, kCudaUuidBytes> cuda_device_uuid{};
+  std::vector<std::array<uint8_t, kCudaIpcHandleBytes>> cuda_event_handles;
   double heartbeat_interval_s = 0.25;
   double heartbeat_timeout_s = 3.0;
 };
