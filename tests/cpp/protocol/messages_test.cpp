@@ -1,0 +1,150 @@
+// The wire codec: every message round-trips, and every kind of malformed frame is rejected with
+// a reason instead of being trusted.
+#include "protocol/messages.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace batchcast::protocol {
+namespace {
+
+BatchDescriptor sample_descriptor() {
+  BatchDescriptor d;
+  d.seq = 42;
+  d.epoch = 3;
+  d.index_in_epoch = 5;
+  d.sample_start = 320;
+  d.sample_count = 64;
+  d.epoch_samples = 1000;
+  d.stream_position = 3320;
+  d.flags = kFlagEpochEnd;
+  d.slot = 2;
+  d.tensors.push_back({"#0", DType::kFloat32, {64, 3, 8, 8}, {192, 64, 8, 1}, 0});
+  d.tensors.push_back({"#1", DType::kInt64, {64}, {1}, 49152});
+  return d;
+}
+
+template <typename T>
+T round_trip(const T& m) {
+  auto bytes = encode(m);
+  auto r = decode(bytes.data(), bytes.size());
+  EXPECT_TRUE(r.message) << r.error;
+  return std::get<T>(*r.message);
+}
+
+TEST(Messages, EveryTypeRoundTrips) {
+  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1};
+  auto h2 = round_trip(h);
+  EXPECT_EQ(h2.pid, 1234u);
+  EXPECT_EQ(h2.name, "trainer-1");
+  EXPECT_EQ(h2.late_join, LateJoin::kNextEpoch);
+
+  Welcome w;
+  w.consumer_id = 7;
+  w.segment_name = "batchcast.0.abc";
+  w.slot_count = 8;
+  w.slot_bytes = 4096;
+  w.cuda_memory_handle[63] = 9;
+  auto w2 = round_trip(w);
+  EXPECT_EQ(w2.consumer_id, 7u);
+  EXPECT_EQ(w2.segment_name, w.segment_name);
+  EXPECT_EQ(w2.cuda_memory_handle[63], 9);
+
+  auto d = sample_descriptor();
+  auto d2 = round_trip(d);
+  EXPECT_EQ(d2.seq, d.seq);
+  EXPECT_EQ(d2.stream_position, d.stream_position);
+  ASSERT_EQ(d2.tensors.size(), 2u);
+  EXPECT_EQ(d2.tensors[0], d.tensors[0]);
+  EXPECT_EQ(d2.tensors[1], d.tensors[1]);
+
+  EXPECT_EQ(round_trip(Credit{3}).chunks, 3u);
+  EXPECT_EQ(round_trip(Release{9, 1}).seq, 9u);
+  EXPECT_EQ(round_trip(Heartbeat{100, 1.5}).samples, 100u);
+  round_trip(Goodbye{});
+  EXPECT_EQ(round_trip(End{4}).epochs, 4u);
+  EXPECT_EQ(round_trip(ErrorMessage{"img.jpg: truncated"}).message, "img.jpg: truncated");
+}
+
+std::string rejected(const std::string& bytes) {
+  auto r = decode(bytes.data(), bytes.size());
+  EXPECT_FALSE(r.message) << "accepted a malformed frame";
+  return r.error;
+}
+
+TEST(Messages, MalformedFramesAreRejectedWithAReason) {
+  auto good = encode(sample_descriptor());
+  EXPECT_NE(rejected("").find("header"), std::string::npos);
+  EXPECT_NE(rejected(good.substr(0, 5)).find("header"), std::string::npos);
+  for (size_t cut = 8; cut < good.size(); cut += 7)
+    EXPECT_FALSE(rejected(good.substr(0, cut)).empty()) << "truncated at " << cut;
+  EXPECT_NE(rejected(good + "x").find("trailing"), std::string::npos);
+
+  auto bad_magic = good;
+  bad_magic[0] ^= 0xff;
+  EXPECT_NE(rejected(bad_magic).find("magic"), std::string::npos);
+  auto bad_version = good;
+  bad_version[4] = 99;
+  EXPECT_NE(rejected(bad_version).find("version"), std::string::npos);
+  auto bad_type = good;
+  bad_type[6] = 77;
+  EXPECT_NE(rejected(bad_type).find("type"), std::string::npos);
+  EXPECT_NE(rejected(std::string(kMaxMessageBytes + 1, 'x')).find("limit"), std::string::npos);
+}
+
+TEST(Messages, FieldsOutOfRangeAreRejected) {
+  auto d = sample_descriptor();
+  d.flags = 0x80;
+  EXPECT_NE(rejected(encode(d)).find("flags"), std::string::npos);
+  d = sample_descriptor();
+  d.tensors.clear();
+  EXPECT_NE(rejected(encode(d)).find("tensor count"), std::string::npos);
+  d = sample_descriptor();
+  d.tensors.resize(kMaxTensors + 1, d.tensors[0]);
+  EXPECT_NE(rejected(encode(d)).find("tensor count"), std::string::npos);
+  d = sample_descriptor();
+  d.tensors[0].shape.assign(9, 1);
+  d.tensors[0].strides.assign(9, 1);
+  EXPECT_NE(rejected(encode(d)).find("rank"), std::string::npos);
+
+  auto bytes = encode(sample_descriptor());
+  // dtype byte of the first tensor: after the fixed fields and the 2-byte name "#0".
+  size_t dtype_at = 8 + 8 * 4 + 4 + 8 * 2 + 1 + 4 + 1 + 2 + 2;
+  ASSERT_EQ(static_cast<uint8_t>(bytes[dtype_at]), static_cast<uint8_t>(DType::kFloat32));
+  bytes[dtype_at] = static_cast<char>(200);
+  EXPECT_NE(rejected(bytes).find("dtype"), std::string::npos);
+
+  EXPECT_NE(rejected(encode(Credit{0})).find("credit"), std::string::npos);
+  EXPECT_NE(rejected(encode(Heartbeat{1, -1.0})).find("wait_s"), std::string::npos);
+  Hello h;
+  auto hb = encode(h);
+  hb[hb.size() - 5] = 7;  // late_join
+  EXPECT_NE(rejected(hb).find("late_join"), std::string::npos);
+  std::string long_name(kMaxString + 1, 'n');
+  EXPECT_NE(rejected(encode(ErrorMessage{long_name})).find("string"), std::string::npos);
+}
+
+TEST(Messages, DescriptorsAreCheckedAgainstThePool) {
+  auto d = sample_descriptor();
+  EXPECT_EQ(validate_descriptor(d, 4, 1 << 20), "");
+  EXPECT_NE(validate_descriptor(d, 2, 1 << 20).find("slot 2 outside"), std::string::npos);
+  EXPECT_NE(validate_descriptor(d, 4, 49152).find("outside its slot"), std::string::npos);
+  d.tensors[1].offset = 49153;
+  EXPECT_NE(validate_descriptor(d, 4, 1 << 20).find("misaligned"), std::string::npos);
+  d = sample_descriptor();
+  d.tensors[0].strides[0] = INT64_MAX / 2;
+  EXPECT_FALSE(validate_descriptor(d, 4, 1 << 20).empty());
+  d = sample_descriptor();
+  d.tensors[0].shape[1] = -1;
+  EXPECT_NE(validate_descriptor(d, 4, 1 << 20).find("negative"), std::string::npos);
+  d = sample_descriptor();
+  d.tensors[0].shape[0] = 63;
+  EXPECT_NE(validate_descriptor(d, 4, 1 << 20).find("dimension 0"), std::string::npos);
+  d = sample_descriptor();
+  d.sample_start = 990;
+  EXPECT_NE(validate_descriptor(d, 4, 1 << 20).find("beyond"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace batchcast::protocol

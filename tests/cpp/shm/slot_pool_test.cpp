@@ -1,0 +1,80 @@
+// SlotPool and SharedSegment: real POSIX shared memory, its mode, read-only mapping, geometry
+// checks, and removal of a dead server's segment.
+#include "shm/slot_pool.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/error.h"
+
+namespace batchcast {
+namespace {
+
+std::string test_name(const char* tag) {
+  return segment_name_for(std::string("test://") + tag + std::to_string(::getpid()));
+}
+
+bool exists(const std::string& name) { return ::access(("/dev/shm/" + name).c_str(), F_OK) == 0; }
+
+TEST(SlotPool, CreatedOwnerOnlyAndRemovedByItsOwner) {
+  auto name = test_name("mode");
+  {
+    auto pool = SlotPool::create(name, 4, 1000);
+    struct stat st {};
+    ASSERT_EQ(::stat(("/dev/shm/" + name).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(pool.slot_bytes() % 4096, 0u) << "slots are page aligned";
+    EXPECT_EQ(pool.slot_seq(3), SlotPool::kNoChunk);
+  }
+  EXPECT_FALSE(exists(name)) << "the owner unlinks its segment";
+}
+
+TEST(SlotPool, ConsumersSeeTheProducersBytesReadOnly) {
+  auto name = test_name("view");
+  auto pool = SlotPool::create(name, 2, 4096);
+  pool.slot_data(1)[7] = 42;
+  pool.set_slot_seq(1, 9);
+  auto view = SlotPool::attach(name, 2, pool.slot_bytes(), pool.slots_offset());
+  EXPECT_EQ(view.slot_data(1)[7], 42);
+  EXPECT_EQ(view.slot_seq(1), 9u);
+  EXPECT_DEATH(view.slot_data(0)[0] = 1, "") << "a consumer's mapping must be read-only";
+}
+
+TEST(SlotPool, AttachChecksGeometryAndNamesTheSegment) {
+  auto name = test_name("geom");
+  auto pool = SlotPool::create(name, 2, 4096);
+  try {
+    SlotPool::attach(name, 3, pool.slot_bytes(), pool.slots_offset());
+    FAIL() << "attached with the wrong slot count";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos);
+  }
+  try {
+    SlotPool::attach(test_name("missing"), 2, 4096, 4096);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos);
+  }
+  EXPECT_THROW(SlotPool::create(name, 2, 4096), Error) << "a live owner's name is taken";
+}
+
+TEST(SlotPool, StaleSegmentOfADeadOwnerIsRemoved) {
+  auto name = test_name("stale");
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto pool = SlotPool::create(name, 2, 4096);
+    ::_exit(0);  // dies without running destructors, like a SIGKILLed server
+  }
+  int status;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(exists(name));
+  auto live = SlotPool::create(test_name("live"), 2, 4096);
+  EXPECT_GE(remove_stale_segments(), 1);
+  EXPECT_FALSE(exists(name));
+  EXPECT_TRUE(exists(live.segment_name())) << "a live owner's segment is kept";
+}
+
+}  // namespace
+}  // namespace batchcast
