@@ -1,5 +1,312 @@
+// Python bindings of the consumer library (client/consumer.h), SPDL style: thin, GIL released
+// around everything that blocks, tensors handed out through DLPack.
+//
+// - Consumer: construction (handshake), next() and close() release the GIL; next() runs on a
+//   BlockingWorker so Ctrl-C interrupts it within ~50 ms without losing the batch being built.
+// - Batch: capsules() gives one "dltensor" PyCapsule (legacy DLPack 0.6 DLManagedTensor) per
+//   tensor; tensors() gives objects with __dlpack__/__dlpack_device__ (numpy.from_dlpack).
+//   Every DLManagedTensor owns a shared_ptr<Batch>, so the shared-memory slot is released
+//   exactly when the framework frees the last tensor of the batch. The deleter never touches
+//   Python, so frameworks may call it from any thread, with or without the GIL.
+// - bool tensors travel as uint8 (DLPack 0.6 has no bool code); Batch.dtypes says "bool" and
+//   the Python layer reinterprets them.
+#include <dlpack/dlpack.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "client/consumer.h"
+#include "common/error.h"
 #include "python/src/bindings.h"
+#include "python/src/blocking_call.h"
+
+namespace py = pybind11;
 
 namespace batchcast::python {
-void bind_consumer(pybind11::module_&) {}
+namespace {
+
+constexpr const char* kCapsuleName = "dltensor";
+constexpr const char* kUsedCapsuleName = "used_dltensor";
+
+DLDataType dl_dtype(DType t) {
+  switch (t) {
+    case DType::kUInt8:
+    case DType::kBool:
+      return {kDLUInt, 8, 1};
+    case DType::kInt8:
+      return {kDLInt, 8, 1};
+    case DType::kInt16:
+      return {kDLInt, 16, 1};
+    case DType::kInt32:
+      return {kDLInt, 32, 1};
+    case DType::kInt64:
+      return {kDLInt, 64, 1};
+    case DType::kFloat16:
+      return {kDLFloat, 16, 1};
+    case DType::kBFloat16:
+      return {kDLBfloat, 16, 1};
+    case DType::kFloat32:
+      return {kDLFloat, 32, 1};
+    case DType::kFloat64:
+      return {kDLFloat, 64, 1};
+  }
+  throw Error("tensor has an unknown dtype");
+}
+
+DLDevice dl_device(const TensorView& v) {
+  if (v.device == protocol::DeviceKind::kCuda)
+    return {kDLCUDA, static_cast<int32_t>(v.device_index)};
+  return {kDLCPU, 0};
+}
+
+// Owns what a DLManagedTensor points at, including the batch that keeps the slot alive.
+struct ManagedContext {
+  std::shared_ptr<Batch> batch;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  DLManagedTensor managed{};
+};
+
+DLManagedTensor* new_managed(const std::shared_ptr<Batch>& batch, size_t index) {
+  const TensorView& v = batch->tensors.at(index);
+  auto* ctx = new ManagedContext{batch, v.shape, v.strides, {}};
+  DLTensor& t = ctx->managed.dl_tensor;
+  t.data = v.data;
+  t.device = dl_device(v);
+  t.ndim = static_cast<int32_t>(ctx->shape.size());
+  t.dtype = dl_dtype(v.dtype);
+  t.shape = ctx->shape.data();
+  t.strides = ctx->strides.data();
+  t.byte_offset = 0;
+  ctx->managed.manager_ctx = ctx;
+  ctx->managed.deleter = [](DLManagedTensor* m) {
+    delete static_cast<ManagedContext*>(m->manager_ctx);
+  };
+  return &ctx->managed;
+}
+
+// Runs when the capsule object dies (GIL held). A consumer that took the tensor renamed the
+// capsule "used_dltensor" and now owns it: nothing to do. Otherwise nobody took it and we
+// free it; the current Python error, if any, is preserved around the capsule API calls.
+void capsule_destructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, kUsedCapsuleName)) return;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+  if (m) {
+    if (m->deleter) m->deleter(m);
+  } else {
+    PyErr_WriteUnraisable(capsule);
+  }
+  PyErr_Restore(type, value, traceback);
+}
+
+py::capsule new_capsule(const std::shared_ptr<Batch>& batch, size_t index) {
+  DLManagedTensor* m = new_managed(batch, index);
+  PyObject* capsule = PyCapsule_New(m, kCapsuleName, capsule_destructor);
+  if (!capsule) {
+    m->deleter(m);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(capsule);
+}
+
+// One tensor of a batch as a DLPack producer object (numpy.from_dlpack, cupy, jax).
+struct DLPackTensor {
+  std::shared_ptr<Batch> batch;
+  size_t index;
+  const TensorView& view() const { return batch->tensors.at(index); }
+};
+
+// What a consumer says about itself, refreshed after every next(): Python may read it while
+// an interrupted next() still runs on the worker.
+struct Snapshot {
+  uint64_t epoch = 0;
+  bool finished = false;
+  std::optional<uint64_t> batches_per_epoch;
+  ConsumerStats stats;
+  uint32_t batch_size = 0;
+  uint32_t server_batch_size = 0;
+  uint64_t epoch_samples = 0;
+  uint64_t epochs = 0;
+};
+
+struct ConsumerState {
+  std::unique_ptr<Consumer> consumer;
+  std::shared_ptr<Batch> result;
+  mutable std::mutex mu;
+  Snapshot snapshot;
+  void refresh() {
+    Snapshot s;
+    s.epoch = consumer->epoch();
+    s.finished = consumer->finished();
+    s.batches_per_epoch = consumer->batches_per_epoch();
+    s.stats = consumer->stats();
+    s.batch_size = consumer->batch_size();
+    s.server_batch_size = consumer->welcome().server_batch_size;
+    s.epoch_samples = consumer->welcome().epoch_samples;
+    s.epochs = consumer->welcome().epochs;
+    std::lock_guard lk(mu);
+    snapshot = s;
+  }
+};
+
+class PyConsumer {
+ public:
+  explicit PyConsumer(ConsumerOptions options) : state_(std::make_shared<ConsumerState>()) {
+    py::gil_scoped_release nogil;
+    state_->consumer = std::make_unique<Consumer>(std::move(options));
+    state_->refresh();
+  }
+  ~PyConsumer() {
+    if (!worker_.in_flight()) close();
+    // else: the detached worker's job owns state_ and destroys the Consumer when it returns.
+  }
+
+  std::shared_ptr<Batch> next() {
+    if (closed_) throw Error("the consumer is closed; create a new Loader to read again");
+    worker_.run([s = state_] {
+      s->result = s->consumer->next();
+      s->refresh();
+    });
+    return std::move(state_->result);
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    if (worker_.in_flight()) return;  // the interrupted next() owns the Consumer until it ends
+    py::gil_scoped_release nogil;
+    state_->consumer->close();
+  }
+
+  Snapshot snapshot() const {
+    std::lock_guard lk(state_->mu);
+    return state_->snapshot;
+  }
+  bool closed() const { return closed_; }
+
+ private:
+  std::shared_ptr<ConsumerState> state_;
+  BlockingWorker worker_;
+  bool closed_ = false;
+};
+
+py::dict stats_dict(const ConsumerStats& s) {
+  py::dict d;
+  d["batches"] = s.batches;
+  d["samples"] = s.samples;
+  d["skipped"] = s.skipped;
+  d["copies"] = s.copies;
+  d["wait_s"] = s.wait_s;
+  d["dropped_messages"] = s.dropped_messages;
+  return d;
+}
+
+protocol::LateJoin parse_late_join(const std::string& s) {
+  if (s == "replay") return protocol::LateJoin::kReplay;
+  if (s == "next_epoch") return protocol::LateJoin::kNextEpoch;
+  throw Error("late_join='" + s + "': use 'replay' or 'next_epoch'");
+}
+
+}  // namespace
+
+void bind_consumer(py::module_& m) {
+  py::class_<DLPackTensor>(m, "DLPackTensor",
+                           "One tensor of a batch as a DLPack producer: pass it to "
+                           "numpy.from_dlpack, torch.from_dlpack, cupy.from_dlpack, ...")
+      .def_property_readonly("name", [](const DLPackTensor& t) { return t.view().name; })
+      .def_property_readonly("dtype",
+                             [](const DLPackTensor& t) { return dtype_name(t.view().dtype); })
+      .def_property_readonly("shape",
+                             [](const DLPackTensor& t) { return py::tuple(py::cast(t.view().shape)); })
+      .def(
+          "__dlpack__",
+          [](const DLPackTensor& t, const py::object& stream, const py::kwargs&) {
+            // Host memory needs no stream synchronisation; any stream argument is accepted.
+            (void)stream;
+            return new_capsule(t.batch, t.index);
+          },
+          py::arg("stream") = py::none())
+      .def("__dlpack_device__", [](const DLPackTensor& t) {
+        DLDevice d = dl_device(t.view());
+        return py::make_tuple(static_cast<int>(d.device_type), d.device_id);
+      });
+
+  py::class_<Batch, std::shared_ptr<Batch>>(m, "Batch",
+                                            "A batch of tensors viewing (or copied from) the "
+                                            "shared pool; its slot is released when every "
+                                            "tensor taken from it is freed.")
+      .def_readonly("epoch", &Batch::epoch)
+      .def_readonly("sample_start", &Batch::sample_start)
+      .def_readonly("size", &Batch::size)
+      .def_readonly("copied", &Batch::copied)
+      .def_property_readonly("names",
+                             [](const Batch& b) {
+                               py::tuple names(b.tensors.size());
+                               for (size_t i = 0; i < b.tensors.size(); ++i)
+                                 names[i] = py::str(b.tensors[i].name);
+                               return names;
+                             })
+      .def_property_readonly("dtypes",
+                             [](const Batch& b) {
+                               py::tuple dtypes(b.tensors.size());
+                               for (size_t i = 0; i < b.tensors.size(); ++i)
+                                 dtypes[i] = py::str(dtype_name(b.tensors[i].dtype));
+                               return dtypes;
+                             })
+      .def("capsules",
+           [](const std::shared_ptr<Batch>& b) {
+             py::list out(b->tensors.size());
+             for (size_t i = 0; i < b->tensors.size(); ++i) out[i] = new_capsule(b, i);
+             return out;
+           },
+           "One 'dltensor' PyCapsule per tensor (for torch.utils.dlpack.from_dlpack).")
+      .def("tensors",
+           [](const std::shared_ptr<Batch>& b) {
+             py::list out(b->tensors.size());
+             for (size_t i = 0; i < b->tensors.size(); ++i) out[i] = py::cast(DLPackTensor{b, i});
+             return out;
+           },
+           "One DLPack producer object per tensor (numpy.from_dlpack and friends).")
+      .def("__len__", [](const Batch& b) { return b.size; });
+
+  py::class_<PyConsumer>(m, "Consumer", "Native consumer; use batchcast.Loader instead.")
+      .def(py::init([](const std::string& endpoint, uint32_t batch_size, bool drop_last,
+                       double timeout, uint32_t prefetch, uint32_t max_held,
+                       const std::string& late_join, const std::string& name) {
+             ConsumerOptions o;
+             o.endpoint = endpoint;
+             o.batch_size = batch_size;
+             o.drop_last = drop_last;
+             o.timeout_s = timeout;
+             o.prefetch = prefetch;
+             o.max_held = max_held;
+             o.late_join = parse_late_join(late_join);
+             o.name = name;
+             return std::make_unique<PyConsumer>(std::move(o));
+           }),
+           py::arg("endpoint") = "", py::arg("batch_size") = 0, py::arg("drop_last") = false,
+           py::arg("timeout") = 60.0, py::arg("prefetch") = 2, py::arg("max_held") = 2,
+           py::arg("late_join") = "replay", py::arg("name") = "")
+      .def("next", &PyConsumer::next,
+           "The next batch of the current epoch, or None at its end (and forever after the "
+           "stream's end).")
+      .def("close", &PyConsumer::close)
+      .def_property_readonly("closed", &PyConsumer::closed)
+      .def_property_readonly("epoch", [](const PyConsumer& c) { return c.snapshot().epoch; })
+      .def_property_readonly("finished",
+                             [](const PyConsumer& c) { return c.snapshot().finished; })
+      .def_property_readonly("batches_per_epoch",
+                             [](const PyConsumer& c) { return c.snapshot().batches_per_epoch; })
+      .def_property_readonly("batch_size",
+                             [](const PyConsumer& c) { return c.snapshot().batch_size; })
+      .def_property_readonly("server_batch_size",
+                             [](const PyConsumer& c) { return c.snapshot().server_batch_size; })
+      .def_property_readonly("epochs", [](const PyConsumer& c) { return c.snapshot().epochs; })
+      .def("stats", [](const PyConsumer& c) { return stats_dict(c.snapshot().stats); });
+}
+
 }  // namespace batchcast::python

@@ -1,5 +1,193 @@
+// Python bindings of the producer side: ServerCore plus batch publishing (server/
+// batch_publisher.h), used by batchcast.Producer.
+//
+// Thin: the constructor (stale-segment cleanup, bind), publish_batch() (acquire + copy +
+// publish), wait_finished() and stop() release the GIL. publish_batch() runs on a
+// BlockingWorker, so Ctrl-C interrupts a producer blocked on a full ring: the core is stopped
+// (no chunk is left half-filled) and KeyboardInterrupt propagates. Tensors come in as
+// (name, dtype name, shape, data address) tuples; the caller keeps them alive for the call.
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "common/error.h"
+#include "common/process.h"
 #include "python/src/bindings.h"
+#include "python/src/blocking_call.h"
+#include "server/batch_publisher.h"
+#include "server/server_core.h"
+
+namespace py = pybind11;
 
 namespace batchcast::python {
-void bind_server(pybind11::module_&) {}
+namespace {
+
+DType parse_dtype(const std::string& name) {
+  for (uint8_t i = 0; i < kDTypeCount; ++i)
+    if (name == dtype_name(static_cast<DType>(i))) return static_cast<DType>(i);
+  throw Error("dtype '" + name + "' cannot be shared; use one of uint8, int8, int16, int32, " +
+              "int64, float16, bfloat16, float32, float64, bool");
+}
+
+std::vector<HostTensor> host_tensors(const py::list& tensors) {
+  std::vector<HostTensor> out;
+  out.reserve(tensors.size());
+  for (const py::handle& h : tensors) {
+    auto t = h.cast<py::tuple>();
+    if (t.size() != 4) throw Error("a tensor is described by (name, dtype, shape, data_ptr)");
+    HostTensor ht;
+    ht.name = t[0].cast<std::string>();
+    ht.dtype = parse_dtype(t[1].cast<std::string>());
+    ht.shape = t[2].cast<std::vector<int64_t>>();
+    ht.data = reinterpret_cast<const void*>(t[3].cast<uintptr_t>());
+    out.push_back(std::move(ht));
+  }
+  return out;
+}
+
+class PyServer {
+ public:
+  explicit PyServer(ServerOptions options) {
+    py::gil_scoped_release nogil;
+    core_ = std::make_shared<ServerCore>(std::move(options));
+  }
+  ~PyServer() {
+    core_->stop();
+    if (worker_.in_flight()) return;  // the detached job owns a reference to the core
+    py::gil_scoped_release nogil;
+    core_.reset();  // joins the event loop, unlinks the pool and the ipc socket
+  }
+
+  bool publish(const py::list& tensors, uint64_t epoch, uint64_t index_in_epoch,
+               uint64_t sample_start, uint64_t epoch_samples, bool epoch_end) {
+    auto batch = host_tensors(tensors);
+    BatchPosition position{epoch, index_in_epoch, sample_start, epoch_samples, epoch_end};
+    auto ok = std::make_shared<bool>(false);
+    worker_.run(
+        [core = core_, batch = std::move(batch), position, ok] {
+          *ok = publish_batch(*core, batch, position);
+        },
+        [this] {
+          core_->stop();  // a producer interrupted on a full ring stops serving
+          return true;    // and waits for the copy (the caller's tensors) to be done
+        });
+    return *ok;
+  }
+
+  // Waits in slices so that signals are handled; false on timeout or once stopped.
+  bool wait_finished(double timeout_s) {
+    double deadline = timeout_s < 0 ? 1e300 : monotonic_seconds() + timeout_s;
+    while (!stopped_) {
+      double slice = std::min(0.05, std::max(0.0, deadline - monotonic_seconds()));
+      bool done;
+      {
+        py::gil_scoped_release nogil;
+        done = core_->wait_finished(slice);
+      }
+      if (done) return true;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (monotonic_seconds() >= deadline) return false;
+    }
+    return false;
+  }
+
+  void stop() {
+    stopped_ = true;
+    py::gil_scoped_release nogil;
+    core_->stop();
+  }
+
+  ServerCore& core() { return *core_; }
+
+ private:
+  std::shared_ptr<ServerCore> core_;
+  BlockingWorker worker_;
+  bool stopped_ = false;
+};
+
+StallPolicy parse_stall_policy(const std::string& s) {
+  if (s == "wait") return StallPolicy::kWait;
+  if (s == "skip") return StallPolicy::kSkip;
+  throw Error("stall_policy='" + s + "': use 'wait' or 'skip'");
+}
+
+py::dict stats_dict(const ServerStats& s) {
+  py::dict d;
+  d["chunks_published"] = s.chunks_published;
+  d["samples_published"] = s.samples_published;
+  d["descriptors_sent"] = s.descriptors_sent;
+  d["messages_dropped"] = s.messages_dropped;
+  d["consumers_now"] = s.consumers_now;
+  d["consumers_ever"] = s.consumers_ever;
+  d["consumers_died"] = s.consumers_died;
+  d["ring_occupied"] = s.ring_occupied;
+  d["ring_slots"] = s.ring_slots;
+  d["producer_blocked_s"] = s.producer_blocked_s;
+  py::list consumers;
+  for (const auto& c : s.consumers) {
+    py::dict cd;
+    cd["id"] = c.id;
+    cd["pid"] = c.pid;
+    cd["name"] = c.name;
+    cd["samples"] = c.samples;
+    cd["wait_s"] = c.wait_s;
+    consumers.append(cd);
+  }
+  d["consumers"] = consumers;
+  return d;
+}
+
+}  // namespace
+
+void bind_server(py::module_& m) {
+  const ServerOptions defaults;
+  py::class_<PyServer>(m, "ServerCore", "Native server core; use batchcast.Producer instead.")
+      .def(py::init([](const std::string& endpoint, uint64_t slot_bytes, uint32_t ring_slots,
+                       uint32_t batch_size, uint64_t epoch_samples, uint64_t epochs,
+                       uint32_t min_consumers, const std::string& stall_policy,
+                       double stall_timeout, bool allow_remote) {
+             ServerOptions o;
+             o.endpoint = endpoint;
+             o.slot_bytes = slot_bytes;
+             o.ring_slots = ring_slots;
+             o.batch_size = batch_size;
+             o.epoch_samples = epoch_samples;
+             o.epochs = epochs;
+             o.min_consumers = min_consumers;
+             o.stall_policy = parse_stall_policy(stall_policy);
+             o.stall_timeout_s = stall_timeout;
+             o.allow_remote = allow_remote;
+             return std::make_unique<PyServer>(std::move(o));
+           }),
+           py::arg("endpoint") = "", py::arg("slot_bytes"),
+           py::arg("ring_slots") = defaults.ring_slots, py::arg("batch_size") = 0,
+           py::arg("epoch_samples") = 0, py::arg("epochs") = 0,
+           py::arg("min_consumers") = defaults.min_consumers, py::arg("stall_policy") = "wait",
+           py::arg("stall_timeout") = defaults.stall_timeout_s, py::arg("allow_remote") = false)
+      .def("publish_batch", &PyServer::publish, py::arg("tensors"), py::arg("epoch"),
+           py::arg("index_in_epoch"), py::arg("sample_start"), py::arg("epoch_samples"),
+           py::arg("epoch_end"),
+           "Copy a batch [(name, dtype, shape, data_ptr), ...] into a slot and publish it; "
+           "False once the server was stopped.")
+      .def("finish", [](PyServer& s) { s.core().finish(); })
+      .def("fail", [](PyServer& s, const std::string& msg) { s.core().fail(msg); })
+      .def("wait_finished", &PyServer::wait_finished, py::arg("timeout") = -1.0)
+      .def("stop", &PyServer::stop)
+      .def("set_epoch_samples",
+           [](PyServer& s, uint64_t n) { s.core().set_epoch_samples(n); })
+      .def("stats", [](PyServer& s) { return stats_dict(s.core().stats()); })
+      .def_property_readonly("consumers_now", [](PyServer& s) { return s.core().consumers_now(); })
+      .def_property_readonly("consumers_ever",
+                             [](PyServer& s) { return s.core().consumers_ever(); })
+      .def_property_readonly("endpoint", [](PyServer& s) { return s.core().endpoint(); })
+      .def_property_readonly("slot_bytes",
+                             [](PyServer& s) { return s.core().pool().slot_bytes(); });
+
+  m.def(
+      "batch_bytes",
+      [](const py::list& tensors) { return plan_batch(host_tensors(tensors)).bytes; },
+      py::arg("tensors"), "Slot bytes a batch [(name, dtype, shape, data_ptr), ...] needs.");
+}
+
 }  // namespace batchcast::python

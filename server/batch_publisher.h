@@ -1,0 +1,55 @@
+// Batch publishing for producers that already hold whole batches in host memory (the Python
+// Producer, which shares any iterable of tensors): copies a list of host tensors into one
+// acquired slot, laid out with the native producer's rules (SlotLayout: each tensor's rows
+// contiguous, offsets 256-byte aligned), and publishes the chunk.
+//
+// Dimension 0 of every tensor is the sample dimension; the tensors of one batch must agree on
+// it. Tensors are described DLTensor-style (dtype, shape, element strides, data pointer) so no
+// framework is linked here; the caller keeps their memory alive and unchanged for the call.
+//
+// Thread-safety: the functions are stateless; publish_batch() may run concurrently from
+// several threads (the ServerCore is thread-safe), each with its own tensors. It blocks in
+// ServerCore::acquire() until a slot is free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "server/sample_producer.h"
+#include "server/server_core.h"
+
+namespace batchcast {
+
+// One host tensor of a batch: a borrowed view, C-contiguous (strides empty, or equal to the
+// contiguous strides of `shape`; make a strided tensor contiguous before publishing it).
+struct HostTensor {
+  std::string name;
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;    // shape[0]: samples in the batch
+  std::vector<int64_t> strides;  // elements; empty = C-contiguous
+  const void* data = nullptr;
+};
+
+// Where a batch sits in the stream.
+struct BatchPosition {
+  uint64_t epoch = 0;
+  uint64_t index_in_epoch = 0;  // chunk number inside the epoch
+  uint64_t sample_start = 0;    // first sample's position inside the epoch
+  uint64_t epoch_samples = 0;   // 0: unknown (the server's current value is announced)
+  bool epoch_end = false;       // last batch of its epoch
+};
+
+// The slot layout of a batch. Throws Error naming the tensor when the batch is malformed
+// (no tensors, too many, a scalar, disagreeing sample counts, duplicate or empty names,
+// non-contiguous strides).
+SlotLayout plan_batch(const std::vector<HostTensor>& tensors);
+
+// Acquires a slot, copies the batch into it and publishes it. Returns false (nothing
+// published) once the core was stopped or failed. Throws Error, before acquiring, when the
+// batch is malformed or larger than the core's slots.
+bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
+                   const BatchPosition& position);
+
+}  // namespace batchcast
