@@ -20,6 +20,9 @@
 #include "server/sample_producer.h"
 #include "server/server_core.h"
 #include "server/synthetic_source.h"
+#ifdef BATCHCAST_HAVE_CUDA
+#include "server/cuda_stage.h"
+#endif
 
 namespace batchcast {
 namespace {
@@ -86,10 +89,28 @@ class SignalWatcher {
   std::thread thread_;
 };
 
+// "cpu" -> -1; "cuda" or "cuda:K" -> K. Anything else throws.
+int parse_device(const std::string& device) {
+  if (device == "cpu") return -1;
+  if (device.rfind("cuda", 0) != 0)
+    throw Error("--device " + device + ": use cpu or cuda:K (K a GPU index)");
+#ifndef BATCHCAST_HAVE_CUDA
+  throw Error("--device " + device + ": this build has no CUDA support (use --device cpu)");
+#else
+  std::string index = device.size() > 5 && device[4] == ':' ? device.substr(5) : "";
+  if (device != "cuda" && (index.empty() || index.find_first_not_of("0123456789") != std::string::npos))
+    throw Error("--device " + device + ": use cpu or cuda:K (K a GPU index)");
+  return require_cuda_device(index.empty() ? 0 : std::stoi(index));  // fails at once without a GPU
+#endif
+}
+
 int serve(const ServeArgs& a) {
   SignalWatcher signals;  // before any thread starts, so all inherit the mask
-  if (a.device != "cpu")
-    throw Error("--device " + a.device + ": this build has no CUDA support (use --device cpu)");
+  [[maybe_unused]] const int cuda_device = parse_device(a.device);
+#ifdef BATCHCAST_HAVE_CUDA
+  // GPU pools: the CPU decodes uint8 HWC into pinned staging; the GPU normalises (cuda_stage.h).
+  std::vector<TensorConversion> conversions;
+#endif
   std::unique_ptr<SampleSource> source;
   int sources = (a.synthetic > 0) + !a.data.empty() + !a.file_list.empty();
   if (sources != 1) throw Error("give exactly one of --data DIR, --file-list FILE or --synthetic N");
@@ -101,6 +122,15 @@ int serve(const ServeArgs& a) {
     p.train = !a.eval;
     p.output = parse_output_type(a.output);
     p.seed = a.seed;
+#ifdef BATCHCAST_HAVE_CUDA
+    if (cuda_device >= 0 && p.output != OutputType::kUInt8) {
+      conversions.resize(1);
+      conversions[0].normalize = p.output;
+      conversions[0].mean = p.mean;
+      conversions[0].std = p.std;
+      p.output = OutputType::kUInt8;
+    }
+#endif
     auto dataset = a.data.empty() ? Dataset::file_list(a.file_list) : Dataset::image_folder(a.data);
     spdlog::info("dataset: {} samples{}", dataset.size(),
                  dataset.classes().empty() ? "" : ", " + std::to_string(dataset.classes().size()) + " classes");
@@ -120,6 +150,14 @@ int serve(const ServeArgs& a) {
   so.allow_remote = a.listen_all;
   so.ring_slots = a.ring;
   so.slot_bytes = SlotLayout::plan(source->tensors(), a.batch_size).bytes;
+#ifdef BATCHCAST_HAVE_CUDA
+  if (cuda_device >= 0) {
+    so.device = protocol::DeviceKind::kCuda;
+    so.device_index = static_cast<uint32_t>(cuda_device);
+    so.slot_bytes =
+        SlotLayout::plan(CudaStage::converted(source->tensors(), conversions), a.batch_size).bytes;
+  }
+#endif
   so.batch_size = a.batch_size;
   so.epoch_samples = plan.epoch_samples();
   so.epochs = a.epochs;
@@ -129,6 +167,14 @@ int serve(const ServeArgs& a) {
   so.stall_policy = a.stall_policy == "skip" ? StallPolicy::kSkip : StallPolicy::kWait;
   so.stall_timeout_s = a.stall_timeout;
   ServerCore core(so);
+#ifdef BATCHCAST_HAVE_CUDA
+  std::unique_ptr<CudaStage> stage;  // destroyed before the core whose arena it borrows
+  if (cuda_device >= 0) {
+    stage = std::make_unique<CudaStage>(*core.device_arena(), source->tensors(), conversions,
+                                        a.batch_size);
+    po.stage = stage.get();
+  }
+#endif
 
   std::atomic<bool> stop{false};
   signals.watch([&](int sig) {

@@ -20,6 +20,7 @@ constexpr uint64_t kTensorAlignment = 256;
 struct ChunkJob {
   FillLease lease;
   ChunkInfo info;
+  uint8_t* base = nullptr;  // where samples are written: the slot, or the stage's staging
   std::shared_ptr<const std::vector<uint64_t>> order;  // the epoch's sample order
   std::atomic<uint32_t> remaining{0};
 };
@@ -81,10 +82,12 @@ SampleProducer::SampleProducer(ServerCore& core, const SampleSource& source,
       plan_(plan),
       options_(options),
       tensors_(source.tensors()),
-      layout_(SlotLayout::plan(tensors_, options.batch_size)) {
+      layout_(SlotLayout::plan(tensors_, options.batch_size)),
+      slot_tensors_(options.stage ? options.stage->slot_tensors() : tensors_),
+      slot_layout_(SlotLayout::plan(slot_tensors_, options.batch_size)) {
   if (options_.batch_size == 0) throw Error("batch size must be >= 1");
-  if (layout_.bytes > core_.pool().slot_bytes())
-    throw Error("a chunk needs " + std::to_string(layout_.bytes) + " bytes but slots hold " +
+  if (slot_layout_.bytes > core_.pool().slot_bytes())
+    throw Error("a chunk needs " + std::to_string(slot_layout_.bytes) + " bytes but slots hold " +
                 std::to_string(core_.pool().slot_bytes()));
 }
 
@@ -95,7 +98,7 @@ bool SampleProducer::run() {
     auto& job = *task.job;
     std::vector<uint8_t*> outs(tensors_.size());
     for (size_t t = 0; t < tensors_.size(); ++t)
-      outs[t] = job.lease.data + layout_.offsets[t] + task.position * tensors_[t].bytes();
+      outs[t] = job.base + layout_.offsets[t] + task.position * tensors_[t].bytes();
     const auto& order = *job.order;
     uint64_t p = job.info.sample_start + task.position;
     for (uint64_t attempt = 0; attempt < order.size(); ++attempt) {
@@ -117,12 +120,14 @@ bool SampleProducer::run() {
         if (failed) continue;  // drain
         try {
           fill_one(task);
+          if (--task.job->remaining == 0) {
+            if (options_.stage) options_.stage->upload(task.job->lease, task.job->info.sample_count);
+            core_.publish(task.job->lease, task.job->info);
+          }
         } catch (const std::exception& e) {
           failed = true;
           core_.fail(e.what());
-          continue;
         }
-        if (--task.job->remaining == 0) core_.publish(task.job->lease, task.job->info);
       }
     });
   }
@@ -141,6 +146,14 @@ bool SampleProducer::run() {
       }
       auto job = std::make_shared<ChunkJob>();
       job->lease = *lease;
+      try {
+        job->base = options_.stage ? options_.stage->staging(lease->slot) : lease->data;
+      } catch (const std::exception& e) {
+        failed = true;
+        core_.fail(e.what());
+        ok = false;
+        break;
+      }
       job->order = order;
       auto& info = job->info;
       info.epoch = e;
@@ -150,16 +163,17 @@ bool SampleProducer::run() {
           std::min<uint64_t>(options_.batch_size, epoch_samples - info.sample_start));
       info.epoch_samples = epoch_samples;
       info.epoch_end = c + 1 == chunks;
-      for (size_t t = 0; t < tensors_.size(); ++t) {
+      for (size_t t = 0; t < slot_tensors_.size(); ++t) {
         protocol::TensorSpec spec;
-        spec.name = tensors_[t].name;
-        spec.dtype = tensors_[t].dtype;
+        spec.name = slot_tensors_[t].name;
+        spec.dtype = slot_tensors_[t].dtype;
         spec.shape.push_back(info.sample_count);
-        spec.shape.insert(spec.shape.end(), tensors_[t].shape.begin(), tensors_[t].shape.end());
+        spec.shape.insert(spec.shape.end(), slot_tensors_[t].shape.begin(),
+                          slot_tensors_[t].shape.end());
         spec.strides.assign(spec.shape.size(), 1);
         for (size_t i = spec.shape.size() - 1; i-- > 0;)
           spec.strides[i] = spec.strides[i + 1] * spec.shape[i + 1];
-        spec.offset = layout_.offsets[t];
+        spec.offset = slot_layout_.offsets[t];
         info.tensors.push_back(std::move(spec));
       }
       job->remaining = info.sample_count;

@@ -3,6 +3,9 @@
 // decode each sample straight into its place in the slot (no intermediate batch copy); a chunk
 // is published when its last sample is written, and the core publishes in stream order.
 //
+// GPU pools: with a ChunkStage the workers decode into the stage's pinned staging memory instead,
+// and the last worker of a chunk has the stage upload it into its device slot before publishing.
+//
 // Bad samples: on_error=raise fails the stream with the file and reason (consumers get the
 // error); skip fills the position from the next good sample of the epoch's order and counts it.
 // Thread-safety: run() once, from one thread; stop() from any thread.
@@ -21,12 +24,29 @@ namespace batchcast {
 
 enum class OnErrorPolicy { kRaise, kSkip };
 
+// Where chunks are decoded when the pool's slots are not host memory (a GPU pool): workers write
+// each sample into staging(slot), laid out as the source's tensors (SlotLayout::plan), and
+// upload() moves the whole chunk into its slot, converted to slot_tensors(), before it is
+// published. Implemented by CudaStage (server/cuda_stage.h).
+class ChunkStage {
+ public:
+  virtual ~ChunkStage() = default;
+  // The tensors as they sit in a slot: dtype and per-sample shape.
+  virtual std::vector<SampleTensor> slot_tensors() const = 0;
+  // The staging memory of `slot`, once the previous upload from it is done. Once per chunk.
+  virtual uint8_t* staging(uint32_t slot) = 0;
+  // Queues the chunk's copy (and conversion) into its slot and marks when it is done for the
+  // consumers. Thread-safe. Throws Error if the device fails.
+  virtual void upload(const FillLease& lease, uint32_t sample_count) = 0;
+};
+
 struct SampleProducerOptions {
   uint32_t batch_size = 64;   // samples per chunk (slot)
   uint32_t workers = 4;       // decoding threads
   uint64_t epochs = 1;        // 0: until stopped
   uint64_t first_epoch = 0;
   OnErrorPolicy on_error = OnErrorPolicy::kRaise;
+  ChunkStage* stage = nullptr;  // GPU pools only; not owned, outlives the producer
 };
 
 // Where each tensor of a chunk sits inside a slot.
@@ -49,8 +69,10 @@ class SampleProducer {
   const SampleSource& source_;
   const StreamPlan& plan_;
   SampleProducerOptions options_;
-  std::vector<SampleTensor> tensors_;
+  std::vector<SampleTensor> tensors_;  // as the source writes them
   SlotLayout layout_;
+  std::vector<SampleTensor> slot_tensors_;  // as they sit in a slot (differ only with a stage)
+  SlotLayout slot_layout_;
   std::atomic<uint64_t> skipped_{0};
 };
 

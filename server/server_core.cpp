@@ -41,11 +41,20 @@ std::string resolve_endpoint(const std::string& endpoint, bool allow_remote, std
 SlotPool create_pool(const ServerOptions& o, const std::string& endpoint) {
   if (o.slot_bytes == 0) throw Error("server needs slot_bytes > 0");
   if (o.ring_slots < 2) throw Error("ring needs at least 2 slots (got " + std::to_string(o.ring_slots) + ")");
+  bool device = o.device == protocol::DeviceKind::kCuda;
+  if (device && o.ring_slots > protocol::kMaxCudaSlots)
+    throw Error("a GPU pool has at most " + std::to_string(protocol::kMaxCudaSlots) +
+                " slots (got --ring " + std::to_string(o.ring_slots) + ")");
+#ifndef BATCHCAST_HAVE_CUDA
+  if (device)
+    throw Error("--device cuda: this build has no CUDA support (use --device cpu, or rebuild with "
+                "nvcc: see scripts/README.md)");
+#endif
   if (int n = remove_stale_segments())
     spdlog::info("removed {} stale shared segment(s) left by dead batchcast servers", n);
   std::string name = segment_name_for(endpoint);
   if (endpoint.find(":*") != std::string::npos) name += "." + std::to_string(::getpid());
-  return SlotPool::create(name, o.ring_slots, o.slot_bytes);
+  return SlotPool::create(name, o.ring_slots, o.slot_bytes, /*host_slots=*/!device);
 }
 
 }  // namespace
@@ -56,6 +65,11 @@ ServerCore::ServerCore(ServerOptions options)
       boot_id_(host_boot_id()),
       pool_(create_pool(options_, endpoint_)),
       ring_(options_.ring_slots) {
+#ifdef BATCHCAST_HAVE_CUDA
+  if (options_.device == protocol::DeviceKind::kCuda)
+    arena_ = std::make_unique<DeviceArena>(DeviceArena::create(
+        static_cast<int>(options_.device_index), pool_.slot_count(), pool_.slot_bytes()));
+#endif
   context_ = std::make_unique<zmq::context_t>(1);
   router_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::router);
   router_->set(zmq::sockopt::linger, 0);
@@ -73,8 +87,10 @@ ServerCore::ServerCore(ServerOptions options)
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw Error("eventfd failed");
   counters_.ring_slots = options_.ring_slots;
-  spdlog::info("serving on {} ({} slots x {} MiB in /dev/shm/{})", endpoint_, options_.ring_slots,
-               pool_.slot_bytes() >> 20, pool_.segment_name());
+  spdlog::info("serving on {} ({} slots x {} MiB in {})", endpoint_, options_.ring_slots,
+               pool_.slot_bytes() >> 20,
+               pool_.host_slots() ? "/dev/shm/" + pool_.segment_name()
+                                  : "GPU memory of cuda:" + std::to_string(options_.device_index));
   loop_thread_ = std::thread([this] { loop(); });
 }
 
@@ -117,12 +133,19 @@ std::optional<FillLease> ServerCore::acquire() {
       }
       pool_.set_slot_seq(*slot, SlotPool::kNoChunk);
       if (waited) counters_.producer_blocked_s += monotonic_seconds() - start;
-      return FillLease{next_acquire_seq_++, *slot, pool_.slot_data(*slot), pool_.slot_bytes()};
+      return FillLease{next_acquire_seq_++, *slot, slot_memory(*slot), pool_.slot_bytes()};
     }
     waited = true;
     // Re-check periodically: under stall_policy=skip a consumer becomes skippable with time.
     slot_freed_.wait_for(lk, std::chrono::milliseconds(50));
   }
+}
+
+uint8_t* ServerCore::slot_memory(uint32_t slot) const {
+#ifdef BATCHCAST_HAVE_CUDA
+  if (arena_) return arena_->slot_data(slot);
+#endif
+  return pool_.slot_data(slot);
 }
 
 void ServerCore::publish(const FillLease& lease, ChunkInfo info) {
@@ -385,6 +408,14 @@ void ServerCore::on_hello(const std::string& identity, const protocol::Hello& he
   w.epochs = options_.epochs;
   w.first_epoch = options_.first_epoch;
   w.device = options_.device;
+#ifdef BATCHCAST_HAVE_CUDA
+  if (arena_) {
+    w.device_index = static_cast<uint32_t>(arena_->device());
+    w.cuda_memory_handle = arena_->memory_handle();
+    w.cuda_device_uuid = arena_->device_uuid();
+    w.cuda_event_handles = arena_->event_handles();
+  }
+#endif
   w.heartbeat_interval_s = options_.heartbeat_interval_s;
   w.heartbeat_timeout_s = options_.heartbeat_timeout_s;
   send(identity, w);

@@ -13,6 +13,9 @@
 // is thread-safe. Lifetime: the constructor removes stale segments of dead servers, creates the
 // pool (mode 0600) and binds the endpoint (an ipc socket file is made 0600); the destructor
 // stops the loop, closes the socket (removing the ipc file) and unlinks the pool.
+// GPU pools (device = kCuda, CUDA builds only): the slots are a DeviceArena on cuda:device_index,
+// created before the endpoint is bound and freed after the loop stops; the shared segment keeps
+// the header and sequence words; FillLease::data is then device memory.
 #pragma once
 
 #include <sys/types.h>
@@ -32,6 +35,9 @@
 #include "server/consumer_registry.h"
 #include "shm/slot_pool.h"
 #include "shm/slot_ring.h"
+#ifdef BATCHCAST_HAVE_CUDA
+#include "shm/cuda_pool.h"
+#endif
 
 namespace zmq {
 class context_t;
@@ -65,13 +71,14 @@ struct ServerOptions {
   // gone. Local consumers are checked by pid every 0.2 s instead (a SIGSTOPped one is alive).
   double heartbeat_timeout_s = 2.0;
   protocol::DeviceKind device = protocol::DeviceKind::kCpu;
+  uint32_t device_index = 0;  // kCuda: the GPU that holds the pool
 };
 
 // A slot handed to a producer to fill.
 struct FillLease {
   uint64_t seq = 0;
   uint32_t slot = 0;
-  uint8_t* data = nullptr;
+  uint8_t* data = nullptr;  // host memory, or device memory in a GPU pool
   uint64_t capacity = 0;
 };
 
@@ -132,6 +139,9 @@ class ServerCore {
   ServerStats stats() const;
   const std::string& endpoint() const { return endpoint_; }
   const SlotPool& pool() const { return pool_; }
+#ifdef BATCHCAST_HAVE_CUDA
+  const DeviceArena* device_arena() const { return arena_.get(); }  // null for host pools
+#endif
   uint64_t consumers_now() const;
   uint64_t consumers_ever() const;
 
@@ -146,12 +156,16 @@ class ServerCore {
   bool send(const std::string& identity, const protocol::Message& message);
   void wake();
   void publish_ready();  // moves finished fills into the ring in sequence order
+  uint8_t* slot_memory(uint32_t slot) const;
 
   ServerOptions options_;
   std::string ipc_path_;  // declared before endpoint_: resolve_endpoint() fills it
   std::string endpoint_;
   std::string boot_id_;
   SlotPool pool_;
+#ifdef BATCHCAST_HAVE_CUDA
+  std::unique_ptr<DeviceArena> arena_;
+#endif
   std::unique_ptr<zmq::context_t> context_;
   std::unique_ptr<zmq::socket_t> router_;
   int wake_fd_ = -1;
