@@ -1,0 +1,49 @@
+"""batchcast: one shared data-loading server for collocated training jobs.
+
+Public API (shared/DESIGN.md, "Public interfaces"):
+
+- :class:`Loader` — a consumer: zero-copy batches from a server, one epoch per iteration.
+- :class:`Producer` — shares any re-iterable of tensor batches (e.g. a torch DataLoader).
+- :func:`serve` — starts the native ``batchcast serve`` server; a context manager.
+- :class:`DataLoader` — torch's DataLoader; with ``share=KEY`` one detached producer serves
+  every process that uses the same key.
+- Errors: :class:`BatchcastError` (a RuntimeError) and its subclasses
+  :class:`ServerGoneError`, :class:`TimeoutError` (also a builtin TimeoutError),
+  :class:`SampleError`.
+
+Torch is imported only by what needs it: ``Loader(framework="numpy")`` works without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._batchcast import BatchcastError, SampleError, ServerGoneError, TimeoutError
+from . import metrics
+from .loader import Loader, LoaderStats
+from .producer import Producer
+from .server import Server, serve
+
+__all__ = [
+    "BatchcastError",
+    "DataLoader",
+    "Loader",
+    "LoaderStats",
+    "Producer",
+    "SampleError",
+    "Server",
+    "ServerGoneError",
+    "TimeoutError",
+    "metrics",
+    "serve",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # DataLoader subclasses torch's, so it is imported on first use: `import batchcast` must
+    # not import torch for NumPy-only consumers.
+    if name == "DataLoader":
+        from .dataloader import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'batchcast' has no attribute {name!r}")

@@ -1,0 +1,149 @@
+"""The detached producer process of ``batchcast.DataLoader(share=KEY)``.
+
+Started by the first process that uses KEY as ``python -m batchcast._share_producer SPEC``:
+SPEC is a temp file holding a pickled header (key, file paths, the trainer's sys.path, cwd and
+main script) followed by the pickled dataset and torch DataLoader arguments. It serves
+unbounded epochs of a torch DataLoader through a :class:`batchcast.Producer` and exits once
+the last Loader has left (after at least one attached) for GRACE_S seconds, or when no Loader
+attached within STARTUP_TIMEOUT_S, or on SIGTERM/SIGINT. It decides to exit while holding the
+share's lock file, and keeps it until its endpoint and files are gone, so a process attaching
+at that moment either is counted or starts a fresh producer. Output goes to the share's log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pickle
+import runpy
+import signal
+import sys
+import threading
+import time
+import types
+from typing import Any, Dict
+
+GRACE_S = 1.0  # no Loader for this long after the last one left: exit
+STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
+_POLL_S = 0.1
+
+
+def _load_main(path: str) -> None:
+    """Makes the trainer's main script importable as __main__ (for classes pickled from it),
+    the way multiprocessing's spawn does: its `if __name__ == "__main__":` block does not run."""
+    module = types.ModuleType("__mp_main__")
+    module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+
+
+def _read_spec(path: str) -> tuple:
+    with open(path, "rb") as f:
+        header = pickle.load(f)
+        os.chdir(header["cwd"])
+        sys.path[:0] = [p for p in header["sys_path"] if p not in sys.path]
+        start = f.tell()
+        try:
+            payload = pickle.load(f)
+        except (AttributeError, ImportError):
+            if not header["main_path"]:
+                raise
+            _load_main(header["main_path"])  # the dataset's class lives in the trainer script
+            f.seek(start)
+            payload = pickle.load(f)
+    os.unlink(path)
+    return header, payload
+
+
+def _lock(path: str) -> int:
+    """Takes the share's lock (the same inode trainers lock; see dataloader._attach)."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _watch(
+    producer: Any, paths: Dict[str, str], held: Dict[str, int], done: threading.Event
+) -> None:
+    """Stops the producer on a signal or once no Loader remains; takes the lock to decide."""
+    started = time.monotonic()
+    empty_since = None
+    while True:
+        if done.is_set():  # run() ended by itself (an error in the dataset)
+            held["lock"] = _lock(paths["lock"])
+            break
+        sig = signal.sigtimedwait({signal.SIGINT, signal.SIGTERM}, _POLL_S)
+        if sig is not None:
+            print(f"batchcast share producer: signal {sig.si_signo}, stopping", flush=True)
+            held["lock"] = _lock(paths["lock"])
+            break
+        ever, now = producer.consumers_ever, producer.consumers_now
+        if ever == 0:
+            if time.monotonic() - started > STARTUP_TIMEOUT_S:
+                held["lock"] = _lock(paths["lock"])
+                print("batchcast share producer: no Loader attached, exiting", flush=True)
+                break
+            continue
+        if now > 0:
+            empty_since = None
+            continue
+        empty_since = empty_since or time.monotonic()
+        if time.monotonic() - empty_since < GRACE_S:
+            continue
+        fd = _lock(paths["lock"])
+        if producer.consumers_now == 0:  # attaching trainers hold the lock until welcomed
+            held["lock"] = fd
+            print("batchcast share producer: last Loader left, exiting", flush=True)
+            break
+        os.close(fd)
+        empty_since = None
+    producer.stop()
+
+
+def main(argv: list) -> int:
+    # Signals are taken by the watcher thread (sigtimedwait): the main thread spends its time
+    # in native calls, where Python signal handlers would not run.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    header, payload = _read_spec(argv[1])
+    paths = header["paths"]
+
+    import torch.utils.data
+
+    from batchcast.producer import Producer
+
+    torch_args = dict(payload["torch_args"], pin_memory=False)  # shared memory is the target
+    loader = torch.utils.data.DataLoader(payload["dataset"], **torch_args, **payload["extra"])
+    producer = Producer(loader, endpoint=paths["endpoint"], min_consumers=1)
+    held: Dict[str, int] = {}
+    done = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(producer, paths, held, done), daemon=True)
+    watcher.start()
+    print(f"batchcast share producer {os.getpid()}: serving {header['key']!r} on "
+          f"{paths['endpoint']}", flush=True)
+    try:
+        producer.run(epochs=None)
+    finally:
+        done.set()
+        watcher.join()  # holds the lock from here on
+        producer.close()  # unlinks the pool and the socket
+        try:
+            with open(paths["state"]) as f:
+                ours = json.load(f).get("pid") == os.getpid()
+        except (OSError, ValueError):
+            ours = False
+        if ours:
+            os.unlink(paths["state"])
+        if "lock" in held:
+            os.unlink(paths["lock"])  # waiters notice the inode changed and retry
+            os.close(held["lock"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

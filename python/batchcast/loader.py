@@ -1,0 +1,258 @@
+"""batchcast.Loader: the consumer side of the Python package.
+
+A Loader connects to a batchcast server (``batchcast serve``, a :class:`batchcast.Producer`, or
+the detached producer of ``DataLoader(share=...)``) and yields that server's stream as batches
+of its own batch size. Iterating yields one epoch and stops at its end, so::
+
+    loader = batchcast.Loader("ipc:///tmp/bc.sock", batch_size=32)
+    for epoch in range(epochs):
+        for images, labels in loader:
+            ...
+
+works like torch's DataLoader. Iterating after the server's last epoch ends at once.
+
+Batches are zero-copy views of the server's shared memory handed over through DLPack: the
+server's slot is released when the last tensor of the batch is freed. The views are
+read-only memory (writing through them faults): ``.clone()`` before modifying in place.
+A Loader that holds more than ``max_held`` zero-copy batches gets private copies from then on,
+so keeping batches in a list never stalls the server.
+
+Structure: tensors named ``"#0", "#1", ...`` become a tuple (the native server sends
+``(images, labels)``), a single ``"#"`` a bare tensor, any other names a dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from . import _batchcast
+
+__all__ = ["Loader", "LoaderStats"]
+
+_FRAMEWORKS = ("torch", "numpy", "dlpack")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderStats:
+    """Counters of one Loader since it connected."""
+
+    batches: int  # batches yielded
+    samples: int  # samples yielded
+    skipped: int  # samples missed (late join into a partial epoch, or left behind by "skip")
+    copies: int  # batches assembled by copy (spanning chunks, or beyond max_held)
+    wait_s: float  # seconds spent waiting for data
+    dropped_messages: int  # malformed messages from the server, dropped
+
+
+def _structure(names: Sequence[str]) -> Tuple[str, Optional[List[int]]]:
+    """How a batch with these tensor names is returned: ("bare", None), ("tuple", order of
+    the "#i" names by i) or ("dict", None)."""
+    if len(names) == 1 and names[0] == "#":
+        return "bare", None
+    if names and all(n.startswith("#") and n[1:].isdigit() for n in names):
+        positions = [int(n[1:]) for n in names]
+        if sorted(positions) == list(range(len(names))):
+            return "tuple", sorted(range(len(names)), key=positions.__getitem__)
+    return "dict", None
+
+
+class Loader:
+    """An iterable over a batchcast server's batches, one epoch per iteration.
+
+    Args:
+        endpoint: the server's endpoint (``ipc://PATH`` or ``tcp://HOST:PORT``); None: the
+            default ``ipc:///tmp/batchcast-<uid>.sock``.
+        batch_size: samples per batch; None: the server's batch size.
+        device: move every tensor there (``"cuda:0"``); None: leave them in shared memory.
+        drop_last: drop each epoch's short last batch, as torch's DataLoader does.
+        timeout: seconds to wait for the server's welcome and for each batch
+            (:class:`batchcast.TimeoutError` after that); <= 0: forever.
+        max_held: zero-copy batches alive at once before further ones are private copies.
+        prefetch: chunk descriptors asked for ahead (hides the round trip).
+        late_join: joining mid-epoch, ``"replay"`` the retained chunks (the first epoch may be
+            partial; ``stats.skipped`` says how much) or wait for the ``"next_epoch"``.
+        name: shown in the server's log and metrics.
+        framework: ``"torch"`` tensors (default), ``"numpy"`` arrays (numpy.from_dlpack), or
+            ``"dlpack"`` objects with ``__dlpack__`` for any other framework.
+    """
+
+    def __init__(
+        self,
+        endpoint: Optional[str] = None,
+        batch_size: Optional[int] = None,
+        device: Any = None,
+        drop_last: bool = False,
+        timeout: float = 60.0,
+        max_held: int = 2,
+        prefetch: int = 2,
+        late_join: str = "replay",
+        name: Optional[str] = None,
+        framework: str = "torch",
+    ) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: use an integer >= 1 (or None)")
+        if framework not in _FRAMEWORKS:
+            raise ValueError(f"framework={framework!r}: use one of {', '.join(_FRAMEWORKS)}")
+        if device is not None and framework != "torch":
+            raise ValueError("device= needs framework='torch'")
+        self._consumer: Optional[Any] = None
+        self._convert = self._converter(framework, device)
+        self._consumer = _batchcast.Consumer(
+            endpoint or "",
+            batch_size or 0,
+            drop_last,
+            float(timeout) if timeout is not None else 0.0,
+            prefetch,
+            max_held,
+            late_join,
+            name or f"loader-{os.getpid()}",
+        )
+        self.endpoint = endpoint or _batchcast.default_endpoint()
+        self.device = device
+        self.drop_last = drop_last
+        self._in_epoch = False  # a batch of the current epoch was yielded, its end not yet seen
+        self._layouts: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Callable[[list], Any]] = {}
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        consumer = self._open()
+        if self._in_epoch:
+            # The previous iteration stopped early (break): like a new pass over torch's
+            # DataLoader, this one starts at the next epoch, so skip what is left of that one.
+            while consumer.next() is not None:
+                pass
+            self._in_epoch = False
+        return self._epoch(consumer)
+
+    def _epoch(self, consumer: Any) -> Iterator[Any]:
+        while True:
+            batch = consumer.next()
+            if batch is None:
+                self._in_epoch = False
+                return
+            self._in_epoch = True
+            yield self._convert(self, batch)
+
+    def __len__(self) -> int:
+        """Batches per whole epoch (exact, respecting drop_last).
+
+        Raises TypeError while the server does not know its epoch length (a Producer over an
+        unsized iterable before its first pass), as torch does for iterable datasets."""
+        n = self._open().batches_per_epoch
+        if n is None:
+            raise TypeError(
+                f"the length of the Loader on {self.endpoint} is unknown: its server does not "
+                "know the epoch length yet (e.g. a Producer over an unsized iterable before "
+                "its first pass ends)"
+            )
+        return int(n)
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the batches being yielded (the last one started)."""
+        return int(self._open().epoch)
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (the server's batch size unless one was given)."""
+        return int(self._open().batch_size)
+
+    @property
+    def finished(self) -> bool:
+        """True once the server's last epoch was consumed."""
+        return bool(self._open().finished)
+
+    @property
+    def stats(self) -> LoaderStats:
+        """Counters since the Loader connected (batches, samples, skipped, copies, wait_s)."""
+        return LoaderStats(**self._open().stats())
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Tells the server this Loader wants no more data. Batches already out stay valid."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nobody to tell
+            pass
+
+    def _open(self) -> Any:
+        if self._consumer is None:
+            raise _batchcast.BatchcastError(
+                f"the Loader on {getattr(self, 'endpoint', '?')} is closed; create a new one"
+            )
+        return self._consumer
+
+    # -- conversion --------------------------------------------------------------------------
+
+    @staticmethod
+    def _converter(framework: str, device: Any) -> Callable[["Loader", Any], Any]:
+        """Returns the function turning a native batch into the user's structure of tensors."""
+        if framework == "torch":
+            import torch
+            from torch.utils.dlpack import from_dlpack
+
+            def tensors(batch: Any) -> list:
+                out = [from_dlpack(c) for c in batch.capsules()]
+                for i, dtype in enumerate(batch.dtypes):
+                    if dtype == "bool":  # bool travels as uint8 (DLPack 0.6 has no bool)
+                        out[i] = out[i].view(torch.bool)
+                if device is not None:
+                    out = [t.to(device) for t in out]
+                return out
+
+        elif framework == "numpy":
+            import numpy
+
+            def tensors(batch: Any) -> list:
+                out = []
+                for t in batch.tensors():
+                    if t.dtype == "bfloat16":
+                        raise _batchcast.BatchcastError(
+                            f"tensor '{t.name}' is bfloat16, which NumPy lacks; use "
+                            "framework='torch' (or 'dlpack')"
+                        )
+                    a = numpy.from_dlpack(t)
+                    out.append(a.view(numpy.bool_) if t.dtype == "bool" else a)
+                return out
+
+        else:
+
+            def tensors(batch: Any) -> list:
+                return batch.tensors()
+
+        def convert(loader: "Loader", batch: Any) -> Any:
+            key = (batch.names, batch.dtypes)
+            shape = loader._layouts.get(key)
+            if shape is None:
+                shape = loader._layouts[key] = Loader._shaper(batch.names)
+            return shape(tensors(batch))
+
+        return convert
+
+    @staticmethod
+    def _shaper(names: Tuple[str, ...]) -> Callable[[list], Any]:
+        kind, order = _structure(names)
+        if kind == "bare":
+            return lambda ts: ts[0]
+        if kind == "tuple":
+            if order == list(range(len(names))):
+                return tuple
+            return lambda ts: tuple(ts[i] for i in order)  # type: ignore[union-attr]
+        return lambda ts: dict(zip(names, ts))

@@ -1,0 +1,326 @@
+"""batchcast.Producer: shares any re-iterable of tensor batches through a batchcast server.
+
+One pass over the iterable is one epoch. Each batch is copied once into the server's shared
+pool (with the GIL released) and every attached Loader receives it zero-copy::
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=4)
+    batchcast.Producer(loader, "ipc:///tmp/bc.sock", min_consumers=2).run(epochs=10)
+
+Batches are tuples/lists of tensors (sent as "#0", "#1", ...), dicts of tensors (keyed by
+their string keys) or single tensors (sent as "#"); NumPy arrays are accepted too. Dimension 0
+is the sample dimension and all tensors of a batch must agree on it. Tensors must be on the
+CPU (CUDA batches are not supported yet).
+"""
+
+from __future__ import annotations
+
+from collections import abc
+from collections.abc import Mapping
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
+
+from . import _batchcast
+
+__all__ = ["Producer"]
+
+_ALIGN = 256  # tensor offsets inside a slot (server/sample_producer.h, SlotLayout)
+_SLOT_HEADROOM = 1.25  # slots sized from the first batch leave room for larger later ones
+_SLOT_ROUND = 4096
+
+_TORCH_DTYPES: dict = {}
+
+
+def _dtype_name(t: Any) -> str:
+    if not _TORCH_DTYPES:
+        import torch
+
+        _TORCH_DTYPES.update(
+            {
+                torch.uint8: "uint8",
+                torch.int8: "int8",
+                torch.int16: "int16",
+                torch.int32: "int32",
+                torch.int64: "int64",
+                torch.float16: "float16",
+                torch.bfloat16: "bfloat16",
+                torch.float32: "float32",
+                torch.float64: "float64",
+                torch.bool: "bool",
+            }
+        )
+    try:
+        return _TORCH_DTYPES[t.dtype]
+    except KeyError:
+        raise TypeError(
+            f"dtype {t.dtype} cannot be shared; convert it to one of "
+            + ", ".join(sorted(_TORCH_DTYPES.values()))
+        ) from None
+
+
+def _as_tensor(name: str, value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        t = value
+    elif type(value).__module__ == "numpy" and hasattr(value, "dtype"):
+        t = torch.from_numpy(value)
+    else:
+        raise TypeError(
+            f"batch element {name!r} is a {type(value).__name__}, not a tensor; batches must be "
+            "tensors, tuples/lists of tensors or dicts of tensors (no nesting)"
+        )
+    if t.device.type != "cpu":
+        raise TypeError(
+            f"tensor {name!r} is on {t.device}; Producer shares CPU tensors only for now "
+            "(keep the DataLoader on the CPU: pin_memory=False, no .cuda() in collate_fn)"
+        )
+    if t.dim() == 0:
+        raise ValueError(f"tensor {name!r} is a scalar; dimension 0 must count the samples")
+    return t.contiguous()
+
+
+def _flatten(batch: Any) -> Tuple[List[str], List[Any]]:
+    """Names and contiguous CPU tensors of a batch (the wire's structure encoding)."""
+    if isinstance(batch, (tuple, list)):
+        names = [f"#{i}" for i in range(len(batch))]
+        values = list(batch)
+    elif isinstance(batch, Mapping):
+        names = list(batch.keys())
+        for k in names:
+            if not isinstance(k, str) or not k or k.startswith("#"):
+                raise TypeError(
+                    f"dict key {k!r}: keys must be non-empty strings not starting with '#'"
+                )
+        values = list(batch.values())
+    else:
+        names, values = ["#"], [batch]
+    if not names:
+        raise ValueError("a batch has no tensors")
+    return names, [_as_tensor(n, v) for n, v in zip(names, values)]
+
+
+def _batch_bytes(tensors: List[Any]) -> int:
+    """Bytes a batch takes in a slot (SlotLayout::plan: offsets 256-byte aligned)."""
+    total = 0
+    for t in tensors:
+        total = (total + _ALIGN - 1) // _ALIGN * _ALIGN + t.numel() * t.element_size()
+    return total
+
+
+def _known_epoch_samples(iterable: Any, first_batch_rows: int) -> Optional[int]:
+    """Samples per pass when they can be known before the pass: a torch DataLoader's sampler
+    length (respecting drop_last), else len(iterable) x the first batch's size."""
+    try:
+        from torch.utils.data import DataLoader, IterableDataset
+    except ImportError:
+        DataLoader = None  # type: ignore[assignment,misc]
+    if DataLoader is not None and isinstance(iterable, DataLoader):
+        if isinstance(iterable.dataset, IterableDataset) or iterable.batch_size is None:
+            return None  # custom batch_sampler or stream: measured during the first pass
+        n = len(iterable.sampler)  # type: ignore[arg-type]
+        bs = iterable.batch_size
+        return n // bs * bs if iterable.drop_last else n
+    try:
+        return len(iterable) * first_batch_rows
+    except TypeError:
+        return None
+
+
+class Producer:
+    """Serves the batches of ``iterable`` (one pass = one epoch) to every attached Loader.
+
+    Args:
+        iterable: re-iterable of batches (a torch DataLoader, a list, ...).
+        endpoint: where Loaders connect; None: the default ipc endpoint.
+        min_consumers: the stream starts once this many Loaders have attached.
+        ring: slots in the shared pool (how far the fastest Loader may run ahead).
+        slot_bytes: bytes per slot; None: the first batch's bytes x 1.25, rounded up.
+        stall_policy: ``"wait"`` never skips data; ``"skip"`` leaves behind a Loader that took
+            nothing for ``stall_timeout`` seconds.
+        stall_timeout: see stall_policy.
+        allow_remote: let a ``tcp://*:PORT`` endpoint listen on every interface.
+    """
+
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        endpoint: Optional[str] = None,
+        min_consumers: int = 1,
+        ring: int = 8,
+        slot_bytes: Optional[int] = None,
+        stall_policy: str = "wait",
+        stall_timeout: float = 10.0,
+        allow_remote: bool = False,
+    ) -> None:
+        if isinstance(iterable, abc.Iterator):
+            raise TypeError(
+                "Producer needs a re-iterable (one pass per epoch), not an iterator; pass the "
+                "DataLoader or list itself"
+            )
+        self._iterable = iterable
+        self._endpoint = endpoint or ""
+        self._min_consumers = min_consumers
+        self._ring = ring
+        self._slot_bytes = slot_bytes
+        self._stall_policy = stall_policy
+        self._stall_timeout = stall_timeout
+        self._allow_remote = allow_remote
+        self._core: Optional[Any] = None
+        self._epoch = 0
+        self._stopped = False
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def run(self, epochs: Optional[int] = 1) -> bool:
+        """Serves ``epochs`` passes (None: until :meth:`stop`), then tells the Loaders the
+        stream ended and returns once each got it. Returns False if stopped early."""
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs={epochs}: use an integer >= 1 or None")
+        epoch_samples: Optional[int] = None
+        served = 0
+        while (epochs is None or served < epochs) and not self._stopped:
+            iterator = iter(self._iterable)
+            pending = self._first(iterator)
+            if self._core is None:
+                epoch_samples = _known_epoch_samples(self._iterable, pending[1][0].shape[0])
+                self._start(pending, epochs, epoch_samples)
+            position = 0
+            index = 0
+            for batch in self._batches(iterator):
+                if not self._publish(pending, index, position, epoch_samples, False):
+                    return False
+                position += pending[1][0].shape[0]
+                index += 1
+                pending = batch
+            if not self._publish(pending, index, position, epoch_samples, True):
+                return False
+            position += pending[1][0].shape[0]
+            if epoch_samples != position:
+                # Unknown (or estimated) before the first pass; exact from now on.
+                epoch_samples = position
+                self._core.set_epoch_samples(position)
+            self._epoch += 1
+            served += 1
+        if self._stopped or self._core is None:
+            return False
+        self._core.finish()
+        return bool(self._core.wait_finished(-1.0))
+
+    def stop(self) -> None:
+        """Stops serving (any thread): run() returns False soon, Loaders see the server gone."""
+        self._stopped = True
+        if self._core is not None:
+            self._core.stop()
+
+    def close(self) -> None:
+        """Stops and removes the shared pool and the endpoint."""
+        self.stop()
+        self._core = None
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint Loaders connect to (resolved once serving started)."""
+        if self._core is not None:
+            return str(self._core.endpoint)
+        return self._endpoint or _batchcast.default_endpoint()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being produced."""
+        return self._epoch
+
+    @property
+    def consumers_now(self) -> int:
+        return int(self._core.consumers_now) if self._core is not None else 0
+
+    @property
+    def consumers_ever(self) -> int:
+        return int(self._core.consumers_ever) if self._core is not None else 0
+
+    @property
+    def stats(self) -> dict:
+        """The server core's counters (chunks_published, consumers_now, ring_occupied, ...)."""
+        return dict(self._core.stats()) if self._core is not None else {}
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _first(self, iterator: Iterator[Any]) -> Tuple[List[str], List[Any]]:
+        try:
+            return _flatten(next(iterator))
+        except StopIteration:
+            raise ValueError(
+                f"pass {self._epoch} over the iterable yielded no batch; Producer needs a "
+                "non-empty re-iterable (one pass per epoch)"
+            ) from None
+
+    @staticmethod
+    def _batches(iterator: Iterator[Any]) -> Iterator[Tuple[List[str], List[Any]]]:
+        for batch in iterator:
+            yield _flatten(batch)
+
+    def _start(
+        self,
+        first: Tuple[List[str], List[Any]],
+        epochs: Optional[int],
+        epoch_samples: Optional[int],
+    ) -> None:
+        names, tensors = first
+        need = _batch_bytes(tensors)
+        slot_bytes = self._slot_bytes
+        if slot_bytes is None:
+            slot_bytes = -(-int(need * _SLOT_HEADROOM) // _SLOT_ROUND) * _SLOT_ROUND
+        elif slot_bytes < need:
+            raise ValueError(f"slot_bytes={slot_bytes} is smaller than the first batch ({need} B)")
+        self._names = names
+        self._core = _batchcast.ServerCore(
+            endpoint=self._endpoint,
+            slot_bytes=slot_bytes,
+            ring_slots=self._ring,
+            batch_size=int(tensors[0].shape[0]),
+            epoch_samples=epoch_samples or 0,
+            epochs=epochs or 0,
+            min_consumers=self._min_consumers,
+            stall_policy=self._stall_policy,
+            stall_timeout=self._stall_timeout,
+            allow_remote=self._allow_remote,
+        )
+        if self._stopped:  # stop() raced with the start
+            self._core.stop()
+
+    def _publish(
+        self,
+        batch: Tuple[List[str], List[Any]],
+        index: int,
+        position: int,
+        epoch_samples: Optional[int],
+        epoch_end: bool,
+    ) -> bool:
+        names, tensors = batch
+        if names != self._names:
+            raise ValueError(
+                f"batch {index} of epoch {self._epoch} has tensors {names} but the first batch "
+                f"had {self._names}; every batch must have the same structure"
+            )
+        need = _batch_bytes(tensors)
+        slot_bytes = int(self._core.slot_bytes)
+        if need > slot_bytes:
+            raise ValueError(
+                f"batch {index} of epoch {self._epoch} needs {need} bytes but the slots hold "
+                f"{slot_bytes} (sized from the first batch); pass Producer(slot_bytes={need}) "
+                "or more"
+            )
+        described = [
+            (n, _dtype_name(t), list(t.shape), t.data_ptr()) for n, t in zip(names, tensors)
+        ]
+        return bool(
+            self._core.publish_batch(
+                described, self._epoch, index, position, epoch_samples or 0, epoch_end
+            )
+        )

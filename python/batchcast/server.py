@@ -1,0 +1,212 @@
+"""batchcast.serve: starts the native ``batchcast serve`` server from Python.
+
+::
+
+    with batchcast.serve(data="imagenet/train", endpoint="ipc:///tmp/bc.sock",
+                         batch_size=64, epochs=10) as server:
+        for images, labels in batchcast.Loader(server.endpoint):
+            ...
+
+serve() returns once the endpoint answers (or raises with the server's log tail if it died);
+leaving the ``with`` block sends SIGTERM (clean shutdown: no leaked segment) and waits.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any, Optional, Sequence
+
+from . import _batchcast
+
+__all__ = ["Server", "serve", "find_binary"]
+
+
+def find_binary() -> str:
+    """The ``batchcast`` executable: $BATCHCAST_BIN, else the build next to this package
+    (python/batchcast/../../build/server/batchcast), else the one on PATH."""
+    env = os.environ.get("BATCHCAST_BIN")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise FileNotFoundError(f"BATCHCAST_BIN={env} is not an executable file")
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = os.path.normpath(os.path.join(here, "..", "..", "build", "server", "batchcast"))
+    if os.access(built, os.X_OK):
+        return built
+    on_path = shutil.which("batchcast")
+    if on_path:
+        return on_path
+    raise FileNotFoundError(
+        f"the batchcast binary was not found (looked at $BATCHCAST_BIN, {built} and PATH); "
+        "build it with bash scripts/setup.sh, or set BATCHCAST_BIN"
+    )
+
+
+def _ipc_path(endpoint: str) -> Optional[str]:
+    return endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
+
+
+def _file_id(path: str) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
+class Server:
+    """A running ``batchcast serve`` process (see :func:`serve`)."""
+
+    def __init__(self, argv: Sequence[str], endpoint: str, log_path: str) -> None:
+        self.argv = list(argv)
+        self.endpoint = endpoint
+        self.log_path = log_path
+        ipc = _ipc_path(endpoint)
+        before = _file_id(ipc) if ipc else None  # a stale socket file is not an answer
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        self._before = before
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.process.poll()
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server's output."""
+        try:
+            with open(self.log_path, "rb") as f:
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float) -> None:
+        """Returns once the endpoint accepts connections; raises if the process died or the
+        endpoint stayed silent for ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise _batchcast.BatchcastError(
+                    f"batchcast serve exited with code {self.process.returncode} before "
+                    f"answering on {self.endpoint}:\n{self.log_tail()}"
+                )
+            if self._answers():
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise _batchcast.TimeoutError(
+                    f"batchcast serve did not answer on {self.endpoint} within {timeout} s:\n"
+                    f"{self.log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _answers(self) -> bool:
+        ipc = _ipc_path(self.endpoint)
+        if ipc is not None:
+            now = _file_id(ipc)
+            return now is not None and now != self._before
+        host, _, port = self.endpoint[len("tcp://") :].rpartition(":")
+        host = "127.0.0.1" if host in ("*", "0.0.0.0", "") else host.strip("[]")
+        try:
+            with socket.create_connection((host, int(port)), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Waits for the server to exit by itself (after its last epoch); its exit code."""
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> Optional[int]:
+        """SIGTERM (clean shutdown), then SIGKILL if it is not gone within ``timeout``."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+
+def serve(
+    data: Optional[str] = None,
+    endpoint: Optional[str] = None,
+    batch_size: int = 64,
+    *,
+    epochs: Optional[int] = 1,
+    synthetic: Optional[int] = None,
+    sample_bytes: Optional[int] = None,
+    image_size: Optional[int] = None,
+    workers: Optional[int] = None,
+    device: Optional[str] = None,
+    seed: Optional[int] = None,
+    shuffle: Optional[bool] = None,
+    min_consumers: Optional[int] = None,
+    output: Optional[str] = None,
+    ring: Optional[int] = None,
+    stall_policy: Optional[str] = None,
+    metrics_dir: Optional[str] = None,
+    extra_args: Sequence[str] = (),
+    timeout: float = 30.0,
+    binary: Optional[str] = None,
+) -> Server:
+    """Starts ``batchcast serve`` and returns once its endpoint answers.
+
+    ``data`` is an image folder; ``synthetic=N`` serves N synthetic samples instead. Options
+    left None take the CLI's defaults; ``epochs=None`` serves until stopped. Anything else
+    goes in ``extra_args`` (see ``batchcast serve --help``). The returned :class:`Server` is a
+    context manager that stops the process on exit.
+    """
+    if (data is None) == (synthetic is None):
+        raise ValueError("give exactly one of data=DIR or synthetic=N")
+    endpoint = endpoint or _batchcast.default_endpoint()
+    argv = [binary or find_binary(), "serve", "--endpoint", endpoint, "--batch-size", str(batch_size)]
+    argv += ["--epochs", str(epochs if epochs is not None else 0)]
+    options = {
+        "--data": data,
+        "--synthetic": synthetic,
+        "--sample-bytes": sample_bytes,
+        "--image-size": image_size,
+        "--workers": workers,
+        "--device": device,
+        "--seed": seed,
+        "--min-consumers": min_consumers,
+        "--output": output,
+        "--ring": ring,
+        "--stall-policy": stall_policy,
+        "--metrics-dir": metrics_dir,
+    }
+    for flag, value in options.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if shuffle is not None:
+        argv.append("--shuffle" if shuffle else "--no-shuffle")
+    argv += [str(a) for a in extra_args]
+    fd, log_path = tempfile.mkstemp(prefix="batchcast-serve-", suffix=".log")
+    os.close(fd)
+    server = Server(argv, endpoint, log_path)
+    server.wait_ready(timeout)
+    return server
