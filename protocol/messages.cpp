@@ -302,11 +302,15 @@ std::string default_endpoint() {
 
 std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t) {
   // The view spans [offset, offset + (sum over dims of (shape-1)*stride + 1) * itemsize).
+  // Every dimension is checked before an empty one returns 0 (a negative dimension after a zero
+  // one was accepted), and `last` is bounded at each step so the sum cannot wrap 128 bits.
+  for (size_t i = 0; i < t.shape.size(); ++i)
+    if (t.shape[i] < 0 || t.strides[i] < 0) return std::nullopt;
   unsigned __int128 last = 0;
   for (size_t i = 0; i < t.shape.size(); ++i) {
-    if (t.shape[i] < 0 || t.strides[i] < 0) return std::nullopt;
     if (t.shape[i] == 0) return 0;
     last += static_cast<unsigned __int128>(t.shape[i] - 1) * static_cast<uint64_t>(t.strides[i]);
+    if (last > std::numeric_limits<uint64_t>::max()) return std::nullopt;
   }
   unsigned __int128 bytes = (last + 1) * dtype_size(t.dtype);
   if (bytes > std::numeric_limits<uint64_t>::max()) return std::nullopt;
@@ -318,7 +322,8 @@ std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count,
   if (d.slot >= slot_count)
     return "slot " + std::to_string(d.slot) + " outside the pool of " + std::to_string(slot_count);
   if (d.sample_count == 0) return "empty chunk";
-  if (d.epoch_samples != 0 && d.sample_start + d.sample_count > d.epoch_samples)
+  if (d.epoch_samples != 0 && (d.sample_count > d.epoch_samples ||
+                               d.sample_start > d.epoch_samples - d.sample_count))  // no wrap
     return "chunk samples beyond the epoch's end";
   for (const auto& t : d.tensors) {
     if (t.shape.size() != t.strides.size() || t.shape.empty()) return "tensor " + t.name + ": bad rank";
