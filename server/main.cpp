@@ -303,6 +303,11 @@ int main(int argc, char** argv) {
   report_cmd->add_option("dirs", report_dirs, "run directories (written by --metrics-dir)")->required();
   report_cmd->add_option("--out", report_out, "output folder (default: DIR/report)");
 
+  auto* bench_cmd = app.add_subcommand(
+      "bench", "N collocated trainings, batchcast vs N DataLoaders (bench/collocated.py; try --help)");
+  bench_cmd->allow_extras()->prefix_command();
+  bench_cmd->set_help_flag();  // --help goes to the script
+
   CLI11_PARSE(app, argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("batchcast"));  // stdout stays for data
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -314,10 +319,16 @@ int main(int argc, char** argv) {
                    r.bytes / 1048576.0, r.classes, md.out_dir, r.sources);
       return 0;
     }
-    if (*report_cmd) {
-      std::vector<std::string> args = {BATCHCAST_PYTHON, "-m", "batchcast.report"};
-      args.insert(args.end(), report_dirs.begin(), report_dirs.end());
-      if (!report_out.empty()) args.insert(args.end(), {"--out", report_out});
+    if (*report_cmd || *bench_cmd) {
+      std::vector<std::string> args = {BATCHCAST_PYTHON};
+      if (*report_cmd) {
+        args.insert(args.end(), {"-m", "batchcast.report"});
+        args.insert(args.end(), report_dirs.begin(), report_dirs.end());
+        if (!report_out.empty()) args.insert(args.end(), {"--out", report_out});
+      } else {
+        args.push_back(std::string(BATCHCAST_SOURCE_DIR) + "/bench/collocated.py");
+        for (const auto& extra : bench_cmd->remaining()) args.push_back(extra);
+      }
       std::string path = BATCHCAST_PYTHON_DIR;
       if (const char* old = std::getenv("PYTHONPATH")) path += std::string(":") + old;
       ::setenv("PYTHONPATH", path.c_str(), 1);
@@ -325,7 +336,7 @@ int main(int argc, char** argv) {
       for (auto& s : args) argv_exec.push_back(s.data());
       argv_exec.push_back(nullptr);
       ::execv(argv_exec[0], argv_exec.data());
-      throw Error(std::string("cannot run ") + BATCHCAST_PYTHON + " for the report: " + std::strerror(errno));
+      throw Error(std::string("cannot run ") + BATCHCAST_PYTHON + ": " + std::strerror(errno));
     }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
