@@ -1,0 +1,71 @@
+// Writes the seed corpus of fuzz_messages: one real encoded frame of every message type
+// (protocol::encode of typical values: a host and a CUDA Welcome, descriptors as the server
+// sends them for image and synthetic pools), so libFuzzer starts from valid frames instead of
+// having to discover the magic, version and layout.
+//   make_message_corpus OUT_DIR
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "protocol/messages.h"
+
+int main(int argc, char** argv) {
+  namespace p = batchcast::protocol;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_message_corpus OUT_DIR\n");
+    return 2;
+  }
+  std::string out = argv[1];
+  auto write = [&](const std::string& name, const p::Message& m) {
+    std::ofstream(out + "/" + name, std::ios::binary) << p::encode(m);
+  };
+  write("hello", p::Hello{1234, "0b6f3c1e-boot", "trainer-0", p::LateJoin::kReplay, 0});
+  write("hello_next_epoch", p::Hello{99, "", "", p::LateJoin::kNextEpoch, 1});
+  p::Welcome w;
+  w.consumer_id = 7;
+  w.server_pid = 4321;
+  w.boot_id = "0b6f3c1e-boot";
+  w.segment_name = "batchcast.0.abcdef";
+  w.segment_bytes = 8 * (1 << 20) + 4096;
+  w.slot_count = 8;
+  w.slot_bytes = 1 << 20;
+  w.slots_offset = 4096;
+  w.server_batch_size = 64;
+  w.epoch_samples = 1000;
+  w.epochs = 3;
+  write("welcome_host", w);
+  w.device = p::DeviceKind::kCuda;
+  w.slot_count = 3;
+  w.cuda_event_handles.resize(3);
+  w.cuda_memory_handle[0] = 0x42;
+  write("welcome_cuda", w);
+
+  p::BatchDescriptor d;
+  d.seq = 17;
+  d.epoch = 1;
+  d.index_in_epoch = 2;
+  d.sample_start = 128;
+  d.sample_count = 64;
+  d.epoch_samples = 1000;
+  d.stream_position = 1128;
+  d.slot = 3;
+  d.tensors.push_back({"#0", batchcast::DType::kFloat32, {64, 3, 32, 32}, {3072, 1024, 32, 1}, 0});
+  d.tensors.push_back({"#1", batchcast::DType::kInt64, {64}, {1}, 64 * 3072 * 4});
+  write("descriptor_image", d);
+  d.flags = p::kFlagEpochEnd;
+  d.sample_count = 40;
+  d.sample_start = 960;
+  d.tensors = {{"#0", batchcast::DType::kUInt8, {40, 48}, {48, 1}, 0},
+               {"#1", batchcast::DType::kInt64, {40}, {1}, 1920}};
+  write("descriptor_synthetic_last", d);
+  d.tensors = {{"image", batchcast::DType::kUInt8, {40, 8, 8, 3}, {192, 24, 3, 1}, 0},
+               {"#", batchcast::DType::kBFloat16, {40, 0}, {0, 1}, 7680}};
+  write("descriptor_dict", d);
+  write("credit", p::Credit{2});
+  write("release", p::Release{17, 3});
+  write("heartbeat", p::Heartbeat{123456, 0.75});
+  write("goodbye", p::Goodbye{});
+  write("end", p::End{3});
+  write("error", p::ErrorMessage{"/data/train/cat/001.jpg: truncated JPEG"});
+  return 0;
+}
