@@ -95,6 +95,8 @@ class Loader:
             raise ValueError(f"batch_size={batch_size}: use an integer >= 1 (or None)")
         if framework not in _FRAMEWORKS:
             raise ValueError(f"framework={framework!r}: use one of {', '.join(_FRAMEWORKS)}")
+        if late_join not in ("replay", "next_epoch"):
+            raise ValueError(f"late_join={late_join!r}: use 'replay' or 'next_epoch'")
         if device is not None and framework != "torch":
             raise ValueError("device= needs framework='torch'")
         self._consumer: Optional[Any] = None

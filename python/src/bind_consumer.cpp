@@ -143,12 +143,15 @@ struct ConsumerState {
     s.epoch = consumer->epoch();
     s.finished = consumer->finished();
     s.batches_per_epoch = consumer->batches_per_epoch();
+    std::lock_guard lk(mu);
+    // The consumer knows an epoch length learnt from chunks only while it holds one; the
+    // length does not change, so keep the last one known.
+    if (!s.batches_per_epoch) s.batches_per_epoch = snapshot.batches_per_epoch;
     s.stats = consumer->stats();
     s.batch_size = consumer->batch_size();
     s.server_batch_size = consumer->welcome().server_batch_size;
     s.epoch_samples = consumer->welcome().epoch_samples;
     s.epochs = consumer->welcome().epochs;
-    std::lock_guard lk(mu);
     snapshot = s;
   }
 };
@@ -225,8 +228,12 @@ void bind_consumer(py::module_& m) {
       .def(
           "__dlpack__",
           [](const DLPackTensor& t, const py::object& stream, const py::kwargs&) {
-            // Host memory needs no stream synchronisation; any stream argument is accepted.
-            (void)stream;
+            // CUDA batches (DLPack stream protocol): None or 1 = the legacy default stream,
+            // 2 = per-thread default, -1 = the consumer synchronises itself, else a
+            // cudaStream_t. That stream waits for the server's event before reading, and the
+            // slot is released only once it has finished with the batch. No-op for host memory.
+            int64_t s = stream.is_none() ? 1 : stream.cast<int64_t>();
+            if (s != -1) t.batch->use_on_stream(static_cast<uintptr_t>(s));
             return new_capsule(t.batch, t.index);
           },
           py::arg("stream") = py::none())
@@ -258,12 +265,17 @@ void bind_consumer(py::module_& m) {
                                return dtypes;
                              })
       .def("capsules",
-           [](const std::shared_ptr<Batch>& b) {
+           [](const std::shared_ptr<Batch>& b, uintptr_t stream) {
+             b->use_on_stream(stream);  // CUDA batches: see __dlpack__; no-op for host memory
              py::list out(b->tensors.size());
              for (size_t i = 0; i < b->tensors.size(); ++i) out[i] = new_capsule(b, i);
              return out;
            },
-           "One 'dltensor' PyCapsule per tensor (for torch.utils.dlpack.from_dlpack).")
+           py::arg("stream") = 0,
+           "One 'dltensor' PyCapsule per tensor (for torch.utils.dlpack.from_dlpack). CUDA "
+           "batches: `stream` (a cudaStream_t as int, 0 = legacy default, e.g. "
+           "torch.cuda.current_stream().cuda_stream) waits for the server's writes, and the slot "
+           "is released once it has finished with the tensors.")
       .def("tensors",
            [](const std::shared_ptr<Batch>& b) {
              py::list out(b->tensors.size());

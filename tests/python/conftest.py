@@ -1,0 +1,146 @@
+"""Shared fixtures of the Python tests of the batchcast package (Loader, Producer, DataLoader).
+
+- ``endpoint``: a unique ipc endpoint per test.
+- ``batchcast_bin``: the built ``batchcast`` program ($BATCHCAST_BUILD_DIR, default
+  /work/main/build, then server/batchcast); tests that need it skip when it is missing.
+- ``run_py``: runs a Python snippet in a subprocess with the package importable.
+- autouse ``no_leaks``: after each test, no batchcast.<uid>.* segment (nor ipc socket file)
+  of the test's endpoints is left, and no batchcast process it started is still alive.
+  Only the test's own endpoints are checked: other runs on the machine may use batchcast.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from typing import Iterator, List
+
+import pytest
+
+PYTHON_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+BUILD_DIR = os.environ.get("BATCHCAST_BUILD_DIR", "/work/main/build")
+
+
+_WATCHED: List[str] = []  # endpoints used by the current test
+
+
+def segment_of(endpoint: str) -> str:
+    """The /dev/shm path of a server's pool on `endpoint` (shm/slot_pool.cpp: FNV-1a)."""
+    h = 1469598103934665603
+    for c in endpoint.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"/dev/shm/batchcast.{os.getuid()}.{h:016x}"
+
+
+def watch_endpoint(endpoint: str) -> str:
+    """Adds `endpoint` to what the leak check looks at (segment and ipc socket file)."""
+    _WATCHED.append(endpoint)
+    return endpoint
+
+
+def _leaked_files() -> List[str]:
+    # Other processes of this machine (other test runs) may use batchcast too: look only at
+    # the endpoints of this test.
+    out = []
+    for ep in _WATCHED:
+        for path in (segment_of(ep), ep[len("ipc://"):] if ep.startswith("ipc://") else None):
+            if path and os.path.exists(path):
+                out.append(path)
+    return out
+
+
+def _our_processes() -> set:
+    """Live processes this test may have started: descendants of pytest running batchcast
+    code, and detached share producers (reparented to init, so not descendants)."""
+    parents: dict = {}
+    cmds: dict = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmds[int(entry)] = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            parents[int(entry)] = int(fields[1])
+    me = os.getpid()
+
+    def descends(pid: int) -> bool:
+        for _ in range(64):
+            pid = parents.get(pid, 0)
+            if pid == me:
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return {
+        pid
+        for pid in parents
+        if pid != me
+        and (b"batchcast._share_producer" in cmds.get(pid, b"")
+             or (descends(pid) and b"batchcast" in cmds.get(pid, b"")))
+    }
+
+
+@pytest.fixture
+def endpoint() -> str:
+    return watch_endpoint(f"ipc:///tmp/batchcast-test-{uuid.uuid4().hex[:12]}.sock")
+
+
+@pytest.fixture(scope="session")
+def batchcast_bin() -> str:
+    path = os.path.join(BUILD_DIR, "server", "batchcast")
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{path} not built (bash scripts/setup.sh, or set BATCHCAST_BUILD_DIR)")
+    os.environ["BATCHCAST_BIN"] = path  # batchcast.serve() finds the same binary
+    return path
+
+
+@pytest.fixture
+def run_py():
+    """Starts `python -c code args...` with the package on PYTHONPATH; returns the Popen."""
+    started: List[subprocess.Popen] = []
+
+    def start(code: str, *args: str, **kwargs) -> subprocess.Popen:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, env.get("PYTHONPATH", "")])
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        kwargs.setdefault("stderr", subprocess.PIPE)
+        p = subprocess.Popen([sys.executable, "-c", code, *args], env=env, **kwargs)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    before = _our_processes()
+    _WATCHED.clear()
+    yield
+    deadline = time.monotonic() + 5.0  # detached producers exit after a short grace period
+    while True:
+        leaked_pids = _our_processes() - before
+        leaked_files = _leaked_files()
+        if not leaked_pids and not leaked_files:
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in leaked_pids:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    pytest.fail(f"leaked after the test: processes {sorted(leaked_pids)}, files {leaked_files}")

@@ -1,0 +1,187 @@
+"""batchcast.Loader against real `batchcast serve --synthetic` servers.
+
+Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python/test_loader.py
+Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label i.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+from typing import Dict, List
+
+import numpy
+import pytest
+import torch
+
+import batchcast
+from conftest import segment_of
+
+SAMPLE_BYTES = 32
+
+
+def synthetic_rows(labels: torch.Tensor) -> torch.Tensor:
+    """The payload the server writes for each sample index (server/synthetic_source.h)."""
+    i = labels.to(torch.int64).unsqueeze(1)
+    j = torch.arange(SAMPLE_BYTES, dtype=torch.int64).unsqueeze(0)
+    return (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
+
+
+def serve(endpoint: str, samples: int = 100, batch: int = 16, epochs: int = 2, **kw):
+    return batchcast.serve(synthetic=samples, sample_bytes=SAMPLE_BYTES, endpoint=endpoint,
+                           batch_size=batch, epochs=epochs, workers=2, **kw)
+
+
+def read_epochs(loader: batchcast.Loader, epochs: int, out: List[List[torch.Tensor]]) -> None:
+    for _ in range(epochs):
+        batches = []
+        for x, y in loader:
+            assert torch.equal(x, synthetic_rows(y)), "payload does not match its label"
+            batches.append((x.clone(), y.clone()))
+        out.append(batches)
+
+
+def test_consumers_with_different_batch_sizes_see_each_sample_once(endpoint, batchcast_bin):
+    with serve(endpoint, min_consumers=3) as server:
+        loaders = [batchcast.Loader(endpoint, batch_size=b, timeout=20) for b in (10, 7, 10)]
+        results: Dict[int, List] = {i: [] for i in range(3)}
+        threads = [threading.Thread(target=read_epochs, args=(l, 2, results[i]))
+                   for i, l in enumerate(loaders)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert server.wait(10) == 0
+        for i, b in enumerate((10, 7, 10)):
+            assert len(results[i]) == 2
+            for batches in results[i]:
+                assert [len(y) for _, y in batches[:-1]] == [b] * (len(batches) - 1)
+        for e in range(2):
+            orders = [torch.cat([y for _, y in results[i][e]]).tolist() for i in range(3)]
+            assert sorted(orders[0]) == list(range(100))  # every sample once
+            assert orders[0] == orders[1] == orders[2]  # in stream order
+            for (xa, ya), (xb, yb) in zip(results[0][e], results[2][e]):  # same b: same bytes
+                assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        for l in loaders:
+            assert list(l) == []  # after the last epoch iteration ends at once
+            l.close()
+
+
+def test_len_is_exact_with_and_without_drop_last(endpoint, batchcast_bin):
+    with serve(endpoint, min_consumers=2, epochs=1):
+        keep = batchcast.Loader(endpoint, batch_size=7, timeout=20)
+        drop = batchcast.Loader(endpoint, batch_size=7, drop_last=True, timeout=20)
+        assert (len(keep), len(drop)) == (15, 14)
+        counts = {}
+        threads = [threading.Thread(target=lambda l=l: counts.__setitem__(id(l), len(list(l))))
+                   for l in (keep, drop)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert counts == {id(keep): 15, id(drop): 14}
+        assert keep.stats.samples == 100 and drop.stats.samples == 98
+        keep.close()
+        drop.close()
+
+
+def test_keeping_every_batch_gets_copies_and_never_stalls(endpoint, batchcast_bin):
+    with serve(endpoint, samples=200, epochs=1, ring=4):
+        loader = batchcast.Loader(endpoint, timeout=10, max_held=2)
+        kept = list(loader)  # 13 batches > 4 slots: would deadlock without copies
+        labels = torch.cat([y for _, y in kept])
+        assert sorted(labels.tolist()) == list(range(200))
+        assert all(torch.equal(x, synthetic_rows(y)) for x, y in kept)
+        stats = loader.stats
+        assert stats.copies > 0 and stats.batches == 13
+        loader.close()
+
+
+def test_slot_is_held_until_the_last_tensor_is_freed(endpoint, batchcast_bin):
+    with serve(endpoint, samples=160, epochs=1):
+        loader = batchcast.Loader(endpoint, timeout=10, max_held=1)
+        it = iter(loader)
+        x, y = next(it)
+        view = x[2:4]  # a view keeps the batch (and its slot) alive
+        del x, y
+        gc.collect()
+        x2, y2 = next(it)
+        assert loader.stats.copies == 1  # the one zero-copy batch allowed is still held
+        del view, x2, y2
+        gc.collect()
+        next(it)
+        assert loader.stats.copies == 1  # freed: zero-copy again
+        list(it)
+        loader.close()
+
+
+def test_numpy_consumer_through_dlpack(endpoint, batchcast_bin):
+    with serve(endpoint, samples=40, epochs=1):
+        loader = batchcast.Loader(endpoint, batch_size=16, framework="numpy", timeout=10)
+        labels = []
+        for x, y in loader:
+            assert isinstance(x, numpy.ndarray) and x.dtype == numpy.uint8
+            assert y.dtype == numpy.int64
+            assert numpy.array_equal(x, synthetic_rows(torch.from_numpy(y.copy())).numpy())
+            labels += y.tolist()
+        assert sorted(labels) == list(range(40))
+        loader.close()
+
+
+def test_killed_server_raises_server_gone(endpoint, batchcast_bin):
+    server = serve(endpoint, samples=1000, epochs=0, ring=4)
+    try:
+        loader = batchcast.Loader(endpoint, batch_size=8, timeout=30)
+        next(iter(loader))
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        start = time.monotonic()
+        with pytest.raises(batchcast.ServerGoneError, match="gone"):
+            for _ in loader:
+                pass
+        assert time.monotonic() - start < 5
+        loader.close()
+    finally:
+        server.stop()
+        # A killed server cannot clean up (the next server on the machine would).
+        for path in (segment_of(endpoint), endpoint[len("ipc://"):]):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_ctrl_c_interrupts_a_blocked_next_quickly(endpoint, batchcast_bin, run_py):
+    # min_consumers=2 with one consumer: the stream never starts, next() blocks.
+    with serve(endpoint, min_consumers=2):
+        code = textwrap.dedent("""
+            import sys, time, batchcast
+            loader = batchcast.Loader(sys.argv[1], timeout=60)
+            print("ready", flush=True)
+            try:
+                next(iter(loader))
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+                loader.close()
+        """)
+        p = run_py(code, endpoint)
+        assert p.stdout.readline().strip() == b"ready"
+        time.sleep(0.3)
+        start = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        assert p.stdout.readline().strip() == b"interrupted"
+        assert time.monotonic() - start < 0.5
+        assert p.wait(10) == 0
+
+
+def test_timeout_and_bad_arguments(endpoint):
+    with pytest.raises(batchcast.TimeoutError, match="no batchcast server answered"):
+        batchcast.Loader(endpoint, timeout=0.3)
+    with pytest.raises(ValueError, match="late_join"):
+        batchcast.Loader(endpoint, late_join="later", timeout=0.3)
+    assert issubclass(batchcast.TimeoutError, TimeoutError)
+    assert issubclass(batchcast.ServerGoneError, batchcast.BatchcastError)
+    assert issubclass(batchcast.BatchcastError, RuntimeError)
