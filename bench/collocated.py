@@ -75,7 +75,7 @@ def trainer_cmd(args: argparse.Namespace, mode: str, model: str, extra: List[str
     return [sys.executable, os.path.join(HERE, "trainer.py"), "--mode", mode, "--data", args.data,
             "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
             "--steps", str(args.steps), "--model", model, "--classes", str(args.classes),
-            "--device", args.device, *extra]
+            "--device", args.device, "--warmup", str(args.warmup), *extra]
 
 
 def run_trainers(cmds: List[List[str]]) -> List[Dict[str, Any]]:
@@ -193,12 +193,14 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per baseline trainer")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="steps per trainer before the throughput clock starts (CPU counts them)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--interval", type=float, default=0.5, help="metrics sampling interval (s)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: proves the bench runs (CI)")
     args = p.parse_args()
     if args.quick:
-        args.trainers, args.models, args.steps = "1,2", "small_cnn,none", 3
+        args.trainers, args.models, args.steps, args.warmup = "1,2", "small_cnn,none", 3, 1
         args.batch_size, args.image_size, args.workers = 8, 64, 1
         args.classes, args.per_class = 2, 12
         if args.data == "data/bench":
@@ -220,8 +222,12 @@ def main() -> None:
                          "throughput_ratio": ratio(shared["samples_per_s"], base["samples_per_s"]),
                          "cpu_ratio": ratio(shared["cpu_core_s_per_sample"], base["cpu_core_s_per_sample"])})
             r = rows[-1]
-            print(f"[bench] {tag}: {base['samples_per_s']:.0f} -> {shared['samples_per_s']:.0f} samples/s, "
-                  f"CPU/sample ratio {fmt(r['cpu_ratio'], '.3f')}", flush=True)
+            saved = None if r["cpu_ratio"] is None else 100 * (1 - r["cpu_ratio"])
+            print(f"[bench] {tag}: {n} trainer(s): {base['samples_per_s']:.0f} samples/s with their own "
+                  f"DataLoaders, {shared['samples_per_s']:.0f} with batchcast "
+                  f"(x{fmt(r['throughput_ratio'], '.2f')}); CPU per sample "
+                  f"{fmt(base['cpu_core_s_per_sample'], '.4f')} -> {fmt(shared['cpu_core_s_per_sample'], '.4f')} "
+                  f"core-s: {fmt(saved, '.0f')}% CPU saved", flush=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     table = markdown(rows, meta)

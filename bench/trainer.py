@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--model", default="small_cnn")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--warmup", type=int, default=0, help="steps before the throughput clock starts")
     p.add_argument("--metrics-dir")
     args = p.parse_args()
 
@@ -76,9 +77,12 @@ def main() -> None:
                                   timeout=300, name="trainer")
     steps, samples, wait = 0, 0, 0.0
     start = time.time()
-    while steps < args.steps:
+    total_steps = args.steps + args.warmup
+    while steps < total_steps:
         it = iter(loader)
-        while steps < args.steps:
+        while steps < total_steps:
+            if steps == args.warmup:  # steady state from here: worker start-up and prefill excluded
+                start, samples, wait = time.time(), 0, 0.0
             t0 = time.perf_counter()
             try:
                 images, labels = next(it)
