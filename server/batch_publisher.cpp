@@ -46,8 +46,8 @@ SlotLayout plan_batch(const std::vector<HostTensor>& tensors) {
       if (d < 0) throw Error("tensor '" + t.name + "' has a negative dimension");
     if (t.shape[0] != samples)
       throw Error("tensor '" + t.name + "' has " + std::to_string(t.shape[0]) +
-                  " samples but tensor '" + tensors[0].name + "' has " +
-                  std::to_string(samples) + "; dimension 0 is the sample dimension");
+                  " samples but tensor '" + tensors[0].name + "' has " + std::to_string(samples) +
+                  "; dimension 0 is the sample dimension");
     if (!is_contiguous(t))
       throw Error("tensor '" + t.name + "' is not C-contiguous; make it contiguous first");
     rows.push_back({t.name, t.dtype, std::vector<int64_t>(t.shape.begin() + 1, t.shape.end())});

@@ -223,8 +223,8 @@ void bind_consumer(py::module_& m) {
       .def_property_readonly("name", [](const DLPackTensor& t) { return t.view().name; })
       .def_property_readonly("dtype",
                              [](const DLPackTensor& t) { return dtype_name(t.view().dtype); })
-      .def_property_readonly("shape",
-                             [](const DLPackTensor& t) { return py::tuple(py::cast(t.view().shape)); })
+      .def_property_readonly(
+          "shape", [](const DLPackTensor& t) { return py::tuple(py::cast(t.view().shape)); })
       .def(
           "__dlpack__",
           [](const DLPackTensor& t, const py::object& stream, const py::kwargs&) {
@@ -264,25 +264,27 @@ void bind_consumer(py::module_& m) {
                                  dtypes[i] = py::str(dtype_name(b.tensors[i].dtype));
                                return dtypes;
                              })
-      .def("capsules",
-           [](const std::shared_ptr<Batch>& b, uintptr_t stream) {
-             b->use_on_stream(stream);  // CUDA batches: see __dlpack__; no-op for host memory
-             py::list out(b->tensors.size());
-             for (size_t i = 0; i < b->tensors.size(); ++i) out[i] = new_capsule(b, i);
-             return out;
-           },
-           py::arg("stream") = 0,
-           "One 'dltensor' PyCapsule per tensor (for torch.utils.dlpack.from_dlpack). CUDA "
-           "batches: `stream` (a cudaStream_t as int, 0 = legacy default, e.g. "
-           "torch.cuda.current_stream().cuda_stream) waits for the server's writes, and the slot "
-           "is released once it has finished with the tensors.")
-      .def("tensors",
-           [](const std::shared_ptr<Batch>& b) {
-             py::list out(b->tensors.size());
-             for (size_t i = 0; i < b->tensors.size(); ++i) out[i] = py::cast(DLPackTensor{b, i});
-             return out;
-           },
-           "One DLPack producer object per tensor (numpy.from_dlpack and friends).")
+      .def(
+          "capsules",
+          [](const std::shared_ptr<Batch>& b, uintptr_t stream) {
+            b->use_on_stream(stream);  // CUDA batches: see __dlpack__; no-op for host memory
+            py::list out(b->tensors.size());
+            for (size_t i = 0; i < b->tensors.size(); ++i) out[i] = new_capsule(b, i);
+            return out;
+          },
+          py::arg("stream") = 0,
+          "One 'dltensor' PyCapsule per tensor (for torch.utils.dlpack.from_dlpack). CUDA "
+          "batches: `stream` (a cudaStream_t as int, 0 = legacy default, e.g. "
+          "torch.cuda.current_stream().cuda_stream) waits for the server's writes, and the slot "
+          "is released once it has finished with the tensors.")
+      .def(
+          "tensors",
+          [](const std::shared_ptr<Batch>& b) {
+            py::list out(b->tensors.size());
+            for (size_t i = 0; i < b->tensors.size(); ++i) out[i] = py::cast(DLPackTensor{b, i});
+            return out;
+          },
+          "One DLPack producer object per tensor (numpy.from_dlpack and friends).")
       .def("__len__", [](const Batch& b) { return b.size; });
 
   py::class_<PyConsumer>(m, "Consumer", "Native consumer; use batchcast.Loader instead.")
@@ -309,8 +311,7 @@ void bind_consumer(py::module_& m) {
       .def("close", &PyConsumer::close)
       .def_property_readonly("closed", &PyConsumer::closed)
       .def_property_readonly("epoch", [](const PyConsumer& c) { return c.snapshot().epoch; })
-      .def_property_readonly("finished",
-                             [](const PyConsumer& c) { return c.snapshot().finished; })
+      .def_property_readonly("finished", [](const PyConsumer& c) { return c.snapshot().finished; })
       .def_property_readonly("batches_per_epoch",
                              [](const PyConsumer& c) { return c.snapshot().batches_per_epoch; })
       .def_property_readonly("batch_size",

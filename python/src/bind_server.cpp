@@ -64,14 +64,12 @@ class PyServer {
     auto batch = host_tensors(tensors);
     BatchPosition position{epoch, index_in_epoch, sample_start, epoch_samples, epoch_end};
     auto ok = std::make_shared<bool>(false);
-    worker_.run(
-        [core = core_, batch = std::move(batch), position, ok] {
-          *ok = publish_batch(*core, batch, position);
-        },
-        [this] {
-          core_->stop();  // a producer interrupted on a full ring stops serving
-          return true;    // and waits for the copy (the caller's tensors) to be done
-        });
+    worker_.run([core = core_, batch = std::move(batch), position,
+                 ok] { *ok = publish_batch(*core, batch, position); },
+                [this] {
+                  core_->stop();  // a producer interrupted on a full ring stops serving
+                  return true;    // and waits for the copy (the caller's tensors) to be done
+                });
     return *ok;
   }
 
@@ -174,8 +172,7 @@ void bind_server(py::module_& m) {
       .def("fail", [](PyServer& s, const std::string& msg) { s.core().fail(msg); })
       .def("wait_finished", &PyServer::wait_finished, py::arg("timeout") = -1.0)
       .def("stop", &PyServer::stop)
-      .def("set_epoch_samples",
-           [](PyServer& s, uint64_t n) { s.core().set_epoch_samples(n); })
+      .def("set_epoch_samples", [](PyServer& s, uint64_t n) { s.core().set_epoch_samples(n); })
       .def("stats", [](PyServer& s) { return stats_dict(s.core().stats()); })
       .def_property_readonly("consumers_now", [](PyServer& s) { return s.core().consumers_now(); })
       .def_property_readonly("consumers_ever",
