@@ -15,6 +15,9 @@
 #include "common/error.h"
 #include "common/process.h"
 #include "shm/slot_pool.h"
+#ifdef BATCHCAST_HAVE_CUDA
+#include "shm/cuda_pool.h"
+#endif
 
 namespace batchcast {
 
@@ -35,7 +38,18 @@ class Session : public std::enable_shared_from_this<Session> {
   void goodbye();
 
   const protocol::Welcome& welcome() const { return welcome_; }
-  const uint8_t* slot_data(uint32_t slot) const { return pool_->slot_data(slot); }
+  const uint8_t* slot_data(uint32_t slot) const {
+#ifdef BATCHCAST_HAVE_CUDA
+    if (arena_) return arena_->slot_data(slot);
+#endif
+    return pool_->slot_data(slot);
+  }
+#ifdef BATCHCAST_HAVE_CUDA
+  const ArenaMapping* arena() const { return arena_ ? &*arena_ : nullptr; }
+  cudaStream_t copy_stream() const { return copy_stream_.get(); }
+  // Queues `release`, sent by the I/O thread once every event in `after` has completed.
+  void post_release_after(protocol::Release release, std::vector<std::shared_ptr<CudaEvent>> after);
+#endif
   std::atomic<uint32_t> held{0};  // zero-copy batches alive
   std::atomic<uint64_t> samples{0};
   std::atomic<uint64_t> dropped{0};
@@ -54,6 +68,15 @@ class Session : public std::enable_shared_from_this<Session> {
   protocol::Welcome welcome_;
   bool server_local_ = false;
   std::optional<SlotPool> pool_;
+#ifdef BATCHCAST_HAVE_CUDA
+  std::optional<ArenaMapping> arena_;  // GPU pools: the server's arena and slot events
+  CudaStream copy_stream_;             // device-to-device batch copies
+  struct PendingRelease {
+    protocol::Release release;
+    std::vector<std::shared_ptr<CudaEvent>> after;
+  };
+  std::vector<PendingRelease> pending_;  // under mu_, taken by the I/O thread
+#endif
 
   std::mutex mu_;
   std::condition_variable ready_;
@@ -73,7 +96,36 @@ struct ChunkRef {
   std::shared_ptr<Session> session;
   BatchDescriptor desc;
   const uint8_t* base = nullptr;
+#ifdef BATCHCAST_HAVE_CUDA
+  // GPU pools: events recorded after the last device work that reads this chunk.
+  std::mutex mu;
+  std::vector<std::shared_ptr<CudaEvent>> readers_done;
+  void add_reader_done(std::shared_ptr<CudaEvent> e) {
+    std::lock_guard lk(mu);
+    readers_done.push_back(std::move(e));
+  }
+  ~ChunkRef() {
+    if (readers_done.empty()) {
+      session->post(protocol::Release{desc.seq, desc.slot});
+    } else {
+      session->post_release_after({desc.seq, desc.slot}, std::move(readers_done));
+    }
+  }
+#else
   ~ChunkRef() { session->post(protocol::Release{desc.seq, desc.slot}); }
+#endif
+};
+
+// What a batch of a GPU pool needs beyond its views (empty in CPU-only builds).
+struct Batch::DeviceState {
+#ifdef BATCHCAST_HAVE_CUDA
+  std::shared_ptr<Session> session;      // keeps the copy stream and the mapping alive
+  int device = 0;
+  std::vector<cudaEvent_t> ready;        // wait on these before reading
+  std::shared_ptr<CudaEvent> copy_done;  // copied batches: their ready event
+  std::optional<uintptr_t> stream;       // the user's stream (use_on_stream)
+  std::vector<void*> owned;              // copied batches: cudaMallocAsync'd buffers
+#endif
 };
 
 namespace {
@@ -125,13 +177,28 @@ Session::Session(const ConsumerOptions& options)
                          " s; start one with `batchcast serve --endpoint " + endpoint_ + "`");
   }
   server_local_ = welcome_.boot_id == host_boot_id();
-  if (welcome_.device != protocol::DeviceKind::kCpu)
-    throw Error("server at " + endpoint_ + " serves CUDA memory; this build has no CUDA support");
   if (!server_local_)
     throw Error("server at " + endpoint_ + " runs on another host; batchcast shares memory only "
                 "between processes of one machine");
   pool_.emplace(SlotPool::attach(welcome_.segment_name, welcome_.slot_count, welcome_.slot_bytes,
                                  welcome_.slots_offset));
+  if (welcome_.device != protocol::DeviceKind::kCpu) {
+#ifdef BATCHCAST_HAVE_CUDA
+    arena_.emplace(ArenaMapping::open(welcome_.cuda_device_uuid, welcome_.cuda_memory_handle,
+                                      welcome_.cuda_event_handles, welcome_.slot_bytes));
+    if (options.cuda_device >= 0 && options.cuda_device != arena_->device())
+      throw Error("server at " + endpoint_ + " shares its batches on cuda:" +
+                  std::to_string(arena_->device()) + " but this consumer asked for cuda:" +
+                  std::to_string(options.cuda_device) +
+                  "; batchcast hands out zero-copy tensors on the server's GPU only: use device "
+                  "cuda:" + std::to_string(arena_->device()) +
+                  " (and .to() yourself) or start one server per GPU");
+    CudaDeviceGuard guard(arena_->device());
+    copy_stream_ = CudaStream::create();
+#else
+    throw Error("server at " + endpoint_ + " serves CUDA memory; this build has no CUDA support");
+#endif
+  }
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   last_heard_ = monotonic_seconds();
   thread_ = std::thread([this] { loop(); });
@@ -158,6 +225,18 @@ void Session::post(protocol::Message message) {
 }
 
 void Session::goodbye() { post(protocol::Goodbye{}); }
+
+#ifdef BATCHCAST_HAVE_CUDA
+void Session::post_release_after(protocol::Release release,
+                                 std::vector<std::shared_ptr<CudaEvent>> after) {
+  {
+    std::lock_guard lk(mu_);
+    pending_.push_back({release, std::move(after)});
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
+}
+#endif
 
 std::optional<BatchDescriptor> Session::pop(double timeout_s, double* waited) {
   std::unique_lock lk(mu_);
@@ -220,8 +299,16 @@ void Session::loop() {
   double next_heartbeat = 0, next_check = 0;
   bool stopping = false;
   bool goodbye_sent = false;
+#ifdef BATCHCAST_HAVE_CUDA
+  std::vector<PendingRelease> waiting;  // releases whose readers' events have not completed
+  if (arena_) (void)cudaSetDevice(arena_->device());
+#endif
   while (!stopping) {
-    zmq::poll(items, 2, std::chrono::milliseconds(50));
+    int poll_ms = 50;
+#ifdef BATCHCAST_HAVE_CUDA
+    if (!waiting.empty()) poll_ms = 1;  // a release waits on the GPU: poll its events often
+#endif
+    zmq::poll(items, 2, std::chrono::milliseconds(poll_ms));
     if (items[1].revents & ZMQ_POLLIN) {
       uint64_t v;
       [[maybe_unused]] auto n = ::read(wake_fd_, &v, sizeof(v));
@@ -234,7 +321,31 @@ void Session::loop() {
       std::lock_guard lk(mu_);
       out.swap(outbox_);
       stopping = stopping_;
+#ifdef BATCHCAST_HAVE_CUDA
+      for (auto& p : pending_) waiting.push_back(std::move(p));
+      pending_.clear();
+#endif
     }
+#ifdef BATCHCAST_HAVE_CUDA
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      bool done = true;
+      for (const auto& e : it->after) {
+        // Stopping: the session is going away, so wait (this is the last chance to release).
+        cudaError_t st = stopping ? cudaEventSynchronize(e->get()) : cudaEventQuery(e->get());
+        if (st == cudaErrorNotReady) {
+          done = false;
+          break;
+        }
+        if (st != cudaSuccess) (void)cudaGetLastError();  // a failed context: release anyway
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      out.push_back(it->release);
+      it = waiting.erase(it);
+    }
+#endif
     if (now >= next_heartbeat) {
       out.push_back(protocol::Heartbeat{samples.load(), wait_s.load()});
       next_heartbeat = now + welcome_.heartbeat_interval_s;
@@ -263,7 +374,39 @@ void Session::loop() {
 }
 
 Batch::~Batch() {
+#ifdef BATCHCAST_HAVE_CUDA
+  if (device_) {
+    try {
+      CudaDeviceGuard guard(device_->device);
+      // Never used on a stream: the only device work on it is our own copy.
+      cudaStream_t s = device_->stream ? reinterpret_cast<cudaStream_t>(*device_->stream)
+                                       : device_->session->copy_stream();
+      if (device_->stream && !chunks_.empty()) {
+        auto done = std::make_shared<CudaEvent>(CudaEvent::create(/*interprocess=*/false));
+        cuda_check(cudaEventRecord(done->get(), s), "recording a batch's release event");
+        for (auto& c : chunks_) c->add_reader_done(done);
+      }
+      for (void* p : device_->owned) (void)cudaFreeAsync(p, s);
+    } catch (const std::exception& e) {
+      spdlog::warn("releasing a CUDA batch: {}", e.what());
+    }
+  }
+#endif
   if (session_) session_->held--;
+}
+
+void Batch::use_on_stream(uintptr_t stream) {
+#ifdef BATCHCAST_HAVE_CUDA
+  if (!device_) return;
+  CudaDeviceGuard guard(device_->device);
+  auto s = reinterpret_cast<cudaStream_t>(stream);
+  for (cudaEvent_t e : device_->ready)
+    cuda_check(cudaStreamWaitEvent(s, e, 0), "making stream " + std::to_string(stream) +
+                                                 " wait for the server's batch");
+  device_->stream = stream;
+#else
+  (void)stream;
+#endif
 }
 
 Consumer::Consumer(ConsumerOptions options)
@@ -427,6 +570,14 @@ std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
   batch->sample_start = first.chunk->desc.sample_start + first.start;
   batch->size = total;
   bool zero_copy = pieces.list.size() == 1 && session_->held.load() < options_.max_held;
+#ifdef BATCHCAST_HAVE_CUDA
+  const ArenaMapping* arena = session_->arena();
+  if (arena) {
+    batch->device_ = std::make_unique<Batch::DeviceState>();
+    batch->device_->session = session_;
+    batch->device_->device = arena->device();
+  }
+#endif
   if (zero_copy) {
     session_->held++;
     batch->session_ = session_;
@@ -436,12 +587,24 @@ std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
       v.shape[0] = total;
       v.data = const_cast<uint8_t*>(first.chunk->base + t.offset +
                                     first.start * t.strides[0] * dtype_size(t.dtype));
+#ifdef BATCHCAST_HAVE_CUDA
+      if (arena) {
+        v.device = protocol::DeviceKind::kCuda;
+        v.device_index = static_cast<uint32_t>(arena->device());
+      }
+#endif
       batch->tensors.push_back(std::move(v));
     }
+#ifdef BATCHCAST_HAVE_CUDA
+    if (arena) batch->device_->ready.push_back(arena->slot_event(first.chunk->desc.slot));
+#endif
     return batch;
   }
   batch->copied = true;
   stats_.copies++;
+#ifdef BATCHCAST_HAVE_CUDA
+  if (arena) return assemble_on_device(pieces, total, std::move(batch));
+#endif
   for (size_t ti = 0; ti < first.chunk->desc.tensors.size(); ++ti) {
     const auto& t = first.chunk->desc.tensors[ti];
     TensorView v{t.name, t.dtype, t.shape, {}, nullptr};
@@ -467,5 +630,56 @@ std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
   }
   return batch;
 }
+
+#ifdef BATCHCAST_HAVE_CUDA
+std::shared_ptr<Batch> Consumer::assemble_on_device(Pieces& pieces, uint32_t total,
+                                                    std::shared_ptr<Batch> batch) {
+  const ArenaMapping& arena = *session_->arena();
+  CudaDeviceGuard guard(arena.device());
+  cudaStream_t cs = session_->copy_stream();
+  for (const auto& p : pieces.list)
+    cuda_check(cudaStreamWaitEvent(cs, arena.slot_event(p.chunk->desc.slot), 0),
+               "waiting for the server's chunk " + std::to_string(p.chunk->desc.seq));
+  const auto& first = pieces.list.front();
+  for (size_t ti = 0; ti < first.chunk->desc.tensors.size(); ++ti) {
+    const auto& t = first.chunk->desc.tensors[ti];
+    TensorView v{t.name, t.dtype, t.shape, {}, nullptr};
+    v.shape[0] = total;
+    v.strides.assign(v.shape.size(), 1);
+    for (size_t i = v.shape.size() - 1; i-- > 0;) v.strides[i] = v.strides[i + 1] * v.shape[i + 1];
+    v.device = protocol::DeviceKind::kCuda;
+    v.device_index = static_cast<uint32_t>(arena.device());
+    size_t row_bytes = static_cast<size_t>(v.strides[0]) * dtype_size(t.dtype);
+    void* buffer = nullptr;
+    cuda_check(cudaMallocAsync(&buffer, std::max<size_t>(row_bytes * total, 1), cs),
+               "allocating a " + std::to_string(row_bytes * total) +
+                   "-byte batch copy on the GPU (free GPU memory or hold fewer batches)");
+    batch->device_->owned.push_back(buffer);
+    size_t row = 0;
+    for (const auto& p : pieces.list) {
+      const auto& pt = p.chunk->desc.tensors.at(ti);
+      if (pt.dtype != t.dtype || pt.shape.size() != t.shape.size() ||
+          !std::equal(pt.shape.begin() + 1, pt.shape.end(), t.shape.begin() + 1) ||
+          pt.strides != v.strides)
+        throw Error("chunks " + std::to_string(first.chunk->desc.seq) + " and " +
+                    std::to_string(p.chunk->desc.seq) + " disagree on tensor '" + t.name +
+                    "' (shape, dtype or layout); use the producer's batch size to avoid mixing them");
+      const uint8_t* src = p.chunk->base + pt.offset + p.start * row_bytes;
+      cuda_check(cudaMemcpyAsync(static_cast<uint8_t*>(buffer) + row * row_bytes, src,
+                                 p.count * row_bytes, cudaMemcpyDeviceToDevice, cs),
+                 "copying tensor '" + t.name + "' of a batch on the GPU");
+      row += p.count;
+    }
+    v.data = buffer;
+    batch->tensors.push_back(std::move(v));
+  }
+  auto done = std::make_shared<CudaEvent>(CudaEvent::create(/*interprocess=*/false));
+  cuda_check(cudaEventRecord(done->get(), cs), "recording a batch copy's event");
+  for (const auto& p : pieces.list) p.chunk->add_reader_done(done);
+  batch->device_->copy_done = done;
+  batch->device_->ready.push_back(done->get());
+  return batch;
+}
+#endif
 
 }  // namespace batchcast

@@ -15,6 +15,16 @@
 // when the server dies (pid check on one host, heartbeats otherwise), TimeoutError when no data
 // comes within timeout_s, and Error with the server's message when the stream failed.
 // Thread-safety: one thread at a time may call next(); Batches may be destroyed on any thread.
+//
+// GPU pools (server --device cuda:K, CUDA builds): the server's arena and its per-slot events are
+// opened once at the welcome, on the GPU with the server's UUID; tensors are device pointers
+// (TensorView::device == kCuda). Before work on a stream reads a batch, Batch::use_on_stream()
+// makes that stream wait for the producer's event (no host blocking, no device-wide sync). When
+// the batch is destroyed an event is recorded on that stream and the slot's Release is sent by
+// the I/O thread only once the event has completed, so no slot is rewritten while a kernel still
+// reads it. Copies (batches spanning chunks, or beyond max_held) are device-to-device on the
+// session's own stream. A consumer on another GPU than the server's gets a clear Error (no peer
+// copy): options.cuda_device must be the server's GPU or -1.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +48,9 @@ struct ConsumerOptions {
   uint32_t max_held = 2;
   protocol::LateJoin late_join = protocol::LateJoin::kReplay;
   std::string name;          // shown in the server's log and metrics
+  // GPU pools: the CUDA device (this process's index) the consumer computes on; -1: the
+  // server's. Any other GPU is refused with an Error naming the server's.
+  int cuda_device = -1;
 };
 
 // One tensor of a batch: a strided view (element strides) of memory owned by its Batch.
@@ -66,12 +79,21 @@ class Batch {
   bool copied = false;
   std::vector<TensorView> tensors;
 
+  // CUDA batches: work enqueued on `stream` from now on waits (on the device) until the server
+  // has written this batch; the slot is released only after the work enqueued on the stream of
+  // the last call, up to the batch's destruction, has completed. `stream` is a cudaStream_t as
+  // an integer: 0 or 1 = the legacy default stream, 2 = the per-thread default stream. Call it
+  // before reading the tensors on the device. No-op for host batches.
+  void use_on_stream(uintptr_t stream);
+
  private:
   friend class Consumer;
   Batch() = default;
   std::vector<std::shared_ptr<ChunkRef>> chunks_;   // zero-copy: the chunk it views
   std::vector<std::unique_ptr<uint8_t[]>> owned_;  // copies
   std::shared_ptr<Session> session_;               // counts it against max_held
+  struct DeviceState;                              // CUDA batches only (consumer.cpp)
+  std::unique_ptr<DeviceState> device_;
 };
 
 struct ConsumerStats {
@@ -107,6 +129,10 @@ class Consumer {
  private:
   std::shared_ptr<ChunkRef> pop_chunk();
   std::shared_ptr<Batch> assemble(struct Pieces& pieces, uint32_t total);
+#ifdef BATCHCAST_HAVE_CUDA
+  std::shared_ptr<Batch> assemble_on_device(Pieces& pieces, uint32_t total,
+                                            std::shared_ptr<Batch> batch);
+#endif
 
   ConsumerOptions options_;
   std::shared_ptr<Session> session_;

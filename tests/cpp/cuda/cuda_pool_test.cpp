@@ -1,0 +1,87 @@
+// shm/cuda_pool.h: "no GPU" is a value, RAII owners move, the arena exports what consumers need.
+// Tests that need a device skip themselves ("no CUDA device: ...") where there is none.
+#include "shm/cuda_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/error.h"
+
+namespace batchcast {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU"
+
+TEST(CudaPool, DeviceCountIsAValueNeverAnError) { EXPECT_GE(cuda_device_count(), 0); }
+
+TEST(CudaPool, WithoutGpuArenaCreationFailsClearly) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
+  try {
+    DeviceArena::create(0, 2, 4096);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaPool, DeviceIndexOutOfRangeNamesTheRange) {
+  REQUIRE_GPU();
+  int n = cuda_device_count();
+  try {
+    require_cuda_device(n);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA_VISIBLE_DEVICES"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaPool, ArenaExportsMemoryAndOneEventPerSlot) {
+  REQUIRE_GPU();
+  auto arena = DeviceArena::create(0, 3, 1 << 20);
+  EXPECT_EQ(arena.slot_count(), 3u);
+  EXPECT_EQ(arena.event_handles().size(), 3u);
+  EXPECT_EQ(arena.slot_data(2) - arena.slot_data(0), 2 << 20);
+  IpcHandleBytes zero{};
+  EXPECT_NE(arena.memory_handle(), zero);
+  EXPECT_EQ(cuda_device_by_uuid(arena.device_uuid()), 0);
+  // The slots are real device memory.
+  std::vector<uint8_t> in(1 << 20, 7), out(1 << 20, 0);
+  cuda_check(cudaMemcpy(arena.slot_data(1), in.data(), in.size(), cudaMemcpyHostToDevice), "up");
+  cuda_check(cudaMemcpy(out.data(), arena.slot_data(1), out.size(), cudaMemcpyDeviceToHost), "down");
+  EXPECT_EQ(in, out);
+  // A never-recorded event counts as complete (the producer relies on it for fresh slots).
+  EXPECT_EQ(cudaEventQuery(arena.slot_event(0)), cudaSuccess);
+}
+
+TEST(CudaPool, OwnersMoveTheirHandles) {
+  REQUIRE_GPU();
+  auto pinned = PinnedBuffer::allocate(4096);
+  uint8_t* p = pinned.data();
+  PinnedBuffer moved = std::move(pinned);
+  EXPECT_EQ(pinned.data(), nullptr);
+  EXPECT_EQ(moved.data(), p);
+  auto device = DeviceBuffer::allocate(4096);
+  DeviceBuffer other;
+  other = std::move(device);
+  EXPECT_EQ(device.data(), nullptr);
+  EXPECT_NE(other.data(), nullptr);
+  auto stream = CudaStream::create();
+  CudaStream s2 = std::move(stream);
+  EXPECT_EQ(stream.get(), nullptr);
+  auto e = CudaEvent::create(true);
+  EXPECT_NO_THROW(e.ipc_handle());
+}
+
+TEST(CudaPool, DeviceGuardRestoresTheCurrentDevice) {
+  REQUIRE_GPU();
+  cuda_check(cudaSetDevice(0), "cudaSetDevice");
+  { CudaDeviceGuard g(cuda_device_count() - 1); }
+  int d = -1;
+  cuda_check(cudaGetDevice(&d), "cudaGetDevice");
+  EXPECT_EQ(d, 0);
+}
+
+}  // namespace
+}  // namespace batchcast
