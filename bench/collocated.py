@@ -186,9 +186,9 @@ def main() -> None:
     p.add_argument("--data", default="data/bench")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--per-class", type=int, default=50)
-    p.add_argument("--trainers", default="1,2,4,8", help="comma-separated N values")
-    p.add_argument("--models", default="small_cnn,none",
-                   help="models to train (torchvision names, small_cnn, or none = data only)")
+    p.add_argument("--trainers", help="comma-separated N values (default 1,2,4,8; quick: 1,2)")
+    p.add_argument("--models", help="models to train: torchvision names, small_cnn, or none = data "
+                                    "only (default small_cnn,none)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
@@ -200,11 +200,14 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes: proves the bench runs (CI)")
     args = p.parse_args()
     if args.quick:
-        args.trainers, args.models, args.steps, args.warmup = "1,2", "small_cnn,none", 3, 1
+        args.trainers = args.trainers or "1,2"
+        args.steps, args.warmup = 3, 1
         args.batch_size, args.image_size, args.workers = 8, 64, 1
         args.classes, args.per_class = 2, 12
         if args.data == "data/bench":
             args.data = os.path.join(args.out, "data")
+    args.trainers = args.trainers or "1,2,4,8"
+    args.models = args.models or "small_cnn,none"
     os.makedirs(args.out, exist_ok=True)
     ensure_dataset(args)
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu_name(),
