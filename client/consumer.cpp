@@ -224,7 +224,10 @@ void Session::post(protocol::Message message) {
   [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
 }
 
-void Session::goodbye() { post(protocol::Goodbye{}); }
+void Session::goodbye() {
+  post(protocol::Heartbeat{samples.load(), wait_s.load()});  // final counters for the metrics
+  post(protocol::Goodbye{});
+}
 
 #ifdef BATCHCAST_HAVE_CUDA
 void Session::post_release_after(protocol::Release release,
@@ -430,8 +433,7 @@ void Consumer::close() {
 const protocol::Welcome& Consumer::welcome() const { return session_->welcome(); }
 
 std::optional<uint64_t> Consumer::batches_per_epoch() const {
-  uint64_t n = session_ ? session_->welcome().epoch_samples : 0;
-  if (cur_ && cur_->desc.epoch_samples) n = cur_->desc.epoch_samples;
+  uint64_t n = epoch_samples_ ? epoch_samples_ : session_ ? session_->welcome().epoch_samples : 0;
   if (n == 0) return std::nullopt;
   return options_.drop_last ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
 }
@@ -507,6 +509,7 @@ std::shared_ptr<Batch> Consumer::next() {
       }
       have_expected_ = true;
       expected_position_ = d.stream_position + d.sample_count;
+      if (d.epoch_samples) epoch_samples_ = d.epoch_samples;  // learnt once a producer knows it
       cur_ = std::move(next);
       pos_ = 0;
     }

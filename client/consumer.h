@@ -146,6 +146,7 @@ class Consumer {
   uint64_t epoch_ = 0;
   bool have_expected_ = false;
   uint64_t expected_position_ = 0;
+  uint64_t epoch_samples_ = 0;  // last epoch length a descriptor announced
   ConsumerStats stats_;
 };
 

@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <memory>
 #include <thread>
 
@@ -183,30 +182,22 @@ int serve(const ServeArgs& a) {
     core.stop();
   });
 
-  // Consumers that have left stay listed while their process lives, so their CPU is counted.
-  std::map<uint64_t, MetricsSnapshot::Process> seen;
   std::unique_ptr<MetricsCollector> collector;
   if (!a.metrics_dir.empty()) {
     CollectorOptions co;
     co.dir = a.metrics_dir;
     co.interval_s = a.metrics_interval;
-    collector = std::make_unique<MetricsCollector>(co, [&core, &seen] {
+    collector = std::make_unique<MetricsCollector>(co, [&core] {
       auto s = core.stats();
       MetricsSnapshot snap;
       snap.producer_blocked_s = s.producer_blocked_s;
       snap.ring_used = s.ring_occupied;
       snap.ring_size = s.ring_slots;
       snap.processes.push_back({"server", "server", ::getpid(), 0, 0});
+      // Consumers that left stay listed while their process lives, so their CPU is counted.
       for (const auto& c : s.consumers)
-        seen[c.id] = {"consumer", std::to_string(c.id), c.pid, c.samples, c.wait_s};
-      for (auto it = seen.begin(); it != seen.end();) {
-        if (!process_alive(it->second.pid)) {
-          it = seen.erase(it);
-          continue;
-        }
-        snap.processes.push_back(it->second);
-        ++it;
-      }
+        if (c.attached || process_alive(c.pid))
+          snap.processes.push_back({"consumer", std::to_string(c.id), c.pid, c.samples, c.wait_s});
       return snap;
     });
     collector->start();

@@ -249,7 +249,8 @@ ServerStats ServerCore::stats() const {
   s.consumers_ever = consumers_.ever();
   s.ring_occupied = ring_.occupied();
   for (const auto& [id, c] : consumers_.all())
-    s.consumers.push_back({id, c.pid, c.name, c.samples, c.wait_s});
+    s.consumers.push_back({id, c.pid, c.name, c.samples, c.wait_s, true});
+  s.consumers.insert(s.consumers.end(), departed_.begin(), departed_.end());
   return s;
 }
 
@@ -476,6 +477,8 @@ void ServerCore::drop_consumer(uint64_t id, const char* why) {
   auto& c = consumers_.all().at(id);
   size_t held = ring_.release_all(id);
   spdlog::info("consumer {} (pid {}) {}; released {} slot reference(s)", id, c.pid, why, held);
+  if (departed_.size() >= 1000) departed_.erase(departed_.begin());
+  departed_.push_back({id, c.pid, c.name, c.samples, c.wait_s, false});
   consumers_.erase(id);
 }
 

@@ -110,8 +110,9 @@ struct ServerStats {
     std::string name;
     uint64_t samples;
     double wait_s;
+    bool attached;  // false: it left or died (kept so metrics can still count its CPU)
   };
-  std::vector<Consumer> consumers;
+  std::vector<Consumer> consumers;  // every consumer of this server, the last 1000 departed ones
 };
 
 class ServerCore {
@@ -186,6 +187,7 @@ class ServerCore {
   std::string failure_;
   std::atomic<bool> stopping_{false};
   ServerStats counters_;
+  std::vector<ServerStats::Consumer> departed_;
   std::thread loop_thread_;
 };
 

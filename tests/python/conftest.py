@@ -1,8 +1,8 @@
 """Shared fixtures of the Python tests of the batchcast package (Loader, Producer, DataLoader).
 
 - ``endpoint``: a unique ipc endpoint per test.
-- ``batchcast_bin``: the built ``batchcast`` program ($BATCHCAST_BUILD_DIR, default
-  /work/main/build, then server/batchcast); tests that need it skip when it is missing.
+- ``batchcast_bin``: the built ``batchcast`` program ($BATCHCAST_BUILD_DIR, default build/ of
+  this checkout, then server/batchcast); a missing program fails the test (never a silent skip).
 - ``run_py``: runs a Python snippet in a subprocess with the package importable.
 - autouse ``no_leaks``: after each test, no batchcast.<uid>.* segment (nor ipc socket file)
   of the test's endpoints is left, and no batchcast process it started is still alive.
@@ -21,7 +21,8 @@ from typing import Iterator, List
 import pytest
 
 PYTHON_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
-BUILD_DIR = os.environ.get("BATCHCAST_BUILD_DIR", "/work/main/build")
+BUILD_DIR = os.environ.get(
+    "BATCHCAST_BUILD_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "build")))
 
 
 _WATCHED: List[str] = []  # endpoints used by the current test
@@ -98,7 +99,7 @@ def endpoint() -> str:
 def batchcast_bin() -> str:
     path = os.path.join(BUILD_DIR, "server", "batchcast")
     if not os.access(path, os.X_OK):
-        pytest.skip(f"{path} not built (bash scripts/setup.sh, or set BATCHCAST_BUILD_DIR)")
+        pytest.fail(f"{path} not built (bash scripts/setup.sh, or set BATCHCAST_BUILD_DIR)")
     os.environ["BATCHCAST_BIN"] = path  # batchcast.serve() finds the same binary
     return path
 
