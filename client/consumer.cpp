@@ -176,8 +176,8 @@ Session::Session(const ConsumerOptions& options)
                          std::to_string(static_cast<int>(options.timeout_s)) +
                          " s; start one with `batchcast serve --endpoint " + endpoint_ + "`");
   }
-  server_local_ = welcome_.boot_id == host_boot_id();
-  if (!server_local_)
+  server_local_ = welcome_.boot_id == host_boot_id();  // its pid can be checked
+  if (!same_host(welcome_.boot_id, host_boot_id()))
     throw Error("server at " + endpoint_ + " runs on another host; batchcast shares memory only "
                 "between processes of one machine");
   pool_.emplace(SlotPool::attach(welcome_.segment_name, welcome_.slot_count, welcome_.slot_bytes,

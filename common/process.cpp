@@ -1,6 +1,7 @@
 #include "common/process.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <fstream>
@@ -26,7 +27,14 @@ std::string host_boot_id() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string id;
   std::getline(f, id);
+  struct stat ns {};
+  if (::stat("/proc/self/ns/pid", &ns) == 0) id += "/" + std::to_string(ns.st_ino);
   return id;
+}
+
+bool same_host(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  return a.substr(0, a.find('/')) == b.substr(0, b.find('/'));
 }
 
 }  // namespace batchcast
