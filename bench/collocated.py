@@ -193,8 +193,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per baseline trainer")
-    p.add_argument("--warmup", type=int, default=5,
-                   help="steps per trainer before the throughput clock starts (CPU counts them)")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="steps per trainer before the throughput clock starts (>= the ring, so the server's prefill does not count; CPU counts every step)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--interval", type=float, default=0.5, help="metrics sampling interval (s)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: proves the bench runs (CI)")
