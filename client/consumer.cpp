@@ -470,7 +470,19 @@ struct Pieces {
     uint32_t count;
   };
   std::vector<Piece> list;
+  // Host pools: a batch spanning chunks is copied piece by piece as its chunks arrive (staged),
+  // so it holds one chunk at a time. Holding every piece until the batch was complete
+  // deadlocked the ring once a batch spanned more chunks than the pool has slots (e.g. batch
+  // 250 over chunks of 32 in 8 slots): the producer waited for a slot, the consumer for a chunk.
+  std::optional<protocol::BatchDescriptor> first;  // the first piece's chunk
+  uint32_t first_start = 0;
+  std::vector<std::unique_ptr<uint8_t[]>> staged;  // one per tensor, batch_size rows
+  uint32_t staged_rows = 0;
 };
+
+namespace {
+void stage_pieces(Pieces& pieces, uint32_t capacity);
+}  // namespace
 
 std::shared_ptr<Batch> Consumer::next() {
   if (!session_) throw Error("consumer is closed");
@@ -517,6 +529,13 @@ std::shared_ptr<Batch> Consumer::next() {
     pieces.list.push_back({cur_, pos_, k});
     pos_ += k;
     total += k;
+#ifdef BATCHCAST_HAVE_CUDA
+    bool host_pool = session_->arena() == nullptr;  // device pools copy on the GPU at the end
+#else
+    bool host_pool = true;
+#endif
+    if (host_pool && pieces.list.size() + (pieces.first ? 1 : 0) >= 2)
+      stage_pieces(pieces, batch_size_);
   }
   if (epoch_over) {
     epoch_open_ = false;
@@ -564,9 +583,64 @@ void copy_rows(const uint8_t* base, const protocol::TensorSpec& t, uint32_t star
   }
 }
 
+// Copies the pieces gathered so far into the staging buffers and drops their chunk references.
+void stage_pieces(Pieces& pieces, uint32_t capacity) {
+  for (auto& p : pieces.list) {
+    if (!pieces.first) {
+      pieces.first = p.chunk->desc;
+      pieces.first_start = p.start;
+      for (const auto& t : p.chunk->desc.tensors) {
+        size_t row_elems = 1;
+        for (size_t i = 1; i < t.shape.size(); ++i) row_elems *= static_cast<size_t>(t.shape[i]);
+        pieces.staged.push_back(
+            std::make_unique<uint8_t[]>(std::max<size_t>(row_elems * dtype_size(t.dtype) * capacity, 1)));
+      }
+    }
+    const auto& first = *pieces.first;
+    if (p.chunk->desc.tensors.size() != first.tensors.size())
+      throw Error("chunks " + std::to_string(first.seq) + " and " + std::to_string(p.chunk->desc.seq) +
+                  " disagree on their tensors; use the producer's batch size to avoid mixing them");
+    for (size_t ti = 0; ti < first.tensors.size(); ++ti) {
+      const auto& t = first.tensors[ti];
+      const auto& pt = p.chunk->desc.tensors[ti];
+      if (pt.dtype != t.dtype || pt.shape.size() != t.shape.size() ||
+          !std::equal(pt.shape.begin() + 1, pt.shape.end(), t.shape.begin() + 1))
+        throw Error("chunks " + std::to_string(first.seq) + " and " +
+                    std::to_string(p.chunk->desc.seq) + " disagree on tensor '" + t.name +
+                    "' (shape or dtype); use the producer's batch size to avoid mixing them");
+      size_t row_elems = 1;
+      for (size_t i = 1; i < t.shape.size(); ++i) row_elems *= static_cast<size_t>(t.shape[i]);
+      copy_rows(p.chunk->base, pt, p.start, p.count,
+                pieces.staged[ti].get() + pieces.staged_rows * row_elems * dtype_size(t.dtype));
+    }
+    pieces.staged_rows += p.count;
+  }
+  pieces.list.clear();
+}
+
 }  // namespace
 
 std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
+  if (pieces.first) {  // staged (host pools): copy what is left, then hand the buffers over
+    stage_pieces(pieces, batch_size_);
+    std::shared_ptr<Batch> batch(new Batch());
+    batch->epoch = pieces.first->epoch;
+    batch->sample_start = pieces.first->sample_start + pieces.first_start;
+    batch->size = total;
+    batch->copied = true;
+    stats_.copies++;
+    for (size_t ti = 0; ti < pieces.first->tensors.size(); ++ti) {
+      const auto& t = pieces.first->tensors[ti];
+      TensorView v{t.name, t.dtype, t.shape, {}, nullptr};
+      v.shape[0] = total;
+      v.strides.assign(v.shape.size(), 1);
+      for (size_t i = v.shape.size() - 1; i-- > 0;) v.strides[i] = v.strides[i + 1] * v.shape[i + 1];
+      v.data = pieces.staged[ti].get();
+      batch->owned_.push_back(std::move(pieces.staged[ti]));
+      batch->tensors.push_back(std::move(v));
+    }
+    return batch;
+  }
   std::shared_ptr<Batch> batch(new Batch());
   const auto& first = pieces.list.front();
   batch->epoch = first.chunk->desc.epoch;
