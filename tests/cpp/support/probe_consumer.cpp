@@ -5,6 +5,9 @@
 //   E <epoch>            (epoch end)
 //   S <batches> <samples> <skipped> <copies>   (at the end)
 // Exit code 0 on success, 3 on a byte mismatch, 4 on an error (message on stderr).
+// Hardening options (tests/cpp/hardening): --verify-delay-ms holds each batch that long before
+// checking its bytes (so a slot reused while held is caught), --leave-after leaves mid-stream
+// (Goodbye, exit 0), --no-verify serves image datasets (the label tensor holds class ids).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,8 +22,9 @@ int main(int argc, char** argv) {
   using namespace batchcast;
   ConsumerOptions o;
   uint64_t epochs = 0, max_batches = 0;
-  int sleep_ms = 0;
-  bool hold_all = false, next_epoch = false;
+  int sleep_ms = 0, verify_delay_ms = 0;
+  uint64_t leave_after = 0;
+  bool hold_all = false, next_epoch = false, no_verify = false;
   CLI::App app{"probe consumer"};
   app.add_option("--endpoint", o.endpoint)->required();
   app.add_option("--batch-size", o.batch_size);
@@ -32,6 +36,9 @@ int main(int argc, char** argv) {
   app.add_flag("--drop-last", o.drop_last);
   app.add_flag("--hold-all", hold_all, "keep every batch alive until the end");
   app.add_flag("--next-epoch", next_epoch, "late_join=next_epoch");
+  app.add_option("--verify-delay-ms", verify_delay_ms, "hold each batch this long, then check it");
+  app.add_option("--leave-after", leave_after, "leave (Goodbye, exit 0) after this many batches");
+  app.add_flag("--no-verify", no_verify, "do not check bytes (image data); print labels as indices");
   CLI11_PARSE(app, argc, argv);
   if (next_epoch) o.late_join = protocol::LateJoin::kNextEpoch;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -52,6 +59,8 @@ int main(int argc, char** argv) {
       const auto& data = b->tensors.at(0);
       const auto& label = b->tensors.at(1);
       uint64_t row = data.shape.size() > 1 ? data.shape[1] : 0;
+      if (no_verify) row = 0;
+      if (verify_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(verify_delay_ms));
       uint64_t hash = 1469598103934665603ull;
       std::string idx;
       for (uint32_t i = 0; i < b->size; ++i) {
@@ -72,7 +81,9 @@ int main(int argc, char** argv) {
                   idx.c_str(), static_cast<unsigned long long>(hash));
       if (hold_all) held.push_back(b);
       if (sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-      if (max_batches && ++batches >= max_batches) {
+      ++batches;
+      if (leave_after && batches >= leave_after) break;
+      if (max_batches && batches >= max_batches) {
         std::printf("P paused\n");
         while (true) ::pause();
       }
