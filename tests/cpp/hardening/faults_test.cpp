@@ -1,0 +1,144 @@
+// Fault injection with real processes:
+// - the server dies (SIGKILL) or is stopped (SIGTERM) while consumers wait in next(): each gets
+//   ServerGoneError ("is gone") within the heartbeat timeout, never hangs; a new server on the
+//   same endpoint removes the stale segment and serves new consumers; /dev/shm ends clean.
+// - image data changes under a running server (`batchcast serve --data DIR`): a file deleted or
+//   truncated mid-epoch. --on-error raise: the consumer's error names the file. --on-error skip:
+//   the stream completes with whole epochs (the gap filled from the next sample), and the
+//   server logs the skip count (once per epoch that read the bad file) and names the file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "shm/slot_pool.h"
+#include "tests/cpp/hardening/hardening.h"
+
+namespace batchcast::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> serve_args(const std::string& ep, std::vector<std::string> extra) {
+  std::vector<std::string> a = {batchcast_bin(), "serve", "--endpoint", ep, "--status-interval", "0"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+TEST(Faults, ServerRestartWhileConsumersWait) {
+  for (int sig : {SIGKILL, SIGTERM}) {
+    SCOPED_TRACE(sig == SIGKILL ? "SIGKILL" : "SIGTERM");
+    auto ep = unique_endpoint("restart");
+    const std::string segment = segment_name_for(ep);
+    {
+      // min-consumers 3 and only 2 come: both wait in next() for a stream that never starts.
+      ChildProcess server(serve_args(ep, {"--synthetic", "1000", "--sample-bytes", "32",
+                                          "--epochs", "1", "--min-consumers", "3"}));
+      ASSERT_TRUE(server.wait_for_err("serving on", 20)) << server.err();
+      ChildProcess a({probe_bin(), "--endpoint", ep, "--timeout", "60"});
+      ChildProcess b({probe_bin(), "--endpoint", ep, "--timeout", "60", "--batch-size", "7"});
+      ASSERT_TRUE(server.wait_for_err("consumer 2 attached", 20)) << server.err();
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      server.signal(sig);
+      double t0 = now_s();
+      for (auto* p : {&a, &b}) {
+        EXPECT_EQ(p->wait(10), 4) << "a waiting consumer must fail, not hang: " << p->err();
+        EXPECT_NE(p->err().find("is gone"), std::string::npos) << p->err();
+      }
+      EXPECT_LT(now_s() - t0, 3.5) << "consumers noticed the dead server too late";
+      server.wait(10);
+    }
+    EXPECT_EQ(file_exists("/dev/shm/" + segment), sig == SIGKILL)
+        << "SIGKILL leaves the segment (the next server removes it); SIGTERM removes it";
+    ChildProcess again(serve_args(ep, {"--synthetic", "300", "--sample-bytes", "32", "--epochs", "1"}));
+    ChildProcess c({probe_bin(), "--endpoint", ep, "--timeout", "30", "--batch-size", "10"});
+    ASSERT_EQ(c.wait(30), 0) << c.err() << again.err();
+    auto run = parse_probe(c);
+    EXPECT_EQ(run.ended_epochs.size(), 1u);
+    EXPECT_EQ(check_epochs(run, 300), "");
+    EXPECT_EQ(again.wait(10), 0) << again.err();
+    if (sig == SIGKILL) {
+      EXPECT_NE(again.err().find("stale"), std::string::npos) << again.err();
+    }
+    EXPECT_FALSE(file_exists("/dev/shm/" + segment));
+    EXPECT_FALSE(file_exists(ipc_path(ep)));
+  }
+}
+
+class ImageFaults : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  static void SetUpTestSuite() {
+    source_ = "/tmp/bchard-ds-" + std::to_string(::getpid());
+    fs::remove_all(source_);
+    ChildProcess make({batchcast_bin(), "make-dataset", "--out", source_, "--classes", "2",
+                       "--per-class", "20"});
+    ASSERT_EQ(make.wait(120), 0) << make.err();
+  }
+  static void TearDownTestSuite() { fs::remove_all(source_); }
+  static std::string source_;
+};
+std::string ImageFaults::source_;
+
+// 40 images, no shuffle, chunks of 4, ring of 3: the producer is at most 12 samples ahead of a
+// consumer that sleeps 150 ms per batch, so class_001 (samples 20..39) is not read yet when the
+// consumer has its first batch; the fault hits epoch 0 (and again epoch 1 for a deleted file).
+TEST_P(ImageFaults, FileDeletedOrTruncatedMidEpoch) {
+  const auto& [fault, on_error] = GetParam();
+  std::string dir = source_ + "-" + fault + "-" + on_error;
+  fs::remove_all(dir);
+  fs::copy(source_, dir, fs::copy_options::recursive);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "class_001")) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 20u);
+  const fs::path victim = files[10];
+
+  auto ep = unique_endpoint("imgfault");
+  ChildProcess server(serve_args(ep, {"--data", dir, "--batch-size", "4", "--image-size", "32",
+                                      "--output", "uint8", "--epochs", "2", "--ring", "3",
+                                      "--workers", "1", "--no-shuffle", "--on-error", on_error}));
+  ChildProcess probe({probe_bin(), "--endpoint", ep, "--timeout", "30", "--no-verify",
+                      "--batch-size", "4", "--sleep-ms", "150"});
+  ASSERT_TRUE(probe.wait_for_lines("B", 1, 30)) << probe.err() << server.err();
+  if (fault == "delete") {
+    fs::remove(victim);
+  } else {
+    fs::resize_file(victim, fs::file_size(victim) / 2);
+  }
+  int rc = probe.wait(60);
+  int server_rc = server.wait(20);
+  auto run = parse_probe(probe);
+  if (on_error == "raise") {
+    EXPECT_EQ(rc, 4) << "the consumer must get the stream's error";
+    EXPECT_NE(probe.err().find(victim.filename().string()), std::string::npos)
+        << "the error must name the bad file: " << probe.err();
+    EXPECT_NE(server_rc, -1) << "the server must exit after a failed stream";
+  } else {
+    EXPECT_EQ(rc, 0) << probe.err();
+    EXPECT_EQ(server_rc, 0) << server.err();
+    EXPECT_EQ(run.ended_epochs.size(), 2u);
+    std::smatch m;
+    std::string log = server.err();
+    ASSERT_TRUE(std::regex_search(log, m, std::regex("(\\d+) bad samples skipped"))) << log;
+    uint64_t skipped = std::stoull(m[1]);
+    EXPECT_EQ(skipped, 2u) << "the victim is read once per epoch";
+    uint64_t samples = 0;
+    for (const auto& b : run.batches) samples += b.size;
+    // DESIGN: a skipped sample's place is filled from the next sample; epochs keep their length.
+    EXPECT_EQ(samples, 2u * 40u) << "the stream must still deliver every epoch whole";
+    EXPECT_NE(log.find(victim.filename().string()), std::string::npos) << "the skip names the file";
+  }
+  EXPECT_FALSE(file_exists("/dev/shm/" + segment_name_for(ep)));
+  EXPECT_FALSE(file_exists(ipc_path(ep)));
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Hardening, ImageFaults,
+                         ::testing::Combine(::testing::Values("delete", "truncate"),
+                                            ::testing::Values("raise", "skip")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+
+}  // namespace
+}  // namespace batchcast::testing
