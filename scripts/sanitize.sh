@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sanitizer builds of the C++ test suite (no Python module, no benchmarks):
+#   build-asan/  BATCHCAST_SANITIZE=address,undefined   ctest without the soak
+#   build-tsan/  BATCHCAST_SANITIZE=thread              ctest without the soak and decoders
+# Any sanitizer report fails the run (halt_on_error / exitcode). Usage:
+#   scripts/sanitize.sh [asan|tsan|all]   (default all); CTEST_ARGS adds ctest arguments.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHAT=${1:-all}
+JOBS=${JOBS:-$(nproc)}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+
+build() {  # build <dir> <sanitizers>
+  cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBATCHCAST_SANITIZE="$2" \
+    -DBATCHCAST_PYTHON=OFF -DBATCHCAST_BENCH=OFF -DBATCHCAST_CUDA=OFF >/dev/null
+  cmake --build "$1" -j"$JOBS"
+}
+
+if [[ $WHAT == asan || $WHAT == all ]]; then
+  echo "== ASan+UBSan (build-asan)"
+  build build-asan address,undefined
+  (cd build-asan && ctest --output-on-failure --timeout 300 -j"$JOBS" -LE soak ${CTEST_ARGS:-})
+fi
+if [[ $WHAT == tsan || $WHAT == all ]]; then
+  echo "== TSan (build-tsan)"
+  build build-tsan thread
+  # decoders (single-threaded image code, slow under TSan) are covered by the ASan run.
+  (cd build-tsan && ctest --output-on-failure --timeout 300 -j"$JOBS" -LE "soak|decoders" ${CTEST_ARGS:-})
+fi
