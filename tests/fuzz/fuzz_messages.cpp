@@ -46,7 +46,8 @@ bool oracle_inside(const BatchDescriptor& d, uint32_t slot_count, uint64_t slot_
       if (t.shape[i] < 0 || t.strides[i] < 0) return false;
       if (empty) continue;
       U term;
-      if (__builtin_mul_overflow(static_cast<U>(t.shape[i] - 1), static_cast<U>(t.strides[i]), &term))
+      if (__builtin_mul_overflow(static_cast<U>(t.shape[i] - 1), static_cast<U>(t.strides[i]),
+                                 &term))
         return false;
       if (__builtin_add_overflow(last, term, &last)) return false;
     }

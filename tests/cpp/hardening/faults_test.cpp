@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::vector<std::string> serve_args(const std::string& ep, std::vector<std::string> extra) {
-  std::vector<std::string> a = {batchcast_bin(), "serve", "--endpoint", ep, "--status-interval", "0"};
+  std::vector<std::string> a = {batchcast_bin(),     "serve", "--endpoint", ep,
+                                "--status-interval", "0"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -32,8 +33,8 @@ TEST(Faults, ServerRestartWhileConsumersWait) {
     const std::string segment = segment_name_for(ep);
     {
       // min-consumers 3 and only 2 come: both wait in next() for a stream that never starts.
-      ChildProcess server(serve_args(ep, {"--synthetic", "1000", "--sample-bytes", "32",
-                                          "--epochs", "1", "--min-consumers", "3"}));
+      ChildProcess server(serve_args(ep, {"--synthetic", "1000", "--sample-bytes", "32", "--epochs",
+                                          "1", "--min-consumers", "3"}));
       ASSERT_TRUE(server.wait_for_err("serving on", 20)) << server.err();
       ChildProcess a({probe_bin(), "--endpoint", ep, "--timeout", "60"});
       ChildProcess b({probe_bin(), "--endpoint", ep, "--timeout", "60", "--batch-size", "7"});
@@ -50,7 +51,8 @@ TEST(Faults, ServerRestartWhileConsumersWait) {
     }
     EXPECT_EQ(file_exists("/dev/shm/" + segment), sig == SIGKILL)
         << "SIGKILL leaves the segment (the next server removes it); SIGTERM removes it";
-    ChildProcess again(serve_args(ep, {"--synthetic", "300", "--sample-bytes", "32", "--epochs", "1"}));
+    ChildProcess again(
+        serve_args(ep, {"--synthetic", "300", "--sample-bytes", "32", "--epochs", "1"}));
     ChildProcess c({probe_bin(), "--endpoint", ep, "--timeout", "30", "--batch-size", "10"});
     ASSERT_EQ(c.wait(30), 0) << c.err() << again.err();
     auto run = parse_probe(c);
@@ -70,8 +72,8 @@ class ImageFaults : public ::testing::TestWithParam<std::tuple<std::string, std:
   static void SetUpTestSuite() {
     source_ = "/tmp/bchard-ds-" + std::to_string(::getpid());
     fs::remove_all(source_);
-    ChildProcess make({batchcast_bin(), "make-dataset", "--out", source_, "--classes", "2",
-                       "--per-class", "20"});
+    ChildProcess make(
+        {batchcast_bin(), "make-dataset", "--out", source_, "--classes", "2", "--per-class", "20"});
     ASSERT_EQ(make.wait(120), 0) << make.err();
   }
   static void TearDownTestSuite() { fs::remove_all(source_); }
@@ -88,7 +90,8 @@ TEST_P(ImageFaults, FileDeletedOrTruncatedMidEpoch) {
   fs::remove_all(dir);
   fs::copy(source_, dir, fs::copy_options::recursive);
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(fs::path(dir) / "class_001")) files.push_back(e.path());
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "class_001"))
+    files.push_back(e.path());
   std::sort(files.begin(), files.end());
   ASSERT_EQ(files.size(), 20u);
   const fs::path victim = files[10];

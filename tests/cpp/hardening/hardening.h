@@ -29,7 +29,8 @@ struct ProbeRun {
   bool finished = false;  // the S line was printed
   std::map<uint64_t, std::vector<int64_t>> per_epoch() const {
     std::map<uint64_t, std::vector<int64_t>> m;
-    for (const auto& b : batches) m[b.epoch].insert(m[b.epoch].end(), b.indices.begin(), b.indices.end());
+    for (const auto& b : batches)
+      m[b.epoch].insert(m[b.epoch].end(), b.indices.begin(), b.indices.end());
     return m;
   }
 };
@@ -72,14 +73,19 @@ inline std::string check_epochs(const ProbeRun& run, int64_t n, bool drop_last =
   for (const auto& [e, order] : epochs) {
     std::set<int64_t> seen;
     for (auto i : order) {
-      if (i < 0 || i >= n) return "epoch " + std::to_string(e) + ": sample " + std::to_string(i) + " outside the dataset";
-      if (!seen.insert(i).second) return "epoch " + std::to_string(e) + ": sample " + std::to_string(i) + " twice";
+      if (i < 0 || i >= n)
+        return "epoch " + std::to_string(e) + ": sample " + std::to_string(i) +
+               " outside the dataset";
+      if (!seen.insert(i).second)
+        return "epoch " + std::to_string(e) + ": sample " + std::to_string(i) + " twice";
     }
     if (first) first_ended = run.ended_epochs.count(e) > 0;
     if (run.ended_epochs.count(e)) {
       uint64_t expect = drop_last && batch ? (n / batch) * batch : n;
       if (seen.size() != expect) {
-        if (!first) return "epoch " + std::to_string(e) + " ended with " + std::to_string(seen.size()) + " of " + std::to_string(expect) + " samples";
+        if (!first)
+          return "epoch " + std::to_string(e) + " ended with " + std::to_string(seen.size()) +
+                 " of " + std::to_string(expect) + " samples";
         missing_in_first = expect - seen.size();
       }
     }
@@ -87,7 +93,8 @@ inline std::string check_epochs(const ProbeRun& run, int64_t n, bool drop_last =
   }
   // The skip count covers the partial first epoch (wait policy: nothing else is ever skipped).
   if (run.finished && first_ended && run.skipped != missing_in_first && !drop_last)
-    return "consumer reported " + std::to_string(run.skipped) + " skipped samples, its first epoch missed " + std::to_string(missing_in_first);
+    return "consumer reported " + std::to_string(run.skipped) +
+           " skipped samples, its first epoch missed " + std::to_string(missing_in_first);
   return "";
 }
 
@@ -122,7 +129,8 @@ inline std::vector<pid_t> zombies_of(const std::set<pid_t>& parents) {
       std::istringstream rest(stat.substr(close + 2));
       char state;
       pid_t ppid;
-      if (rest >> state >> ppid && state == 'Z' && parents.count(ppid)) z.push_back(std::stoi(e->d_name));
+      if (rest >> state >> ppid && state == 'Z' && parents.count(ppid))
+        z.push_back(std::stoi(e->d_name));
     }
     ::closedir(d);
   }

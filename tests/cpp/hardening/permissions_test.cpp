@@ -6,14 +6,14 @@
 //   and a peer that never said hello, cannot make the server reuse a slot under real consumers:
 //   probe consumers hold each batch a while and then verify every byte.
 // The other-user test needs root (setuid); it skips itself otherwise.
-#include <gtest/gtest.h>
 #include <grp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <netinet/in.h>
 
 #include <cstring>
 #include <zmq.hpp>
@@ -27,7 +27,8 @@ namespace batchcast::testing {
 namespace {
 
 std::vector<std::string> serve_args(const std::string& ep, std::vector<std::string> extra) {
-  std::vector<std::string> a = {batchcast_bin(), "serve", "--endpoint", ep, "--status-interval", "0"};
+  std::vector<std::string> a = {batchcast_bin(),     "serve", "--endpoint", ep,
+                                "--status-interval", "0"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -35,7 +36,8 @@ std::vector<std::string> serve_args(const std::string& ep, std::vector<std::stri
 TEST(Permissions, AnotherUserCanNeitherMapThePoolNorTalkToTheServer) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch to another user";
   auto ep = unique_endpoint("perm");
-  ChildProcess server(serve_args(ep, {"--synthetic", "500", "--sample-bytes", "32", "--epochs", "1"}));
+  ChildProcess server(
+      serve_args(ep, {"--synthetic", "500", "--sample-bytes", "32", "--epochs", "1"}));
   ASSERT_TRUE(server.wait_for_err("serving on", 20)) << server.err();
   const std::string segment = segment_name_for(ep), sock = ipc_path(ep);
   struct stat st {};
@@ -96,7 +98,8 @@ std::string listening_address(int port) {
     std::istringstream in(line);
     std::string sl, local, remote, state;
     in >> sl >> local >> remote >> state;
-    if (state == "0A" && local.substr(local.find(':') + 1) == want) return local.substr(0, local.find(':'));
+    if (state == "0A" && local.substr(local.find(':') + 1) == want)
+      return local.substr(0, local.find(':'));
   }
   return "";
 }
@@ -136,7 +139,8 @@ TEST(Permissions, TcpBindsLoopbackUnlessListenAll) {
 // A hostile consumer: says hello, takes chunks and releases them (so it never stalls the ring),
 // but also releases each twice and spams releases for every slot around the current seq.
 // A second socket that never said hello spams the same. Stops at End.
-void forge(const std::string& ep, uint32_t slots, std::atomic<uint64_t>* forged, std::atomic<bool>* stop) {
+void forge(const std::string& ep, uint32_t slots, std::atomic<uint64_t>* forged,
+           std::atomic<bool>* stop) {
   zmq::context_t ctx;
   zmq::socket_t evil(ctx, zmq::socket_type::dealer), stranger(ctx, zmq::socket_type::dealer);
   for (auto* s : {&evil, &stranger}) {
@@ -183,16 +187,18 @@ void forge(const std::string& ep, uint32_t slots, std::atomic<uint64_t>* forged,
 TEST(Permissions, ForgedAndDoubleReleasesNeverCorruptOtherConsumers) {
   auto ep = unique_endpoint("forge");
   const int64_t n = 3000;
-  ChildProcess server(serve_args(ep, {"--synthetic", std::to_string(n), "--sample-bytes", "256",
-                                      "--batch-size", "32", "--ring", "4", "--epochs", "2",
-                                      "--min-consumers", "3"}));
+  ChildProcess server(
+      serve_args(ep, {"--synthetic", std::to_string(n), "--sample-bytes", "256", "--batch-size",
+                      "32", "--ring", "4", "--epochs", "2", "--min-consumers", "3"}));
   ASSERT_TRUE(server.wait_for_err("serving on", 20)) << server.err();
   std::atomic<uint64_t> forged{0};
   std::atomic<bool> stop{false};
   std::thread forger(forge, ep, 4, &forged, &stop);
   // Zero-copy views held 2 ms before checking, and copied batches spanning chunks.
-  ChildProcess a({probe_bin(), "--endpoint", ep, "--timeout", "30", "--batch-size", "32", "--verify-delay-ms", "2"});
-  ChildProcess b({probe_bin(), "--endpoint", ep, "--timeout", "30", "--batch-size", "50", "--verify-delay-ms", "1"});
+  ChildProcess a({probe_bin(), "--endpoint", ep, "--timeout", "30", "--batch-size", "32",
+                  "--verify-delay-ms", "2"});
+  ChildProcess b({probe_bin(), "--endpoint", ep, "--timeout", "30", "--batch-size", "50",
+                  "--verify-delay-ms", "1"});
   int ra = a.wait(120), rb = b.wait(120);
   stop = true;
   forger.join();
@@ -205,7 +211,8 @@ TEST(Permissions, ForgedAndDoubleReleasesNeverCorruptOtherConsumers) {
   }
   EXPECT_GT(forged.load(), 1000u);
   EXPECT_NE(server.err().find("that it does not hold"), std::string::npos)
-      << "the server never refused a forged release: did the forger reach it?\n" << server.err();
+      << "the server never refused a forged release: did the forger reach it?\n"
+      << server.err();
   EXPECT_EQ(server.wait(10), 0) << server.err();
   EXPECT_FALSE(file_exists("/dev/shm/" + segment_name_for(ep)));
 }

@@ -46,7 +46,9 @@ TEST(Soak, ChurningConsumersNeverSeeWrongDataAndNothingLeaks) {
             << " (replay: BATCHCAST_SOAK_SEED=" << seed << ")" << std::endl;
   RecordProperty("seed", std::to_string(seed));
   std::mt19937_64 rng(seed);
-  auto uniform = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
+  auto uniform = [&](double a, double b) {
+    return std::uniform_real_distribution<double>(a, b)(rng);
+  };
   auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
 
   const int64_t n = 3000;
@@ -67,7 +69,8 @@ TEST(Soak, ChurningConsumersNeverSeeWrongDataAndNothingLeaks) {
     int rc = p.proc->wait(0.01);
     auto run = parse_probe(*p.proc);
     if (!p.killed && rc != 0)
-      failures.push_back("probe " + p.args + " exited " + std::to_string(rc) + ": " + p.proc->err());
+      failures.push_back("probe " + p.args + " exited " + std::to_string(rc) + ": " +
+                         p.proc->err());
     if (rc == 3) failures.push_back("probe " + p.args + " saw a wrong byte: " + p.proc->err());
     auto why = check_epochs(run, n, p.drop_last, p.batch);
     if (!why.empty()) failures.push_back("probe " + p.args + ": " + why);
@@ -77,12 +80,21 @@ TEST(Soak, ChurningConsumersNeverSeeWrongDataAndNothingLeaks) {
   auto spawn = [&] {
     Probe p;
     p.batch = std::vector<uint64_t>{1, 7, 32, 33, 64, 100, 250}[pick(0, 6)];
-    std::vector<std::string> args = {probe_bin(), "--endpoint", ep, "--timeout", "30",
-                                     "--batch-size", std::to_string(p.batch), "--epochs",
-                                     std::to_string(pick(1, 3)), "--max-held", std::to_string(pick(1, 3))};
+    std::vector<std::string> args = {probe_bin(),
+                                     "--endpoint",
+                                     ep,
+                                     "--timeout",
+                                     "30",
+                                     "--batch-size",
+                                     std::to_string(p.batch),
+                                     "--epochs",
+                                     std::to_string(pick(1, 3)),
+                                     "--max-held",
+                                     std::to_string(pick(1, 3))};
     if (p.batch >= 32) {  // small batches get no sleeps: an epoch must stay within seconds
       args.insert(args.end(), {"--sleep-ms", std::to_string(pick(0, 4))});
-      if (pick(0, 4) == 0) args.insert(args.end(), {"--verify-delay-ms", std::to_string(pick(1, 3))});
+      if (pick(0, 4) == 0)
+        args.insert(args.end(), {"--verify-delay-ms", std::to_string(pick(1, 3))});
     }
     if (pick(0, 4) == 0) args.push_back("--next-epoch");
     if (pick(0, 6) == 0) {
@@ -164,8 +176,8 @@ TEST(Soak, ChurningConsumersNeverSeeWrongDataAndNothingLeaks) {
   server.signal(SIGTERM);
   EXPECT_EQ(server.wait(15), 0) << "server did not shut down cleanly: " << server.err();
   std::cout << "soak: " << counts.spawned << " consumers spawned, " << counts.finished
-            << " finished, " << counts.killed << " SIGKILLed, " << counts.stopped
-            << " SIGSTOPped, " << counts.left << " left early; " << counts.whole_epochs
+            << " finished, " << counts.killed << " SIGKILLed, " << counts.stopped << " SIGSTOPped, "
+            << counts.left << " left early; " << counts.whole_epochs
             << " consumer-epochs checked whole; server RSS " << rss_early << " kB early, "
             << rss_late << " kB late (max " << rss_max << "), fds " << fds_early << " -> "
             << fds_late << std::endl;
@@ -180,9 +192,11 @@ TEST(Soak, ChurningConsumersNeverSeeWrongDataAndNothingLeaks) {
   EXPECT_GT(counts.killed, 0);
   ASSERT_GT(rss_early, 0);
   EXPECT_LT(rss_late, rss_early * 3 / 2 + 32 * 1024)
-      << "server RSS grew from " << rss_early << " kB to " << rss_late << " kB (seed " << seed << ")";
+      << "server RSS grew from " << rss_early << " kB to " << rss_late << " kB (seed " << seed
+      << ")";
   EXPECT_LE(fds_late, fds_early + 16) << "server fds grew (seed " << seed << ")";
-  EXPECT_TRUE(zombies.empty()) << zombies.size() << " zombie process(es), e.g. pid " << zombies.front();
+  EXPECT_TRUE(zombies.empty()) << zombies.size() << " zombie process(es), e.g. pid "
+                               << zombies.front();
   EXPECT_FALSE(file_exists("/dev/shm/" + segment)) << "leaked segment " << segment;
   EXPECT_FALSE(file_exists(ipc_path(ep))) << "leaked ipc socket file " << ipc_path(ep);
 }
