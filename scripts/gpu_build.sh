@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds batchcast with CUDA on a GPU node that has no apt and no network (e.g. the device
 # machine): unpacks the packages of scripts/make_gpu_bundle.sh (.bundle/debs) into
-# .bundle/prefix, configures build-gpu/ with CUDA on against that prefix, and builds. The Python
+# .bundle/prefix, configures build-gpu/ with CUDA on against that prefix, and builds (the bundle's
+# jconfig.h goes first on the include path: the node's own libjpeg8 headers must not mix with the
+# bundle's libjpeg62). The Python
 # module uses Debian's pybind11 CMake files with the newer pybind11 headers torch ships (Debian's
 # 2.10 headers predate Python 3.12). Prints the LD_LIBRARY_PATH to run with, also written to
 # build-gpu/gpu_env.sh (source it). Idempotent; BUILD_DIR and BATCHCAST_CMAKE_ARGS
@@ -45,8 +47,13 @@ export CUDACXX=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 cmake -S . -B "$BUILD_DIR" -DBATCHCAST_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_LIBRARY_PATH="$LIB" \
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$LIB" -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$LIB" \
+  -DCMAKE_CXX_FLAGS="-isystem $PREFIX/usr/include/x86_64-linux-gnu" \
   -Dpybind11_DIR="$PREFIX/usr/lib/cmake/pybind11" -DPython_EXECUTABLE="$(command -v python3)" \
   ${BATCHCAST_CMAKE_ARGS:-}
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+# -k: the decoders' tests need OpenCV imgcodecs, which the bundle leaves out (its dependencies
+# are large); everything else still builds, and the exit status says whether all did.
+status=0
+cmake --build "$BUILD_DIR" -j"$(nproc)" -- -k || status=$?
 echo "gpu_build: built $BUILD_DIR. Run with: export LD_LIBRARY_PATH=$LIB:\$LD_LIBRARY_PATH" \
   "(or: source $BUILD_DIR/gpu_env.sh)"
+exit $status

@@ -1,0 +1,281 @@
+// cuda_bench: the GPU pool's numbers (issue 5), printed as Markdown rows for bench/RESULTS.md.
+//   1. host-to-device GB/s: plain pinned cudaMemcpyAsync versus the pool path (CudaStage::upload:
+//      pinned staging -> device slot, raw and with the uint8 -> float32 normalisation);
+//   2. publish-to-tensor latency p50/p99: an in-process ServerCore on cuda:0 publishes paced
+//      chunks whose label holds the CLOCK_MONOTONIC time the CPU finished the chunk; a consumer
+//      process (this program, --consumer) stops the clock once its stream has the batch;
+//   3. JPEG decode images/s: nvJPEG (batched) versus the CPU decoder (TurboJPEG) on one core.
+// Needs a GPU; exits 0 with a message without one.
+#include <time.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/consumer.h"
+#include "common/error.h"
+#include "decoders/jpeg_decode.h"
+#include "server/cuda_stage.h"
+#include "server/server_core.h"
+#include "shm/cuda_pool.h"
+#ifdef BATCHCAST_HAVE_NVJPEG
+#include "decoders/nvjpeg_decode.h"
+#endif
+
+namespace batchcast {
+namespace {
+
+int64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000ll + t.tv_nsec;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const int kImage = 224;
+const uint32_t kBatch = 64;
+
+std::vector<SampleTensor> image_tensors() {
+  return {{"#0", DType::kUInt8, {kImage, kImage, 3}}, {"#1", DType::kInt64, {}}};
+}
+
+void bandwidth() {
+  const size_t bytes = 256u << 20;
+  auto host = PinnedBuffer::allocate(bytes);
+  auto dev = DeviceBuffer::allocate(bytes);
+  std::memset(host.data(), 1, bytes);
+  auto stream = CudaStream::create();
+  auto timed = [&](int reps, auto&& body) {
+    body();
+    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) body();
+    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
+    return seconds_since(t0);
+  };
+  double s = timed(20, [&] {
+    cuda_check(cudaMemcpyAsync(dev.data(), host.data(), bytes, cudaMemcpyHostToDevice, stream.get()),
+               "memcpy");
+  });
+  std::printf("| plain pinned cudaMemcpyAsync, 256 MiB | %.1f GB/s |\n", 20.0 * bytes / s / 1e9);
+
+  for (bool normalise : {false, true}) {
+    std::vector<TensorConversion> conv(2);
+    if (normalise) conv[0].normalize = OutputType::kFloat32;
+    auto staged = image_tensors();
+    uint64_t slot_bytes =
+        (SlotLayout::plan(CudaStage::converted(staged, conv), kBatch).bytes + 4095) / 4096 * 4096;
+    auto arena = DeviceArena::create(0, 4, slot_bytes);
+    CudaStage stage(arena, staged, conv, kBatch);
+    uint64_t staged_bytes = SlotLayout::plan(staged, kBatch).bytes;
+    const int chunks = 200;
+    auto run = [&](int n) {
+      for (int i = 0; i < n; ++i) {
+        uint32_t slot = static_cast<uint32_t>(i % 4);
+        stage.staging(slot);
+        stage.upload(FillLease{static_cast<uint64_t>(i), slot, arena.slot_data(slot), slot_bytes},
+                     kBatch);
+      }
+      for (uint32_t slot = 0; slot < 4; ++slot)
+        cuda_check(cudaEventSynchronize(arena.slot_event(slot)), "sync");
+    };
+    run(8);
+    auto t0 = std::chrono::steady_clock::now();
+    run(chunks);
+    double secs = seconds_since(t0);
+    std::printf("| pool path (CudaStage::upload, %u x 224x224x3 uint8 chunks%s) | %.1f GB/s of "
+                "staged bytes, %.0f images/s |\n",
+                kBatch, normalise ? " -> float32 NCHW normalised" : ", copied as is",
+                chunks * staged_bytes / secs / 1e9, chunks * kBatch / secs);
+  }
+}
+
+int consumer_main(const std::string& endpoint) {
+  ConsumerOptions o;
+  o.endpoint = endpoint;
+  Consumer consumer(o);
+  cuda_check(cudaSetDevice(static_cast<int>(consumer.welcome().device_index)), "cudaSetDevice");
+  auto stream = CudaStream::create();
+  auto stamp = PinnedBuffer::allocate(8);
+  std::vector<double> us;
+  while (!consumer.finished()) {
+    auto b = consumer.next();
+    if (!b) continue;
+    b->use_on_stream(reinterpret_cast<uintptr_t>(stream.get()));
+    cuda_check(cudaMemcpyAsync(stamp.data(), b->tensors[1].data, 8, cudaMemcpyDeviceToHost,
+                               stream.get()),
+               "stamp");
+    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
+    int64_t t0;
+    std::memcpy(&t0, stamp.data(), 8);
+    us.push_back((now_ns() - t0) / 1e3);
+  }
+  std::sort(us.begin(), us.end());
+  auto pct = [&](double p) { return us[std::min(us.size() - 1, size_t(p * us.size()))]; };
+  std::printf("%zu %.0f %.0f\n", us.size(), pct(0.5), pct(0.99));
+  return 0;
+}
+
+void latency(const char* self, bool normalise) {
+  std::vector<TensorConversion> conv(2);
+  if (normalise) conv[0].normalize = OutputType::kFloat32;
+  auto staged = image_tensors();
+  auto slot_tensors = CudaStage::converted(staged, conv);
+  auto staged_layout = SlotLayout::plan(staged, kBatch);
+  auto slot_layout = SlotLayout::plan(slot_tensors, kBatch);
+  const uint32_t chunks = 1000;
+  ServerOptions so;
+  so.endpoint = "ipc:///tmp/bc-cuda-bench-" + std::to_string(::getpid()) + ".sock";
+  so.ring_slots = 4;
+  so.slot_bytes = slot_layout.bytes;
+  so.batch_size = kBatch;
+  so.epoch_samples = uint64_t{chunks} * kBatch;
+  so.epochs = 1;
+  so.device = protocol::DeviceKind::kCuda;
+  ServerCore core(so);
+  CudaStage stage(*core.device_arena(), staged, conv, kBatch);
+  std::string ep = core.endpoint();
+  int pipe_fd[2];
+  if (::pipe(pipe_fd) != 0) throw Error("pipe");
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::dup2(pipe_fd[1], 1);
+    ::execl("/proc/self/exe", self, "--consumer", ep.c_str(), nullptr);
+    ::_exit(127);
+  }
+  ::close(pipe_fd[1]);
+  for (uint32_t c = 0; c < chunks; ++c) {
+    auto lease = core.acquire();
+    if (!lease) break;
+    uint8_t* staging = stage.staging(lease->slot);
+    ChunkInfo info;
+    info.index_in_epoch = c;
+    info.sample_start = uint64_t{c} * kBatch;
+    info.sample_count = kBatch;
+    info.epoch_samples = uint64_t{chunks} * kBatch;
+    info.epoch_end = c + 1 == chunks;
+    for (size_t t = 0; t < slot_tensors.size(); ++t) {
+      protocol::TensorSpec spec;
+      spec.name = slot_tensors[t].name;
+      spec.dtype = slot_tensors[t].dtype;
+      spec.shape = {kBatch};
+      spec.shape.insert(spec.shape.end(), slot_tensors[t].shape.begin(), slot_tensors[t].shape.end());
+      spec.strides.assign(spec.shape.size(), 1);
+      for (size_t i = spec.shape.size() - 1; i-- > 0;)
+        spec.strides[i] = spec.strides[i + 1] * spec.shape[i + 1];
+      spec.offset = slot_layout.offsets[t];
+      info.tensors.push_back(spec);
+    }
+    int64_t t0 = now_ns();  // the chunk is decoded: the clock starts
+    std::memcpy(staging + staged_layout.offsets[1], &t0, 8);
+    stage.upload(*lease, kBatch);
+    core.publish(*lease, std::move(info));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // paced: no queueing
+  }
+  core.finish();
+  char buf[256] = {0};
+  ssize_t n = ::read(pipe_fd[0], buf, sizeof(buf) - 1);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  core.wait_finished(10);
+  unsigned long count = 0;
+  double p50 = 0, p99 = 0;
+  if (n <= 0 || std::sscanf(buf, "%lu %lf %lf", &count, &p50, &p99) != 3)
+    throw Error("latency consumer failed (status " + std::to_string(status) + ")");
+  std::printf("| publish-to-tensor latency, %u x 224x224x3 uint8%s, %lu chunks | p50 %.0f us, "
+              "p99 %.0f us |\n",
+              kBatch, normalise ? " -> float32" : "", count, p50, p99);
+}
+
+// A 1024x768 photo-like JPEG (smooth gradients plus noise), quality 90, 4:2:0.
+std::vector<uint8_t> make_jpeg() {
+  const int w = 1024, h = 768;
+  std::vector<uint8_t> rgb(w * h * 3);
+  uint32_t r = 12345;
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) {
+        r = r * 1664525u + 1013904223u;
+        rgb[(y * w + x) * 3 + c] = static_cast<uint8_t>((x * (c + 1) / 5 + y / 4 + (r >> 28)) & 255);
+      }
+  tjhandle tj = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  tjCompress2(tj, rgb.data(), w, 0, h, TJPF_RGB, &out, &size, TJSAMP_420, 90, 0);
+  std::vector<uint8_t> jpeg(out, out + size);
+  tjFree(out);
+  tjDestroy(tj);
+  return jpeg;
+}
+
+void decode() {
+  auto jpeg = make_jpeg();
+  const int reps = 300;
+  decode_jpeg_full_turbo(jpeg.data(), jpeg.size(), "bench.jpg", ScalingFactor{});
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i)
+    decode_jpeg_full_turbo(jpeg.data(), jpeg.size(), "bench.jpg", ScalingFactor{});
+  double cpu = reps / seconds_since(t0);
+  std::printf("| CPU decoder (TurboJPEG full decode, 1024x768 q90 4:2:0), 1 core | %.0f images/s |\n",
+              cpu);
+#ifdef BATCHCAST_HAVE_NVJPEG
+  NvjpegDecoder dec(0);
+  auto stream = CudaStream::create();
+  for (int batch : {1, 32, 128}) {
+    std::vector<JpegBytes> in(batch, JpegBytes{jpeg.data(), jpeg.size(), "bench.jpg"});
+    std::vector<DeviceBuffer> bufs;
+    std::vector<uint8_t*> outs;
+    for (int i = 0; i < batch; ++i) {
+      bufs.push_back(DeviceBuffer::allocate(1024 * 768 * 3));
+      outs.push_back(bufs.back().data());
+    }
+    dec.decode_batch(in, outs, stream.get());
+    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
+    int rounds = std::max(2, 1200 / batch);
+    auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) dec.decode_batch(in, outs, stream.get());
+    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
+    double gpu = rounds * batch / seconds_since(t1);
+    std::printf("| nvJPEG (%s backend), batch %d | %.0f images/s (%.1fx one CPU core) |\n",
+                dec.backend(), batch, gpu, gpu / cpu);
+  }
+#else
+  std::printf("| nvJPEG | not built (no nvjpeg.h) |\n");
+#endif
+}
+
+}  // namespace
+}  // namespace batchcast
+
+int main(int argc, char** argv) {
+  using namespace batchcast;
+  try {
+    if (argc == 3 && std::string(argv[1]) == "--consumer") return consumer_main(argv[2]);
+    if (cuda_device_count() == 0) {
+      std::printf("cuda_bench: no CUDA device: nothing to measure\n");
+      return 0;
+    }
+    cudaDeviceProp prop{};
+    cuda_check(cudaGetDeviceProperties(&prop, 0), "properties");
+    std::printf("device: %s, %u CPU cores\n\n| measure | result |\n| --- | --- |\n", prop.name,
+                std::thread::hardware_concurrency());
+    bandwidth();
+    latency(argv[0], false);
+    latency(argv[0], true);
+    decode();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_bench: %s\n", e.what());
+    return 1;
+  }
+}

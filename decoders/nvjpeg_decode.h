@@ -1,0 +1,49 @@
+// NvjpegDecoder: JPEG decoding on the GPU with nvJPEG, to interleaved RGB (HWC uint8) in device
+// memory. It uses the hardware JPEG engines (NVJPEG_BACKEND_HARDWARE, A100/H100 class GPUs) where
+// present, else nvJPEG's default hybrid CPU+GPU backend; a batch the hardware backend rejects
+// (progressive, unusual subsampling) is decoded again with the hybrid one.
+// Compiled only where CMake finds nvjpeg.h (BATCHCAST_HAVE_NVJPEG); output agrees with the CPU
+// decoder (decode_jpeg_full_turbo) within a few levels (different IDCT and chroma upsampling).
+//
+// Ownership: owns its nvJPEG handles and states (RAII, move-only, destroyed in the destructor).
+// Thread-safety: one thread at a time per decoder; use one decoder per thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace batchcast {
+
+struct JpegBytes {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  std::string name;  // reported in errors
+};
+
+class NvjpegDecoder {
+ public:
+  explicit NvjpegDecoder(int device);
+  ~NvjpegDecoder();
+  NvjpegDecoder(NvjpegDecoder&&) noexcept;
+  NvjpegDecoder& operator=(NvjpegDecoder&&) noexcept;
+
+  // "hardware" or "hybrid".
+  const char* backend() const;
+  // Width and height from the header; throws SampleError naming the file when it is not a JPEG.
+  void dimensions(const JpegBytes& jpeg, int* width, int* height) const;
+  // Decodes every image into outs[i] (device memory, width*height*3 bytes, see dimensions()).
+  // Work is enqueued on `stream`; the call returns once it has been submitted.
+  void decode_batch(const std::vector<JpegBytes>& jpegs, const std::vector<uint8_t*>& outs,
+                    cudaStream_t stream);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace batchcast
