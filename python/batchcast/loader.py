@@ -46,6 +46,23 @@ class LoaderStats:
     dropped_messages: int  # malformed messages from the server, dropped
 
 
+def _cuda_index(device: Any) -> int:
+    """The CUDA device index `device` names ("cuda:1", torch.device, 1), else -1. A server
+    sharing GPU memory checks it is the same GPU (no silent peer copy)."""
+    if device is None:
+        return -1
+    if isinstance(device, int):
+        return device
+    text = str(device)
+    if not text.startswith("cuda"):
+        return -1
+    if ":" in text:
+        return int(text.split(":", 1)[1])
+    import torch
+
+    return torch.cuda.current_device()
+
+
 def _structure(names: Sequence[str]) -> Tuple[str, Optional[List[int]]]:
     """How a batch with these tensor names is returned: ("bare", None), ("tuple", order of
     the "#i" names by i) or ("dict", None)."""
@@ -110,6 +127,7 @@ class Loader:
             max_held,
             late_join,
             name or f"loader-{os.getpid()}",
+            _cuda_index(device),
         )
         self.endpoint = endpoint or _batchcast.default_endpoint()
         self.device = device
@@ -211,7 +229,12 @@ class Loader:
             from torch.utils.dlpack import from_dlpack
 
             def tensors(batch: Any) -> list:
-                out = [from_dlpack(c) for c in batch.capsules()]
+                # A CUDA batch: the current stream waits for the server's writes, and the slot
+                # is released once that stream has finished with the tensors.
+                stream = 0
+                if batch.cuda_device >= 0:
+                    stream = torch.cuda.current_stream(batch.cuda_device).cuda_stream
+                out = [from_dlpack(c) for c in batch.capsules(stream)]
                 for i, dtype in enumerate(batch.dtypes):
                     if dtype == "bool":  # bool travels as uint8 (DLPack 0.6 has no bool)
                         out[i] = out[i].view(torch.bool)

@@ -250,6 +250,14 @@ void bind_consumer(py::module_& m) {
       .def_readonly("sample_start", &Batch::sample_start)
       .def_readonly("size", &Batch::size)
       .def_readonly("copied", &Batch::copied)
+      .def_property_readonly(
+          "cuda_device",
+          [](const Batch& b) {
+            return !b.tensors.empty() && b.tensors[0].device == protocol::DeviceKind::kCuda
+                       ? static_cast<int>(b.tensors[0].device_index)
+                       : -1;
+          },
+          "The CUDA device the batch lives on, -1 for host memory.")
       .def_property_readonly("names",
                              [](const Batch& b) {
                                py::tuple names(b.tensors.size());
@@ -290,7 +298,7 @@ void bind_consumer(py::module_& m) {
   py::class_<PyConsumer>(m, "Consumer", "Native consumer; use batchcast.Loader instead.")
       .def(py::init([](const std::string& endpoint, uint32_t batch_size, bool drop_last,
                        double timeout, uint32_t prefetch, uint32_t max_held,
-                       const std::string& late_join, const std::string& name) {
+                       const std::string& late_join, const std::string& name, int cuda_device) {
              ConsumerOptions o;
              o.endpoint = endpoint;
              o.batch_size = batch_size;
@@ -300,11 +308,12 @@ void bind_consumer(py::module_& m) {
              o.max_held = max_held;
              o.late_join = parse_late_join(late_join);
              o.name = name;
+             o.cuda_device = cuda_device;
              return std::make_unique<PyConsumer>(std::move(o));
            }),
            py::arg("endpoint") = "", py::arg("batch_size") = 0, py::arg("drop_last") = false,
            py::arg("timeout") = 60.0, py::arg("prefetch") = 2, py::arg("max_held") = 2,
-           py::arg("late_join") = "replay", py::arg("name") = "")
+           py::arg("late_join") = "replay", py::arg("name") = "", py::arg("cuda_device") = -1)
       .def("next", &PyConsumer::next,
            "The next batch of the current epoch, or None at its end (and forever after the "
            "stream's end).")
