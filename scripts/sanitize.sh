@@ -10,7 +10,7 @@ WHAT=${1:-all}
 JOBS=${JOBS:-$(nproc)}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp}
 
 build() {  # build <dir> <sanitizers>
   cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBATCHCAST_SANITIZE="$2" \

@@ -69,26 +69,37 @@ TEST(Faults, ServerRestartWhileConsumersWait) {
 
 class ImageFaults : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
-  static void SetUpTestSuite() {
-    source_ = "/tmp/bchard-ds-" + std::to_string(::getpid());
-    fs::remove_all(source_);
-    ChildProcess make(
-        {batchcast_bin(), "make-dataset", "--out", source_, "--classes", "2", "--per-class", "20"});
-    ASSERT_EQ(make.wait(120), 0) << make.err();
+  // The dataset is made once, by the first test that needs it (an ASSERT in SetUpTestSuite would
+  // only mark the tests skipped, hiding a broken make-dataset).
+  static const std::string& source() {
+    static std::string dir = [] {
+      std::string d = "/tmp/bchard-ds-" + std::to_string(::getpid());
+      fs::remove_all(d);
+      ChildProcess make(
+          {batchcast_bin(), "make-dataset", "--out", d, "--classes", "2", "--per-class", "20"});
+      int rc = make.wait(120);
+      if (rc != 0) {
+        ADD_FAILURE() << "make-dataset exited " << rc << ": " << make.err();
+        return std::string();
+      }
+      return d;
+    }();
+    return dir;
   }
-  static void TearDownTestSuite() { fs::remove_all(source_); }
-  static std::string source_;
+  static void TearDownTestSuite() {
+    if (!source().empty()) fs::remove_all(source());
+  }
 };
-std::string ImageFaults::source_;
 
 // 40 images, no shuffle, chunks of 4, ring of 3: the producer is at most 12 samples ahead of a
 // consumer that sleeps 150 ms per batch, so class_001 (samples 20..39) is not read yet when the
 // consumer has its first batch; the fault hits epoch 0 (and again epoch 1 for a deleted file).
 TEST_P(ImageFaults, FileDeletedOrTruncatedMidEpoch) {
   const auto& [fault, on_error] = GetParam();
-  std::string dir = source_ + "-" + fault + "-" + on_error;
+  ASSERT_FALSE(source().empty()) << "no dataset";
+  std::string dir = source() + "-" + fault + "-" + on_error;
   fs::remove_all(dir);
-  fs::copy(source_, dir, fs::copy_options::recursive);
+  fs::copy(source(), dir, fs::copy_options::recursive);
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "class_001"))
     files.push_back(e.path());
