@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -55,36 +56,40 @@ struct ServeArgs {
 };
 
 // Blocks SIGINT/SIGTERM in every thread; a watcher thread turns them into a clean stop.
+volatile std::sig_atomic_t g_signal = 0;
+void record_signal(int sig) { g_signal = sig; }
+
+// SIGINT/SIGTERM become a clean stop. A handler records them, whichever thread they land on
+// (blocking them is not enough: libraries such as NVML and the CUDA driver start threads of
+// their own), and a watcher thread acts on the record.
 class SignalWatcher {
  public:
   SignalWatcher() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    struct sigaction sa {};
+    sa.sa_handler = record_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
   }
   void watch(std::function<void(int)> on_signal) {
     thread_ = std::thread([this, on_signal] {
-      timespec tick{0, 200 * 1000 * 1000};
       while (!done_) {
-        int sig = sigtimedwait(&set_, nullptr, &tick);
-        if (sig > 0) {
-          signal_ = sig;
+        if (int sig = g_signal) {
+          g_signal = 0;
           on_signal(sig);
         }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
   }
-  int signal() const { return signal_; }
   ~SignalWatcher() {
     done_ = true;
     if (thread_.joinable()) thread_.join();
   }
 
  private:
-  sigset_t set_;
   std::atomic<bool> done_{false};
-  std::atomic<int> signal_{0};
   std::thread thread_;
 };
 
@@ -104,7 +109,7 @@ int parse_device(const std::string& device) {
 }
 
 int serve(const ServeArgs& a) {
-  SignalWatcher signals;  // before any thread starts, so all inherit the mask
+  SignalWatcher signals;
   [[maybe_unused]] const int cuda_device = parse_device(a.device);
 #ifdef BATCHCAST_HAVE_CUDA
   // GPU pools: the CPU decodes uint8 HWC into pinned staging; the GPU normalises (cuda_stage.h).
