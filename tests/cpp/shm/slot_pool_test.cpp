@@ -71,7 +71,7 @@ TEST(SlotPool, StaleSegmentOfADeadOwnerIsRemoved) {
   ::waitpid(child, &status, 0);
   ASSERT_TRUE(exists(name));
   auto live = SlotPool::create(test_name("live"), 2, 4096);
-  EXPECT_GE(remove_stale_segments(), 1);
+  remove_stale_segments();  // a server starting in parallel may have removed it already
   EXPECT_FALSE(exists(name));
   EXPECT_TRUE(exists(live.segment_name())) << "a live owner's segment is kept";
 }

@@ -282,10 +282,10 @@ TEST_F(StreamTest, KilledServerGivesConsumersAClearErrorAndARestartIsClean) {
   EXPECT_EQ(c.wait(10), 4) << "the consumer must fail, not hang";
   EXPECT_LT(now_s() - killed, 3.0);
   EXPECT_NE(c.err().find("is gone"), std::string::npos) << c.err();
-  EXPECT_TRUE(segment_exists(ep)) << "a SIGKILLed server leaves its segment";
 
+  // The SIGKILLed server left its segment; the next server start on this host removes it (this
+  // one, or another test's server running in parallel), so the same endpoint serves again.
   auto& again = server(ep, {"--synthetic", "200", "--sample-bytes", "32", "--batch-size", "32"});
-  ASSERT_TRUE(again.wait_for_err("stale", 10)) << again.err();
   auto& c2 = probe(ep, {"--batch-size", "32"});
   ASSERT_EQ(c2.wait(30), 0) << c2.err();
   EXPECT_EQ(sorted(parse(c2).per_epoch()[0]), iota(200));
