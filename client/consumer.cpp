@@ -416,7 +416,19 @@ Consumer::Consumer(ConsumerOptions options)
     : options_(std::move(options)), session_(std::make_shared<Session>(options_)) {
   batch_size_ = options_.batch_size ? options_.batch_size : session_->welcome().server_batch_size;
   if (batch_size_ == 0) throw Error("batch_size must be >= 1 (the server announced none)");
-  epoch_ = session_->welcome().first_epoch;
+  const auto& w = session_->welcome();
+  if (w.device == protocol::DeviceKind::kCuda && w.server_batch_size > 0) {
+    // GPU batches spanning chunks are assembled on the device from every chunk they span, all
+    // held at once: more than the ring minus the prefetch would wait forever for a free slot.
+    uint64_t spans = (batch_size_ + w.server_batch_size - 1) / w.server_batch_size + 1;
+    if (spans + std::max<uint32_t>(options_.prefetch, 1) > w.slot_count)
+      throw Error("batch_size " + std::to_string(batch_size_) + " spans up to " +
+                  std::to_string(spans) + " chunks of the server's " +
+                  std::to_string(w.server_batch_size) + ", too many for its ring of " +
+                  std::to_string(w.slot_count) + " GPU slots; start the server with a larger "
+                  "--ring or --batch-size");
+  }
+  epoch_ = w.first_epoch;
   session_->post(protocol::Credit{std::max<uint32_t>(options_.prefetch, 1)});
 }
 
