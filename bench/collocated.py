@@ -117,6 +117,8 @@ def run_shared(args: argparse.Namespace, n: int, model: str, out: str) -> Dict[s
         [batchcast_bin(), "serve", "--data", args.data, "--endpoint", endpoint, "--batch-size",
          str(args.batch_size), "--image-size", str(args.image_size), "--workers", str(workers),
          "--epochs", "0", "--min-consumers", str(n), "--metrics-dir", out, "--status-interval", "0",
+         # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
+         "--device", "cuda:0" if args.device.startswith("cuda") else "cpu",
          "--metrics-interval", str(args.interval)],
         stderr=subprocess.PIPE, text=True)
     try:

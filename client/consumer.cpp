@@ -419,9 +419,10 @@ Consumer::Consumer(ConsumerOptions options)
   const auto& w = session_->welcome();
   if (w.device == protocol::DeviceKind::kCuda && w.server_batch_size > 0) {
     // GPU batches spanning chunks are assembled on the device from every chunk they span, all
-    // held at once: more than the ring minus the prefetch would wait forever for a free slot.
-    uint64_t spans = (batch_size_ + w.server_batch_size - 1) / w.server_batch_size + 1;
-    if (spans + std::max<uint32_t>(options_.prefetch, 1) > w.slot_count)
+    // held at once: while the last one is awaited the others pin the ring, so a batch must not
+    // span the whole ring.
+    uint64_t spans = (batch_size_ - 1 + w.server_batch_size - 1) / w.server_batch_size + 1;
+    if (spans >= w.slot_count)
       throw Error("batch_size " + std::to_string(batch_size_) + " spans up to " +
                   std::to_string(spans) + " chunks of the server's " +
                   std::to_string(w.server_batch_size) + ", too many for its ring of " +
