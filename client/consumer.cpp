@@ -564,6 +564,15 @@ std::shared_ptr<Batch> Consumer::next() {
 
 namespace {
 
+// A C-contiguous view of `total` samples shaped like `t` (data to be filled in).
+TensorView contiguous_view(const protocol::TensorSpec& t, uint32_t total) {
+  TensorView v{t.name, t.dtype, t.shape, {}, nullptr};
+  v.shape[0] = total;
+  v.strides.assign(v.shape.size(), 1);
+  for (size_t i = v.shape.size() - 1; i-- > 0;) v.strides[i] = v.strides[i + 1] * v.shape[i + 1];
+  return v;
+}
+
 // Copies rows [start, start+count) of a strided tensor into contiguous `out`.
 void copy_rows(const uint8_t* base, const protocol::TensorSpec& t, uint32_t start, uint32_t count,
                uint8_t* out) {
@@ -697,10 +706,7 @@ std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
 #endif
   for (size_t ti = 0; ti < first.chunk->desc.tensors.size(); ++ti) {
     const auto& t = first.chunk->desc.tensors[ti];
-    TensorView v{t.name, t.dtype, t.shape, {}, nullptr};
-    v.shape[0] = total;
-    v.strides.assign(v.shape.size(), 1);
-    for (size_t i = v.shape.size() - 1; i-- > 0;) v.strides[i] = v.strides[i + 1] * v.shape[i + 1];
+    TensorView v = contiguous_view(t, total);
     size_t row_bytes = static_cast<size_t>(v.strides[0]) * dtype_size(t.dtype);
     auto buffer = std::make_unique<uint8_t[]>(std::max<size_t>(row_bytes * total, 1));
     size_t row = 0;
@@ -733,10 +739,7 @@ std::shared_ptr<Batch> Consumer::assemble_on_device(Pieces& pieces, uint32_t tot
   const auto& first = pieces.list.front();
   for (size_t ti = 0; ti < first.chunk->desc.tensors.size(); ++ti) {
     const auto& t = first.chunk->desc.tensors[ti];
-    TensorView v{t.name, t.dtype, t.shape, {}, nullptr};
-    v.shape[0] = total;
-    v.strides.assign(v.shape.size(), 1);
-    for (size_t i = v.shape.size() - 1; i-- > 0;) v.strides[i] = v.strides[i + 1] * v.shape[i + 1];
+    TensorView v = contiguous_view(t, total);
     v.device = protocol::DeviceKind::kCuda;
     v.device_index = static_cast<uint32_t>(arena.device());
     size_t row_bytes = static_cast<size_t>(v.strides[0]) * dtype_size(t.dtype);

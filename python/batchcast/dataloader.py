@@ -44,7 +44,7 @@ import torch.utils.data
 
 from . import _batchcast
 from ._share_producer import _lock
-from .loader import Loader
+from .loader import Closeable, Loader
 
 __all__ = ["DataLoader", "SharedDataLoader", "share_paths"]
 
@@ -120,7 +120,7 @@ class DataLoader(torch.utils.data.DataLoader):
         return SharedDataLoader(dataset, share, torch_args, kwargs)
 
 
-class SharedDataLoader:
+class SharedDataLoader(Closeable):
     """The ``share=KEY`` form of :class:`DataLoader` (construct it through DataLoader)."""
 
     def __init__(self, dataset: Any, key: str, torch_args: dict, extra: dict) -> None:
@@ -158,18 +158,6 @@ class SharedDataLoader:
         loader, self._loader = self._loader, None
         if loader is not None:
             loader.close()
-
-    def __enter__(self) -> "SharedDataLoader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
     # -- share protocol ----------------------------------------------------------------------
 

@@ -75,7 +75,27 @@ def _structure(names: Sequence[str]) -> Tuple[str, Optional[List[int]]]:
     return "dict", None
 
 
-class Loader:
+class Closeable:
+    """Context-manager and finaliser plumbing for objects with a ``close()`` that tells the
+    server they want no more data."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nobody to tell
+            pass
+
+
+class Loader(Closeable):
     """An iterable over a batchcast server's batches, one epoch per iteration.
 
     Args:
@@ -199,18 +219,6 @@ class Loader:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
-
-    def __enter__(self) -> "Loader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: nobody to tell
-            pass
 
     def _open(self) -> Any:
         if self._consumer is None:

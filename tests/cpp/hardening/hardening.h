@@ -1,5 +1,4 @@
-// Helpers of the hardening tests (soak, permissions, faults): parsing probe_consumer output
-// (tests/cpp/support/probe_consumer.cpp), the per-epoch "exactly once" check, and what the
+// Helpers of the hardening tests (soak, permissions, faults): the per-epoch "exactly once" check, and what the
 // tests read from /proc about the server and their children (RSS, open fds, zombies).
 #pragma once
 
@@ -14,52 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/cpp/support/probe_output.h"
 #include "tests/cpp/support/processes.h"
 
 namespace batchcast::testing {
-
-struct ProbeRun {
-  struct Batch {
-    uint64_t epoch = 0, start = 0, size = 0;
-    std::vector<int64_t> indices;
-  };
-  std::vector<Batch> batches;
-  std::set<uint64_t> ended_epochs;  // epochs whose E line was printed
-  uint64_t skipped = 0;
-  bool finished = false;  // the S line was printed
-  std::map<uint64_t, std::vector<int64_t>> per_epoch() const {
-    std::map<uint64_t, std::vector<int64_t>> m;
-    for (const auto& b : batches)
-      m[b.epoch].insert(m[b.epoch].end(), b.indices.begin(), b.indices.end());
-    return m;
-  }
-};
-
-inline ProbeRun parse_probe(const ChildProcess& p) {
-  ProbeRun r;
-  for (const auto& line : p.out_lines()) {
-    std::istringstream in(line);
-    std::string kind;
-    in >> kind;
-    if (kind == "B") {
-      ProbeRun::Batch b;
-      int copied;
-      std::string idx, hash;
-      if (!(in >> b.epoch >> b.start >> b.size >> copied >> idx >> hash)) continue;  // torn line
-      std::istringstream ids(idx);
-      for (std::string t; std::getline(ids, t, ',');) b.indices.push_back(std::stoll(t));
-      r.batches.push_back(std::move(b));
-    } else if (kind == "E") {
-      uint64_t e;
-      if (in >> e) r.ended_epochs.insert(e);
-    } else if (kind == "S") {
-      uint64_t batches, samples, copies;
-      in >> batches >> samples >> r.skipped >> copies;
-      r.finished = true;
-    }
-  }
-  return r;
-}
 
 // Checks one probe's epochs against a dataset of n samples. Every epoch: no sample twice. Every
 // epoch it saw end (E line) from its start: all n samples. A first epoch joined late may be

@@ -8,53 +8,11 @@
 #include <sstream>
 
 #include "shm/slot_pool.h"
+#include "tests/cpp/support/probe_output.h"
 #include "tests/cpp/support/processes.h"
 
 namespace batchcast::testing {
 namespace {
-
-struct ProbeBatch {
-  uint64_t epoch, start, size;
-  bool copied;
-  std::vector<int64_t> indices;
-  std::string hash;
-};
-
-struct ProbeRun {
-  std::vector<ProbeBatch> batches;
-  uint64_t skipped = 0, copies = 0;
-  bool finished = false;
-  // Sample indices per epoch, in the order received.
-  std::map<uint64_t, std::vector<int64_t>> per_epoch() const {
-    std::map<uint64_t, std::vector<int64_t>> m;
-    for (const auto& b : batches) m[b.epoch].insert(m[b.epoch].end(), b.indices.begin(), b.indices.end());
-    return m;
-  }
-};
-
-ProbeRun parse(const ChildProcess& p) {
-  ProbeRun r;
-  for (const auto& line : p.out_lines()) {
-    std::istringstream in(line);
-    std::string kind;
-    in >> kind;
-    if (kind == "B") {
-      ProbeBatch b;
-      int copied;
-      std::string idx;
-      in >> b.epoch >> b.start >> b.size >> copied >> idx >> b.hash;
-      b.copied = copied;
-      std::istringstream ids(idx);
-      for (std::string t; std::getline(ids, t, ',');) b.indices.push_back(std::stoll(t));
-      r.batches.push_back(b);
-    } else if (kind == "S") {
-      uint64_t batches, samples;
-      in >> batches >> samples >> r.skipped >> r.copies;
-      r.finished = true;
-    }
-  }
-  return r;
-}
 
 class StreamTest : public ::testing::Test {
  protected:
@@ -111,7 +69,7 @@ TEST_F(StreamTest, EveryConsumerSeesEverySampleOncePerEpochInStreamOrder) {
 
   std::map<uint64_t, std::vector<int64_t>> reference;
   for (auto* c : {&c7, &c32, &c100a, &c100b}) {
-    auto run = parse(*c);
+    auto run = parse_probe(*c);
     ASSERT_TRUE(run.finished);
     EXPECT_EQ(run.skipped, 0u);
     auto epochs = run.per_epoch();
@@ -132,12 +90,12 @@ TEST_F(StreamTest, EveryConsumerSeesEverySampleOncePerEpochInStreamOrder) {
     }
   }
   EXPECT_NE(reference[0], reference[1]) << "epochs should be shuffled differently";
-  auto a = parse(c100a), bb = parse(c100b);
+  auto a = parse_probe(c100a), bb = parse_probe(c100b);
   ASSERT_EQ(a.batches.size(), bb.batches.size());
   for (size_t i = 0; i < a.batches.size(); ++i)
     EXPECT_EQ(a.batches[i].hash, bb.batches[i].hash) << "batch " << i << " differs";
   // 32 divides 64: every batch of that consumer is a zero-copy view.
-  for (const auto& batch : parse(c32).batches) EXPECT_FALSE(batch.copied);
+  for (const auto& batch : parse_probe(c32).batches) EXPECT_FALSE(batch.copied);
 }
 
 TEST_F(StreamTest, DropLastAndNoShuffle) {
@@ -147,7 +105,7 @@ TEST_F(StreamTest, DropLastAndNoShuffle) {
   auto& c = probe(ep, {"--batch-size", "100", "--drop-last"});
   ASSERT_EQ(c.wait(30), 0) << c.err();
   ASSERT_EQ(srv.wait(10), 0) << srv.err();
-  auto run = parse(c);
+  auto run = parse_probe(c);
   ASSERT_EQ(run.batches.size(), 4u);  // 2 per epoch; the 50-sample tails dropped
   EXPECT_EQ(run.per_epoch()[0], iota(200));
 }
@@ -161,7 +119,7 @@ TEST_F(StreamTest, KilledConsumerIsDroppedWithinTwoSecondsAndOthersFinish) {
   ASSERT_TRUE(victim.wait_for_lines("P", 1, 20)) << victim.err();
   // The victim holds its slots: the other consumer can get at most a ring ahead, then stalls.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  size_t before = parse(other).batches.size();
+  size_t before = parse_probe(other).batches.size();
   EXPECT_LT(before, 20u) << "the producer ran more than a ring ahead of a paused consumer";
   victim.signal(SIGKILL);
   double killed_at = now_s();
@@ -169,7 +127,7 @@ TEST_F(StreamTest, KilledConsumerIsDroppedWithinTwoSecondsAndOthersFinish) {
   double stalled = now_s() - killed_at;
   EXPECT_LT(stalled, 2.5) << "the dead consumer held the others for " << stalled << " s";
   ASSERT_EQ(other.wait(30), 0) << other.err();
-  EXPECT_EQ(sorted(parse(other).per_epoch()[0]), iota(2000));
+  EXPECT_EQ(sorted(parse_probe(other).per_epoch()[0]), iota(2000));
   ASSERT_EQ(srv.wait(10), 0) << srv.err();
   EXPECT_NE(srv.err().find("died"), std::string::npos);
 }
@@ -183,14 +141,14 @@ TEST_F(StreamTest, StoppedConsumerHoldsProducerUnderWaitPolicy) {
   ASSERT_TRUE(frozen.wait_for_lines("B", 2, 20));
   frozen.signal(SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
-  size_t held = parse(other).batches.size();
+  size_t held = parse_probe(other).batches.size();
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-  EXPECT_EQ(parse(other).batches.size(), held) << "wait policy must not leave a consumer behind";
+  EXPECT_EQ(parse_probe(other).batches.size(), held) << "wait policy must not leave a consumer behind";
   frozen.signal(SIGCONT);
   ASSERT_EQ(frozen.wait(30), 0) << frozen.err();
   ASSERT_EQ(other.wait(30), 0) << other.err();
   for (auto* c : {&frozen, &other}) {
-    auto run = parse(*c);
+    auto run = parse_probe(*c);
     EXPECT_EQ(run.skipped, 0u);
     EXPECT_EQ(sorted(run.per_epoch()[0]), iota(1024));
   }
@@ -207,10 +165,10 @@ TEST_F(StreamTest, StoppedConsumerIsLeftBehindUnderSkipPolicyAndReportsWhatItSki
   ASSERT_TRUE(frozen.wait_for_lines("B", 2, 20));
   frozen.signal(SIGSTOP);
   ASSERT_EQ(other.wait(60), 0) << "skip policy must let the others go on: " << other.err();
-  EXPECT_EQ(sorted(parse(other).per_epoch()[0]), iota(4096));
+  EXPECT_EQ(sorted(parse_probe(other).per_epoch()[0]), iota(4096));
   frozen.signal(SIGCONT);
   ASSERT_EQ(frozen.wait(30), 0) << frozen.err();  // exit 0: no wrong byte was ever seen
-  auto run = parse(frozen);
+  auto run = parse_probe(frozen);
   EXPECT_GT(run.skipped, 0u);
   std::set<int64_t> seen;
   auto epochs = run.per_epoch();
@@ -229,10 +187,10 @@ TEST_F(StreamTest, LateJoinerInsideRetentionReplaysTheWholeEpoch) {
   auto& late = probe(ep, {"--batch-size", "64"});
   ASSERT_EQ(late.wait(30), 0) << late.err();
   first.signal(SIGKILL);
-  auto run = parse(late);
+  auto run = parse_probe(late);
   EXPECT_EQ(run.skipped, 0u);
   auto epochs = run.per_epoch();
-  auto seen_by_first = parse(first).per_epoch()[0];
+  auto seen_by_first = parse_probe(first).per_epoch()[0];
   ASSERT_EQ(seen_by_first.size(), 192u);
   EXPECT_TRUE(std::equal(seen_by_first.begin(), seen_by_first.end(), epochs[0].begin()))
       << "the late joiner must replay the same stream from the epoch's start";
@@ -254,7 +212,7 @@ TEST_F(StreamTest, LateJoinerOutsideRetentionGetsAPartialEpochOrWaitsForTheNext)
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     first.signal(SIGKILL);
     ASSERT_EQ(late.wait(30), 0) << late.err();
-    auto run = parse(late);
+    auto run = parse_probe(late);
     auto epochs = run.per_epoch();
     if (next_epoch) {
       EXPECT_EQ(epochs.count(0), 0u);
@@ -288,7 +246,7 @@ TEST_F(StreamTest, KilledServerGivesConsumersAClearErrorAndARestartIsClean) {
   auto& again = server(ep, {"--synthetic", "200", "--sample-bytes", "32", "--batch-size", "32"});
   auto& c2 = probe(ep, {"--batch-size", "32"});
   ASSERT_EQ(c2.wait(30), 0) << c2.err();
-  EXPECT_EQ(sorted(parse(c2).per_epoch()[0]), iota(200));
+  EXPECT_EQ(sorted(parse_probe(c2).per_epoch()[0]), iota(200));
   ASSERT_EQ(again.wait(10), 0);
 }
 
