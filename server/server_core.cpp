@@ -76,12 +76,17 @@ ServerCore::ServerCore(ServerOptions options)
   router_->set(zmq::sockopt::sndhwm, 100000);
   router_->set(zmq::sockopt::rcvhwm, 100000);
   router_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(protocol::kMaxMessageBytes));
+  // The ipc socket file is born owner-only: umask 077 around bind (process-wide, but only for
+  // the microseconds of the bind), then chmod to be exact whatever the umask was.
+  mode_t old_umask = ::umask(077);
   try {
     router_->bind(endpoint_);
   } catch (const zmq::error_t& e) {
+    ::umask(old_umask);
     throw Error("cannot bind " + endpoint_ + ": " + e.what() +
                 (e.num() == EADDRINUSE ? " (another process listens there; pick another endpoint)" : ""));
   }
+  ::umask(old_umask);
   if (!ipc_path_.empty()) ::chmod(ipc_path_.c_str(), 0600);
   endpoint_ = router_->get(zmq::sockopt::last_endpoint);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
