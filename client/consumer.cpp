@@ -514,27 +514,34 @@ std::shared_ptr<Batch> Consumer::next() {
         epoch_over = true;
         break;
       }
+      bool fresh = !stash_;  // a stashed chunk was accounted for when it arrived
       auto next = pop_chunk();
       if (!next) {
         epoch_over = true;
         break;
       }
       const auto& d = next->desc;
-      if (epoch_open_ && d.epoch != epoch_) {  // new epoch without its predecessor's end: skipped
+      if (fresh) {
+        // Samples this consumer will never see: the part of the epoch before a late join, or
+        // chunks reused before it was sent them (left behind under stall_policy=skip). Counted
+        // now, so the epoch they cut short already reports them.
+        if (!have_expected_)
+          stats_.skipped += d.sample_start;
+        else if (d.stream_position > expected_position_)
+          stats_.skipped += d.stream_position - expected_position_;
+        have_expected_ = true;
+        expected_position_ = d.stream_position + d.sample_count;
+        if (d.epoch_samples) epoch_samples_ = d.epoch_samples;  // learnt once a producer knows it
+      }
+      if (epoch_open_ && d.epoch != epoch_) {  // new epoch without its predecessor's end
         stash_ = std::move(next);
         epoch_over = true;
         break;
       }
-      if (have_expected_ && d.stream_position > expected_position_)
-        stats_.skipped += d.stream_position - expected_position_;
       if (!epoch_open_) {
         epoch_open_ = true;
         epoch_ = d.epoch;
-        if (!have_expected_) stats_.skipped += d.sample_start;  // joined mid-epoch
       }
-      have_expected_ = true;
-      expected_position_ = d.stream_position + d.sample_count;
-      if (d.epoch_samples) epoch_samples_ = d.epoch_samples;  // learnt once a producer knows it
       cur_ = std::move(next);
       pos_ = 0;
     }

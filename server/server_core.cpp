@@ -129,8 +129,8 @@ std::optional<FillLease> ServerCore::acquire() {
   bool waited = false;
   while (true) {
     if (stopping_ || !failure_.empty()) return std::nullopt;
-    auto slot = ring_.begin_fill(next_acquire_seq_, [this](uint64_t seq) {
-      return may_reuse(seq, monotonic_seconds());
+    auto slot = ring_.begin_fill(next_acquire_seq_, [this](uint64_t seq, bool delivered) {
+      return may_reuse(seq, delivered, monotonic_seconds());
     });
     if (slot) {
       for (auto it = descriptors_.begin(); it != descriptors_.end();) {
@@ -259,14 +259,20 @@ ServerStats ServerCore::stats() const {
   return s;
 }
 
-bool ServerCore::may_reuse(uint64_t old_seq, double now) const {
+// A chunk with no holders may be overwritten when no active consumer still has it ahead of
+// its cursor, and it was delivered to someone, or some consumer's cursor is already past it (a
+// consumer that joined after it and started later). A chunk nobody has seen or passed (before
+// the stream starts, or while nobody is attached) is never discarded.
+bool ServerCore::may_reuse(uint64_t old_seq, bool delivered, double now) const {
+  bool passed = false;
   for (const auto& [id, c] : consumers_.all()) {
+    if (c.next_seq > old_seq) passed = true;
     if (c.end_sent || c.closing || c.waiting_epoch_start || c.next_seq > old_seq) continue;
     bool stalled = c.credits == 0 && now - c.last_activity > options_.stall_timeout_s;
     if (options_.stall_policy == StallPolicy::kSkip && stalled) continue;
     return false;  // this consumer has not been sent the chunk yet
   }
-  return true;
+  return delivered || (started_ && passed);
 }
 
 bool ServerCore::send(const std::string& identity, const Message& message) {
@@ -385,17 +391,22 @@ void ServerCore::on_hello(const std::string& identity, const protocol::Hello& he
   r.name = hello.name;
   r.late_join = hello.late_join;
   r.joined_at = r.last_seen = r.last_activity = now;
-  // Start cursor: the oldest retained epoch start if there is one (a whole epoch), else the
-  // oldest retained chunk (a partial first epoch; the consumer reports what it missed), else
-  // the next chunk to be published. next_epoch joiners skip forward to an epoch start.
+  // Start cursor, within the retained chunks that run without a gap up to the newest one (a
+  // chunk still held by someone can outlive its successors, and replaying across the hole
+  // would jump): the first epoch start there (a whole epoch), else the first chunk there (a
+  // partial first epoch; the consumer reports what it missed), else the next chunk to be
+  // published. next_epoch joiners then skip forward to an epoch start.
   std::optional<uint64_t> start;
-  for (const auto& [seq, slot] : ring_.published()) {
-    if (descriptors_.at(seq).index_in_epoch == 0) {
-      start = seq;
+  const auto& retained = ring_.published();
+  uint64_t tail = next_publish_seq_;
+  while (tail > 0 && retained.count(tail - 1)) --tail;
+  for (auto it = retained.lower_bound(tail); it != retained.end(); ++it) {
+    if (!start) start = it->first;
+    if (descriptors_.at(it->first).index_in_epoch == 0) {
+      start = it->first;
       break;
     }
   }
-  if (!start && !ring_.published().empty()) start = ring_.published().begin()->first;
   r.next_seq = start.value_or(next_publish_seq_);
   r.waiting_epoch_start = hello.late_join == protocol::LateJoin::kNextEpoch;
   auto& c = consumers_.add(std::move(r));
@@ -450,6 +461,9 @@ void ServerCore::deliver(double now) {
       const auto& d = descriptors_.at(c.next_seq);
       if (c.waiting_epoch_start) {
         if (d.index_in_epoch != 0) {
+          // Passed, not discarded unseen: without this, a lone next_epoch joiner would wait
+          // forever for an epoch start that a full ring of unsent chunks holds back.
+          ring_.mark_passed(*slot);
           ++c.next_seq;
           continue;
         }

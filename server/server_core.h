@@ -153,7 +153,7 @@ class ServerCore {
   void deliver(double now);
   void check_liveness(double now);
   void drop_consumer(uint64_t id, const char* why);
-  bool may_reuse(uint64_t old_seq, double now) const;
+  bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
   bool send(const std::string& identity, const protocol::Message& message);
   void wake();
   void publish_ready();  // moves finished fills into the ring in sequence order

@@ -5,7 +5,7 @@
 namespace batchcast {
 
 std::optional<uint32_t> SlotRing::begin_fill(uint64_t seq,
-                                             const std::function<bool(uint64_t)>& may_reuse) {
+                                             const ReuseRule& may_reuse) {
   std::optional<uint32_t> chosen;
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].state == SlotState::kFree) {
@@ -17,7 +17,7 @@ std::optional<uint32_t> SlotRing::begin_fill(uint64_t seq,
     // by_seq_ is ordered by seq, so the first acceptable entry is the oldest content.
     for (const auto& [old_seq, slot] : by_seq_) {
       const auto& s = slots_[slot];
-      if (s.holders.empty() && s.delivered && may_reuse(old_seq)) {
+      if (s.holders.empty() && may_reuse(old_seq, s.delivered)) {
         chosen = slot;
         break;
       }

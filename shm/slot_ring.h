@@ -26,7 +26,7 @@ enum class SlotState : uint8_t { kFree, kFilling, kPublished };
 struct SlotEntry {
   SlotState state = SlotState::kFree;
   uint64_t seq = 0;                // chunk held (valid unless kFree)
-  bool delivered = false;          // sent to at least one consumer
+  bool delivered = false;          // sent to (or passed by) at least one consumer
   std::vector<uint64_t> holders;   // consumer ids that were sent it and have not released it
 };
 
@@ -38,8 +38,10 @@ class SlotRing {
   const SlotEntry& slot(uint32_t i) const { return slots_[i]; }
 
   // Picks a free slot, or the published one with the oldest chunk that has no holders and that
-  // `may_reuse(old_seq)` accepts, and marks it filling with `seq`. nullopt if there is none.
-  std::optional<uint32_t> begin_fill(uint64_t seq, const std::function<bool(uint64_t)>& may_reuse);
+  // `may_reuse(old_seq, delivered)` accepts, and marks it filling with `seq`. nullopt if there
+  // is none. The owner decides about chunks never delivered (see ServerCore's reuse rule).
+  using ReuseRule = std::function<bool(uint64_t old_seq, bool delivered)>;
+  std::optional<uint32_t> begin_fill(uint64_t seq, const ReuseRule& may_reuse);
   // filling -> published.
   void finish_fill(uint32_t slot);
   // filling -> free (the producer gave the slot back unfilled).
@@ -52,6 +54,9 @@ class SlotRing {
   const std::map<uint64_t, uint32_t>& published() const { return by_seq_; }
 
   void add_holder(uint32_t slot, uint64_t consumer);
+  // A consumer passed the chunk by choice (late_join=next_epoch skips to an epoch start): it
+  // counts as delivered, so the ring may reuse it once no one else needs it.
+  void mark_passed(uint32_t slot) { slots_[slot].delivered = true; }
   // False (and nothing changes) unless `consumer` holds chunk `seq` in `slot`.
   bool release(uint32_t slot, uint64_t seq, uint64_t consumer);
   // Drops every hold of `consumer`; returns how many it had.
