@@ -2,8 +2,6 @@
 
 Skipped (with the reason) where torch sees no CUDA device or the build has no CUDA support.
 Run on the GPU machine: BATCHCAST_BUILD_DIR=build-gpu python3 -m pytest tests/python/test_cuda.py
-(there, until the extension stops exporting the libstdc++ it carries, with
-LD_PRELOAD=/lib/x86_64-linux-gnu/libstdc++.so.6: the bundle's libzmq otherwise binds to it).
 Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label i.
 """
 
