@@ -229,6 +229,32 @@ TEST_F(StreamTest, LateJoinerOutsideRetentionGetsAPartialEpochOrWaitsForTheNext)
   }
 }
 
+TEST_F(StreamTest, AJoinerAfterTheOnlyConsumerDiedIsNotStalledByChunksNobodyReceived) {
+  // The dead consumer leaves a ring of chunks that were never sent to anyone. A new consumer
+  // that starts after them (replay from a later epoch start) or passes them (next_epoch) must
+  // let the producer reuse them, or the stream stalls forever.
+  for (bool next_epoch : {false, true}) {
+    SCOPED_TRACE(next_epoch ? "late_join=next_epoch" : "late_join=replay");
+    auto ep = unique_endpoint("orphans");
+    auto& srv = server(ep, {"--synthetic", "640", "--sample-bytes", "32", "--batch-size", "64",
+                            "--epochs", "3", "--ring", "4"});
+    auto& first = probe(ep, {"--batch-size", "64", "--max-batches", "2"});
+    ASSERT_TRUE(first.wait_for_lines("P", 1, 20));
+    first.signal(SIGKILL);
+    ASSERT_EQ(first.wait(5), 128 + SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the server drops it
+    std::vector<std::string> args = {"--batch-size", "64"};
+    if (next_epoch) args.push_back("--next-epoch");
+    auto& late = probe(ep, args);
+    ASSERT_EQ(late.wait(30), 0) << late.err();
+    auto epochs = parse_probe(late).per_epoch();
+    EXPECT_EQ(sorted(epochs[2]), iota(640)) << "the last epoch must arrive whole";
+    ASSERT_EQ(srv.wait(10), 0) << srv.err();
+    servers_.clear();
+    probes_.clear();
+  }
+}
+
 TEST_F(StreamTest, KilledServerGivesConsumersAClearErrorAndARestartIsClean) {
   auto ep = unique_endpoint("srvkill");
   auto& srv = server(ep, {"--synthetic", "100000", "--sample-bytes", "32", "--batch-size", "32",
