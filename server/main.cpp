@@ -7,7 +7,6 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
-#include <csignal>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -56,8 +55,10 @@ struct ServeArgs {
 };
 
 // Blocks SIGINT/SIGTERM in every thread; a watcher thread turns them into a clean stop.
-volatile std::sig_atomic_t g_signal = 0;
-void record_signal(int sig) { g_signal = sig; }
+// Lock-free, so async-signal-safe, and read by another thread (a sig_atomic_t would race).
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+void record_signal(int sig) { g_signal.store(sig); }
 
 // SIGINT/SIGTERM become a clean stop. A handler records them, whichever thread they land on
 // (blocking them is not enough: libraries such as NVML and the CUDA driver start threads of
@@ -75,10 +76,7 @@ class SignalWatcher {
   void watch(std::function<void(int)> on_signal) {
     thread_ = std::thread([this, on_signal] {
       while (!done_) {
-        if (int sig = g_signal) {
-          g_signal = 0;
-          on_signal(sig);
-        }
+        if (int sig = g_signal.exchange(0)) on_signal(sig);
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
