@@ -81,10 +81,12 @@ class SignalWatcher {
       }
     });
   }
-  ~SignalWatcher() {
+  // Joins the watcher: call it before whatever on_signal touches is destroyed.
+  void stop() {
     done_ = true;
     if (thread_.joinable()) thread_.join();
   }
+  ~SignalWatcher() { stop(); }
 
  private:
   std::atomic<bool> done_{false};
@@ -234,6 +236,7 @@ int serve(const ServeArgs& a) {
   if (!produced && !stop) core.wait_finished(-1);
   bool finished = produced && produce_ok && core.wait_finished(0);
   if (!finished && !stop) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let errors reach consumers
+  signals.stop();  // its callback uses `core`, which is destroyed before `signals`
   core.stop();
   producing.join();
   if (collector) collector->stop();
