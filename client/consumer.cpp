@@ -580,6 +580,13 @@ TensorView contiguous_view(const protocol::TensorSpec& t, uint32_t total) {
   return v;
 }
 
+// Bytes of one sample of `t` stored contiguously.
+size_t row_bytes(const protocol::TensorSpec& t) {
+  size_t n = dtype_size(t.dtype);
+  for (size_t i = 1; i < t.shape.size(); ++i) n *= static_cast<size_t>(t.shape[i]);
+  return n;
+}
+
 // Copies rows [start, start+count) of a strided tensor into contiguous `out`.
 void copy_rows(const uint8_t* base, const protocol::TensorSpec& t, uint32_t start, uint32_t count,
                uint8_t* out) {
@@ -618,12 +625,9 @@ void stage_pieces(Pieces& pieces, uint32_t capacity) {
     if (!pieces.first) {
       pieces.first = p.chunk->desc;
       pieces.first_start = p.start;
-      for (const auto& t : p.chunk->desc.tensors) {
-        size_t row_elems = 1;
-        for (size_t i = 1; i < t.shape.size(); ++i) row_elems *= static_cast<size_t>(t.shape[i]);
+      for (const auto& t : p.chunk->desc.tensors)
         pieces.staged.push_back(
-            std::make_unique<uint8_t[]>(std::max<size_t>(row_elems * dtype_size(t.dtype) * capacity, 1)));
-      }
+            std::make_unique<uint8_t[]>(std::max<size_t>(row_bytes(t) * capacity, 1)));
     }
     const auto& first = *pieces.first;
     if (p.chunk->desc.tensors.size() != first.tensors.size())
@@ -637,10 +641,8 @@ void stage_pieces(Pieces& pieces, uint32_t capacity) {
         throw Error("chunks " + std::to_string(first.seq) + " and " +
                     std::to_string(p.chunk->desc.seq) + " disagree on tensor '" + t.name +
                     "' (shape or dtype); use the producer's batch size to avoid mixing them");
-      size_t row_elems = 1;
-      for (size_t i = 1; i < t.shape.size(); ++i) row_elems *= static_cast<size_t>(t.shape[i]);
       copy_rows(p.chunk->base, pt, p.start, p.count,
-                pieces.staged[ti].get() + pieces.staged_rows * row_elems * dtype_size(t.dtype));
+                pieces.staged[ti].get() + pieces.staged_rows * row_bytes(t));
     }
     pieces.staged_rows += p.count;
   }
@@ -650,32 +652,15 @@ void stage_pieces(Pieces& pieces, uint32_t capacity) {
 }  // namespace
 
 std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
-  if (pieces.first) {  // staged (host pools): copy what is left, then hand the buffers over
-    stage_pieces(pieces, batch_size_);
-    std::shared_ptr<Batch> batch(new Batch());
+  std::shared_ptr<Batch> batch(new Batch());
+  batch->size = total;
+  if (pieces.first) {
     batch->epoch = pieces.first->epoch;
     batch->sample_start = pieces.first->sample_start + pieces.first_start;
-    batch->size = total;
-    batch->copied = true;
-    stats_.copies++;
-    for (size_t ti = 0; ti < pieces.first->tensors.size(); ++ti) {
-      const auto& t = pieces.first->tensors[ti];
-      TensorView v{t.name, t.dtype, t.shape, {}, nullptr};
-      v.shape[0] = total;
-      v.strides.assign(v.shape.size(), 1);
-      for (size_t i = v.shape.size() - 1; i-- > 0;) v.strides[i] = v.strides[i + 1] * v.shape[i + 1];
-      v.data = pieces.staged[ti].get();
-      batch->owned_.push_back(std::move(pieces.staged[ti]));
-      batch->tensors.push_back(std::move(v));
-    }
-    return batch;
+  } else {
+    batch->epoch = pieces.list.front().chunk->desc.epoch;
+    batch->sample_start = pieces.list.front().chunk->desc.sample_start + pieces.list.front().start;
   }
-  std::shared_ptr<Batch> batch(new Batch());
-  const auto& first = pieces.list.front();
-  batch->epoch = first.chunk->desc.epoch;
-  batch->sample_start = first.chunk->desc.sample_start + first.start;
-  batch->size = total;
-  bool zero_copy = pieces.list.size() == 1 && session_->held.load() < options_.max_held;
 #ifdef BATCHCAST_HAVE_CUDA
   const ArenaMapping* arena = session_->arena();
   if (arena) {
@@ -684,7 +669,10 @@ std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
     batch->device_->device = arena->device();
   }
 #endif
+  bool zero_copy =
+      !pieces.first && pieces.list.size() == 1 && session_->held.load() < options_.max_held;
   if (zero_copy) {
+    const auto& first = pieces.list.front();
     session_->held++;
     batch->session_ = session_;
     batch->chunks_.push_back(first.chunk);
@@ -711,24 +699,13 @@ std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
 #ifdef BATCHCAST_HAVE_CUDA
   if (arena) return assemble_on_device(pieces, total, std::move(batch));
 #endif
-  for (size_t ti = 0; ti < first.chunk->desc.tensors.size(); ++ti) {
-    const auto& t = first.chunk->desc.tensors[ti];
-    TensorView v = contiguous_view(t, total);
-    size_t row_bytes = static_cast<size_t>(v.strides[0]) * dtype_size(t.dtype);
-    auto buffer = std::make_unique<uint8_t[]>(std::max<size_t>(row_bytes * total, 1));
-    size_t row = 0;
-    for (const auto& p : pieces.list) {
-      const auto& pt = p.chunk->desc.tensors.at(ti);
-      if (pt.dtype != t.dtype || pt.shape.size() != t.shape.size() ||
-          !std::equal(pt.shape.begin() + 1, pt.shape.end(), t.shape.begin() + 1))
-        throw Error("chunks " + std::to_string(first.chunk->desc.seq) + " and " +
-                    std::to_string(p.chunk->desc.seq) + " disagree on tensor '" + t.name +
-                    "' (shape or dtype); use the producer's batch size to avoid mixing them");
-      copy_rows(p.chunk->base, pt, p.start, p.count, buffer.get() + row * row_bytes);
-      row += p.count;
-    }
-    v.data = buffer.get();
-    batch->owned_.push_back(std::move(buffer));
+  // Host pools: every copy (a batch spanning chunks, or one beyond max_held) goes through the
+  // staging buffers; copy what is left, then hand the buffers over.
+  stage_pieces(pieces, batch_size_);
+  for (size_t ti = 0; ti < pieces.first->tensors.size(); ++ti) {
+    TensorView v = contiguous_view(pieces.first->tensors[ti], total);
+    v.data = pieces.staged[ti].get();
+    batch->owned_.push_back(std::move(pieces.staged[ti]));
     batch->tensors.push_back(std::move(v));
   }
   return batch;
