@@ -24,17 +24,14 @@ struct ConsumerRecord {
   pid_t pid = 0;
   bool local = false;    // same host: liveness by pid; otherwise by heartbeats
   std::string name;
-  protocol::LateJoin late_join = protocol::LateJoin::kReplay;
   uint64_t next_seq = 0;
-  bool waiting_epoch_start = false;  // late_join=next_epoch, or before its first chunk
+  bool waiting_epoch_start = false;  // late_join=next_epoch, until it reaches an epoch start
   uint32_t credits = 0;
   bool end_sent = false;
   bool error_sent = false;
   bool closing = false;  // said Goodbye; kept until its last hold is released
-  double joined_at = 0;
   double last_seen = 0;      // any message
   double last_activity = 0;  // last credit or release: "has taken something"
-  uint64_t delivered_chunks = 0;
   uint64_t samples = 0;      // reported by its heartbeats
   double wait_s = 0;
 };

@@ -329,7 +329,7 @@ void ServerCore::loop() {
         c.error_sent = send(c.identity, protocol::ErrorMessage{failure_.substr(0, protocol::kMaxString)});
       }
     }
-    deliver(now);
+    deliver();
     if (now >= next_liveness) {
       check_liveness(now);
       next_liveness = now + 0.2;
@@ -338,7 +338,6 @@ void ServerCore::loop() {
       for (const auto& [id, c] : consumers_.all()) send(c.identity, protocol::Heartbeat{});
       next_heartbeat = now + options_.heartbeat_interval_s;
     }
-    counters_.ring_occupied = ring_.occupied();
     lk.unlock();
     slot_freed_.notify_all();
     finished_cv_.notify_all();
@@ -389,8 +388,7 @@ void ServerCore::on_hello(const std::string& identity, const protocol::Hello& he
   r.pid = static_cast<pid_t>(hello.pid);
   r.local = !hello.boot_id.empty() && hello.boot_id == boot_id_;
   r.name = hello.name;
-  r.late_join = hello.late_join;
-  r.joined_at = r.last_seen = r.last_activity = now;
+  r.last_seen = r.last_activity = now;
   // Start cursor, within the retained chunks that run without a gap up to the newest one (a
   // chunk still held by someone can outlive its successors, and replaying across the hole
   // would jump): the first epoch start there (a whole epoch), else the first chunk there (a
@@ -440,7 +438,7 @@ void ServerCore::on_hello(const std::string& identity, const protocol::Hello& he
                c.name.empty() ? "" : c.name + ", ", c.pid, c.local ? "" : ", remote", c.next_seq);
 }
 
-void ServerCore::deliver(double now) {
+void ServerCore::deliver() {
   if (!started_) {
     if (consumers_.size() < std::max<uint32_t>(options_.min_consumers, 1)) return;
     started_ = true;
@@ -473,11 +471,9 @@ void ServerCore::deliver(double now) {
       ring_.add_holder(*slot, c.id);
       --c.credits;
       ++c.next_seq;
-      ++c.delivered_chunks;
       counters_.descriptors_sent++;
     }
   }
-  (void)now;
 }
 
 void ServerCore::check_liveness(double now) {

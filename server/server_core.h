@@ -150,7 +150,7 @@ class ServerCore {
   void loop();
   void handle(const std::string& identity, const void* data, size_t size, double now);
   void on_hello(const std::string& identity, const protocol::Hello& hello, double now);
-  void deliver(double now);
+  void deliver();
   void check_liveness(double now);
   void drop_consumer(uint64_t id, const char* why);
   bool may_reuse(uint64_t old_seq, bool delivered, double now) const;

@@ -39,8 +39,6 @@ void SlotRing::finish_fill(uint32_t slot) {
   by_seq_[s.seq] = slot;
 }
 
-void SlotRing::abort_fill(uint32_t slot) { slots_[slot] = SlotEntry{}; }
-
 std::optional<uint32_t> SlotRing::find_published(uint64_t seq) const {
   auto it = by_seq_.find(seq);
   if (it == by_seq_.end()) return std::nullopt;

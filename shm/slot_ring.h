@@ -44,8 +44,6 @@ class SlotRing {
   std::optional<uint32_t> begin_fill(uint64_t seq, const ReuseRule& may_reuse);
   // filling -> published.
   void finish_fill(uint32_t slot);
-  // filling -> free (the producer gave the slot back unfilled).
-  void abort_fill(uint32_t slot);
 
   // The slot holding published chunk `seq`, if it is still retained.
   std::optional<uint32_t> find_published(uint64_t seq) const;

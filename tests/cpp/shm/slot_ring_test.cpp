@@ -59,15 +59,5 @@ TEST(SlotRing, ForgedAndRepeatedReleasesAreRefused) {
   EXPECT_EQ(ring.held_by(2), 0u);
 }
 
-TEST(SlotRing, AbortedFillFreesTheSlot) {
-  SlotRing ring(1);
-  auto s = *ring.begin_fill(0, kDeliveredOnly);
-  ring.abort_fill(s);
-  EXPECT_TRUE(ring.begin_fill(0, [](uint64_t, bool) { return true; }));
-  ring.abort_fill(s);
-  EXPECT_EQ(ring.slot(s).state, SlotState::kFree);
-  EXPECT_TRUE(ring.begin_fill(0, kDeliveredOnly));
-}
-
 }  // namespace
 }  // namespace batchcast

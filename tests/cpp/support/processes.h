@@ -3,7 +3,6 @@
 // ChildProcess owns its child: the destructor SIGKILLs and reaps it if it still runs.
 #pragma once
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -124,17 +123,5 @@ class ChildProcess {
   int status_ = 0;
   std::string out_path_;
 };
-
-// This user's batchcast segments in /dev/shm.
-inline std::vector<std::string> shm_segments() {
-  std::vector<std::string> names;
-  std::string prefix = "batchcast." + std::to_string(::getuid()) + ".";
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d))
-      if (std::string(e->d_name).rfind(prefix, 0) == 0) names.push_back(e->d_name);
-    ::closedir(d);
-  }
-  return names;
-}
 
 }  // namespace batchcast::testing
