@@ -119,7 +119,7 @@ def run_shared(args: argparse.Namespace, n: int, model: str, out: str) -> Dict[s
          "--epochs", "0", "--min-consumers", str(n), "--metrics-dir", out, "--status-interval", "0",
          # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
          "--device", "cuda:0" if args.device.startswith("cuda") else "cpu",
-         "--metrics-interval", str(args.interval)],
+         "--decoder", args.decoder, "--metrics-interval", str(args.interval)],
         stderr=subprocess.PIPE, text=True)
     try:
         results = run_trainers([trainer_cmd(args, "shared", model, ["--endpoint", endpoint])
@@ -143,7 +143,8 @@ def fmt(v: float | None, spec: str) -> str:
 def markdown(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     lines = [f"Hardware: {meta['cpu']} ({meta['cores']} cores){', ' + meta['gpu'] if meta['gpu'] else ''}; "
              f"batch {meta['batch_size']}, image {meta['image_size']}, {meta['steps']} steps per "
-             f"trainer, baseline {meta['workers']} workers per trainer.", "",
+             f"trainer, baseline {meta['workers']} workers per trainer, batchcast decoder "
+             f"{meta.get('decoder', 'cpu')}.", "",
              "| N | model | baseline samples/s | batchcast samples/s | throughput ratio | "
              "baseline CPU s/sample | batchcast CPU s/sample | CPU ratio | 1/N + 10% | GPU util b/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -198,6 +199,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10,
                    help="steps per trainer before the throughput clock starts (>= the ring, so the server's prefill does not count; CPU counts every step)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--decoder", default="cpu", choices=["cpu", "nvjpeg"],
+                   help="the server's decoder (nvjpeg needs --device cuda)")
     p.add_argument("--interval", type=float, default=0.5, help="metrics sampling interval (s)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: proves the bench runs (CI)")
     args = p.parse_args()
@@ -214,7 +217,7 @@ def main() -> None:
     ensure_dataset(args)
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu_name(),
             "batch_size": args.batch_size, "image_size": args.image_size, "steps": args.steps,
-            "workers": args.workers, "device": args.device}
+            "workers": args.workers, "device": args.device, "decoder": args.decoder}
     rows = []
     for model in args.models.split(","):
         for n in [int(x) for x in args.trainers.split(",")]:

@@ -48,8 +48,9 @@ class FileDescriptor {
   int fd_;
 };
 
-// Reads the whole file into the thread's file buffer; returns its size.
-size_t read_file(const std::string& path, ScratchBuffer& buffer) {
+}  // namespace
+
+size_t read_image_file(const std::string& path, ScratchBuffer& buffer) {
   FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw SampleError(path, "cannot open: " + errno_text(errno));
   struct stat info {};
@@ -72,6 +73,8 @@ size_t read_file(const std::string& path, ScratchBuffer& buffer) {
   return done;
 }
 
+namespace {
+
 ScratchBuffer& file_buffer() {
   thread_local ScratchBuffer buffer;
   return buffer;
@@ -81,6 +84,8 @@ ScratchBuffer& resized_buffer() {
   thread_local ScratchBuffer buffer;
   return buffer;
 }
+
+}  // namespace
 
 void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name) {
   // Division, not width * height: header fields of crafted files can overflow the product.
@@ -95,6 +100,8 @@ void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::
                               " = " + std::to_string(pixels) + " pixels, above max_image_pixels=" +
                               std::to_string(limit) + " (decompression-bomb guard)");
 }
+
+namespace {
 
 // The scaled-image rectangle that covers source rectangle `crop` after DCT scaling by `factor`.
 PixelRect scale_rect(const CropRect& crop, ScalingFactor factor, int scaled_w, int scaled_h) {
@@ -250,10 +257,39 @@ size_t ImagePipeline::sample_bytes() const {
   return s * s * 3 * dtype_size(dtype());
 }
 
+SampleGeometry ImagePipeline::geometry(int width, int height, bool jpeg, uint64_t epoch,
+                                       uint64_t index, const std::string& name) const {
+  const int out_size = options_.image_size;
+  SampleGeometry g;
+  g.resize_w = out_size;
+  g.resize_h = out_size;
+  if (options_.train) {
+    SampleRng rng(options_.seed, epoch, index);
+    g.crop = random_resized_crop_params(width, height, rng);
+    SampleRng flip_rng(hash_combine(options_.seed, kFlipStream), epoch, index);
+    g.flip = flip_rng.uniform() < 0.5;
+  } else {
+    EvalGeometry e = eval_geometry(width, height, out_size);
+    g.crop = CropRect{0, 0, height, width};
+    g.resize_w = e.resized_width;
+    g.resize_h = e.resized_height;
+    g.final_left = e.crop_left;
+    g.final_top = e.crop_top;
+    // A sliver (1 x 100000) would resize to a gigantic strip; the bomb guard covers that too.
+    check_pixel_count(g.resize_w, g.resize_h, options_.max_image_pixels, name);
+  }
+  g.scaled = PixelRect{g.crop.left, g.crop.top, g.crop.width, g.crop.height};
+  if (jpeg) {
+    g.factor = choose_scaling(g.crop.width, g.crop.height, g.resize_w, g.resize_h);
+    g.scaled = scale_rect(g.crop, g.factor, g.factor.scale(width), g.factor.scale(height));
+  }
+  return g;
+}
+
 void ImagePipeline::process(const std::string& path, uint64_t epoch, uint64_t index,
                             void* out) const {
   ScratchBuffer& buffer = file_buffer();
-  size_t size = read_file(path, buffer);
+  size_t size = read_image_file(path, buffer);
   process_bytes(buffer.data(), size, path, epoch, index, out);
 }
 
@@ -308,41 +344,20 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
 #endif
   }
 
-  // 2. Source rectangle, output geometry and flip.
-  CropRect crop;
-  int resize_w = out_size;
-  int resize_h = out_size;
-  int final_left = 0;
-  int final_top = 0;
-  bool flip = false;
-  if (options_.train) {
-    SampleRng rng(options_.seed, epoch, index);
-    crop = random_resized_crop_params(width, height, rng);
-    SampleRng flip_rng(hash_combine(options_.seed, kFlipStream), epoch, index);
-    flip = flip_rng.uniform() < 0.5;
-  } else {
-    EvalGeometry g = eval_geometry(width, height, out_size);
-    crop = CropRect{0, 0, height, width};
-    resize_w = g.resized_width;
-    resize_h = g.resized_height;
-    final_left = g.crop_left;
-    final_top = g.crop_top;
-    // A sliver (1 x 100000) would resize to a gigantic strip; the bomb guard covers that too.
-    check_pixel_count(resize_w, resize_h, options_.max_image_pixels, name);
-  }
-
-  // 3. Decode just that rectangle (DCT-scaled when it is much larger than needed).
+  // 2. Source rectangle, output geometry and flip; 3. decode just that rectangle (DCT-scaled
+  // when it is much larger than needed).
+  const SampleGeometry g = geometry(width, height, format == ImageFormat::kJpeg, epoch, index, name);
+  const int resize_w = g.resize_w;
+  const int resize_h = g.resize_h;
   RgbView source;
   if (format == ImageFormat::kJpeg) {
-    ScalingFactor factor = choose_scaling(crop.width, crop.height, resize_w, resize_h);
-    PixelRect rect = scale_rect(crop, factor, factor.scale(width), factor.scale(height));
-    source = decode_jpeg_region(data, size, name, jpeg_header, factor, rect);
+    source = decode_jpeg_region(data, size, name, jpeg_header, g.factor, g.scaled);
   } else {
 #ifdef BATCHCAST_HAVE_IMGCODECS
     source.stride = decoded_rgb.step[0];
-    source.pixels = decoded_rgb.ptr<uint8_t>(crop.top) + static_cast<size_t>(crop.left) * 3;
-    source.width = crop.width;
-    source.height = crop.height;
+    source.pixels = decoded_rgb.ptr<uint8_t>(g.crop.top) + static_cast<size_t>(g.crop.left) * 3;
+    source.width = g.crop.width;
+    source.height = g.crop.height;
 #endif
   }
 
@@ -360,16 +375,16 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
     cv::resize(source_mat, resized_mat, resized_mat.size(), 0, 0, cv::INTER_LINEAR);
   }
   const size_t resized_stride = static_cast<size_t>(resize_w) * 3;
-  const uint8_t* square = resized + static_cast<size_t>(final_top) * resized_stride +
-                          static_cast<size_t>(final_left) * 3;
+  const uint8_t* square = resized + static_cast<size_t>(g.final_top) * resized_stride +
+                          static_cast<size_t>(g.final_left) * 3;
 
   switch (options_.output) {
     case OutputType::kFloat32:
-      write_planar(square, resized_stride, out_size, flip, float_lut_, out);
+      write_planar(square, resized_stride, out_size, g.flip, float_lut_, out);
       break;
     case OutputType::kFloat16:
     case OutputType::kBFloat16:
-      write_planar(square, resized_stride, out_size, flip, half_lut_, out);
+      write_planar(square, resized_stride, out_size, g.flip, half_lut_, out);
       break;
     case OutputType::kUInt8:
       if (!direct_uint8) {
@@ -379,7 +394,7 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
                       static_cast<size_t>(out_size) * 3);
         }
       }
-      if (flip) flip_rows_in_place(static_cast<uint8_t*>(out), out_size);
+      if (g.flip) flip_rows_in_place(static_cast<uint8_t*>(out), out_size);
       break;
   }
 }

@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "decoders/crop_params.h"
+#include "decoders/jpeg_decode.h"
+#include "decoders/scratch_buffer.h"
 
 namespace batchcast {
 
@@ -51,6 +54,20 @@ struct PipelineOptions {
   int64_t max_image_pixels = 178956970;
 };
 
+// Where a sample's output pixels come from: a pure function of the header's size, the options and
+// (seed, epoch, index). Shared by the CPU pipeline and the GPU decode path (server/nvjpeg_stage.h)
+// so that both draw the same crops and flips.
+struct SampleGeometry {
+  CropRect crop;          // source rectangle in full-resolution pixels
+  ScalingFactor factor;   // DCT-domain reduction the CPU decodes `crop` with (JPEG only)
+  PixelRect scaled;       // `crop` in the coordinates of the image scaled by `factor`
+  int resize_w = 0;       // the scaled rectangle is resized (bilinear) to resize_w x resize_h,
+  int resize_h = 0;
+  int final_left = 0;     // then the output square is cut at (final_left, final_top): eval's
+  int final_top = 0;      // CenterCrop; 0, 0 in training
+  bool flip = false;      // mirrored columns (RandomHorizontalFlip)
+};
+
 class ImagePipeline {
  public:
   explicit ImagePipeline(PipelineOptions options);
@@ -68,6 +85,10 @@ class ImagePipeline {
   // Same, from bytes already in memory; `name` is the path reported in errors.
   void process_bytes(const uint8_t* data, size_t size, const std::string& name, uint64_t epoch,
                      uint64_t index, void* out) const;
+  // The geometry of sample (epoch, index) of a width x height image; `jpeg` adds the DCT scaling.
+  // Throws SampleError(name, ...) when eval's resized image would exceed max_image_pixels.
+  SampleGeometry geometry(int width, int height, bool jpeg, uint64_t epoch, uint64_t index,
+                          const std::string& name) const;
 
  private:
   PipelineOptions options_;
@@ -76,6 +97,13 @@ class ImagePipeline {
   std::array<std::array<float, 256>, 3> float_lut_{};
   std::array<std::array<uint16_t, 256>, 3> half_lut_{};  // float16 or bfloat16 bits
 };
+
+// Reads the whole file at `path` into `buffer`; returns its size. Throws SampleError(path, reason)
+// for a missing, unreadable, empty, non-regular file or a directory.
+size_t read_image_file(const std::string& path, ScratchBuffer& buffer);
+
+// The decompression-bomb guard: throws SampleError(name, ...) unless 0 < width * height <= limit.
+void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name);
 
 // float32 -> IEEE half / bfloat16 bits, round to nearest even (NaN stays NaN). Exposed for tests.
 uint16_t float_to_half_bits(float value);

@@ -14,6 +14,8 @@
 #include "decoders/tj_handle.h"
 
 namespace batchcast {
+
+static_assert(TJCS_CMYK == 3 && TJCS_YCCK == 4, "JpegHeader::cmyk() spells these out");
 namespace {
 
 // Decoded pixels of the calling thread (see the header's contract on lifetime).
@@ -174,17 +176,6 @@ LibjpegDecompressor& thread_libjpeg() {
   return decompressor;
 }
 
-// A complete JPEG ends with an EOI marker (FF D9), possibly followed by a little padding. Rows
-// below a crop are never decoded, so truncation is checked here, the same way for every crop.
-bool has_end_marker(const uint8_t* data, size_t size) {
-  constexpr size_t kTailBytes = 4096;
-  size_t start = size > kTailBytes ? size - kTailBytes : 0;
-  for (size_t i = size; i-- > start + 1;) {
-    if (data[i] == 0xD9 && data[i - 1] == 0xFF) return true;
-  }
-  return false;
-}
-
 // TurboJPEG reports warnings as failures too; keep the same policy as the libjpeg path.
 bool is_harmless_turbo_warning(tjhandle handle) {
   if (tjGetErrorCode(handle) != TJERR_WARNING) return false;
@@ -196,6 +187,15 @@ bool is_harmless_turbo_warning(tjhandle handle) {
 }
 
 }  // namespace
+
+bool has_end_marker(const uint8_t* data, size_t size) {
+  constexpr size_t kTailBytes = 4096;
+  size_t start = size > kTailBytes ? size - kTailBytes : 0;
+  for (size_t i = size; i-- > start + 1;) {
+    if (data[i] == 0xD9 && data[i - 1] == 0xFF) return true;
+  }
+  return false;
+}
 
 bool looks_like_jpeg(const uint8_t* data, size_t size) {
   return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
@@ -242,7 +242,7 @@ RgbView decode_jpeg_full_turbo(const uint8_t* data, size_t size, const std::stri
   uint8_t* pixels = pixel_buffer().get(pixel_count * 3);
   // libjpeg-turbo 2.1 cannot convert CMYK/YCCK to RGB itself ("Unsupported color conversion
   // request"): decode to CMYK and convert here.
-  const bool cmyk = header.colorspace == TJCS_CMYK || header.colorspace == TJCS_YCCK;
+  const bool cmyk = header.cmyk();
   thread_local ScratchBuffer cmyk_buffer;
   uint8_t* target = cmyk ? cmyk_buffer.get(pixel_count * 4) : pixels;
   if (tjDecompress2(handle.get(), data, static_cast<unsigned long>(size), target, width, 0, height,
@@ -269,7 +269,7 @@ RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& 
   if (!has_end_marker(data, size)) {
     throw SampleError(name, "truncated JPEG (no end-of-image marker)");
   }
-  if (header.colorspace == TJCS_CMYK || header.colorspace == TJCS_YCCK) {
+  if (header.cmyk()) {
     // libjpeg cannot convert CMYK to RGB, so these rare files take a full decode.
     RgbView full = decode_jpeg_full_turbo(data, size, name, factor);
     if (rect.x < 0 || rect.y < 0 || rect.x + rect.w > full.width || rect.y + rect.h > full.height) {

@@ -16,11 +16,19 @@ namespace batchcast {
 // True when the bytes start with a JPEG SOI marker followed by another marker.
 bool looks_like_jpeg(const uint8_t* data, size_t size);
 
+// True when an EOI marker (FF D9) ends the data, possibly followed by a little padding: a JPEG
+// without it is truncated. Rows below a crop are never decoded, so truncation is checked this way,
+// the same way for every crop (and for GPU decoding, which does not report it).
+bool has_end_marker(const uint8_t* data, size_t size);
+
 struct JpegHeader {
   int width = 0;
   int height = 0;
   int subsampling = 0;  // TJSAMP_*
   int colorspace = 0;   // TJCS_*
+  // CMYK or YCCK (Adobe): libjpeg and nvJPEG cannot convert these to RGB; decode_jpeg_full_turbo
+  // does.
+  bool cmyk() const { return colorspace == 3 || colorspace == 4; }  // TJCS_CMYK, TJCS_YCCK
 };
 
 // Reads the frame header without decoding pixels. Throws SampleError on a malformed header.

@@ -53,6 +53,28 @@ struct Backend {
   }
 };
 
+// True for a baseline (SOF0) JPEG, the kind the hardware engine decodes; progressive and other
+// frame types go to the hybrid backend. Walks the marker segments up to the frame header.
+bool is_baseline(const uint8_t* data, size_t size) {
+  size_t i = 2;  // after SOI
+  while (i + 4 <= size) {
+    if (data[i] != 0xFF) return false;
+    uint8_t marker = data[i + 1];
+    if (marker == 0xFF) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC)
+      return marker == 0xC0;
+    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {  // no length field
+      i += 2;
+      continue;
+    }
+    i += 2 + ((size_t{data[i + 2]} << 8) | data[i + 3]);
+  }
+  return false;
+}
+
 }  // namespace
 
 struct NvjpegDecoder::Impl {
@@ -98,14 +120,33 @@ void NvjpegDecoder::dimensions(const JpegBytes& jpeg, int* width, int* height) c
 void NvjpegDecoder::decode_batch(const std::vector<JpegBytes>& jpegs,
                                  const std::vector<uint8_t*>& outs, cudaStream_t stream) {
   if (jpegs.empty()) return;
-  std::vector<std::pair<int, int>> sizes(jpegs.size());
-  for (size_t i = 0; i < jpegs.size(); ++i) dimensions(jpegs[i], &sizes[i].first, &sizes[i].second);
-  if (impl_->hardware.handle &&
-      impl_->hardware.decode(jpegs, outs, sizes, stream) == NVJPEG_STATUS_SUCCESS)
-    return;
-  nvjpegStatus_t s = impl_->hybrid.decode(jpegs, outs, sizes, stream);
+  // Baseline images go to the hardware engine (where there is one), the others to the hybrid
+  // backend, so one progressive file does not send its whole batch down the slower path.
+  std::vector<JpegBytes> hw_jpegs, sw_jpegs;
+  std::vector<uint8_t*> hw_outs, sw_outs;
+  for (size_t i = 0; i < jpegs.size(); ++i) {
+    bool hw = impl_->hardware.handle && is_baseline(jpegs[i].data, jpegs[i].size);
+    (hw ? hw_jpegs : sw_jpegs).push_back(jpegs[i]);
+    (hw ? hw_outs : sw_outs).push_back(outs[i]);
+  }
+  auto sizes_of = [this](const std::vector<JpegBytes>& batch) {
+    std::vector<std::pair<int, int>> sizes(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i)
+      dimensions(batch[i], &sizes[i].first, &sizes[i].second);
+    return sizes;
+  };
+  if (!hw_jpegs.empty() &&
+      impl_->hardware.decode(hw_jpegs, hw_outs, sizes_of(hw_jpegs), stream) !=
+          NVJPEG_STATUS_SUCCESS) {
+    // Refused (an unsupported subsampling, say): the hybrid backend takes them too.
+    sw_jpegs.insert(sw_jpegs.end(), hw_jpegs.begin(), hw_jpegs.end());
+    sw_outs.insert(sw_outs.end(), hw_outs.begin(), hw_outs.end());
+  }
+  if (sw_jpegs.empty()) return;
+  nvjpegStatus_t s = impl_->hybrid.decode(sw_jpegs, sw_outs, sizes_of(sw_jpegs), stream);
   if (s != NVJPEG_STATUS_SUCCESS)
-    throw SampleError(jpegs.size() == 1 ? jpegs[0].name : jpegs[0].name + " (or another of its batch)",
+    throw SampleError(sw_jpegs.size() == 1 ? sw_jpegs[0].name
+                                           : sw_jpegs[0].name + " (or another of its batch)",
                       "nvJPEG decode failed (status " + std::to_string(static_cast<int>(s)) + ")");
 }
 

@@ -1,7 +1,8 @@
 // NvjpegDecoder: JPEG decoding on the GPU with nvJPEG, to interleaved RGB (HWC uint8) in device
-// memory. It uses the hardware JPEG engines (NVJPEG_BACKEND_HARDWARE, A100/H100 class GPUs) where
-// present, else nvJPEG's default hybrid CPU+GPU backend; a batch the hardware backend rejects
-// (progressive, unusual subsampling) is decoded again with the hybrid one.
+// memory. Baseline JPEGs go to the hardware JPEG engines (NVJPEG_BACKEND_HARDWARE, A100/H100 class
+// GPUs) where present, everything else (progressive files; all files on GPUs without the engine)
+// to nvJPEG's default hybrid CPU+GPU backend; a group the hardware backend refuses (an unusual
+// subsampling) is decoded again with the hybrid one.
 // Compiled only where CMake finds nvjpeg.h (BATCHCAST_HAVE_NVJPEG); output agrees with the CPU
 // decoder (decode_jpeg_full_turbo) within a few levels (different IDCT and chroma upsampling).
 //

@@ -31,10 +31,11 @@ std::vector<SampleTensor> CudaStage::converted(const std::vector<SampleTensor>& 
   return out;
 }
 
-CudaStage::CudaStage(const DeviceArena& arena, std::vector<SampleTensor> staged,
+CudaStage::CudaStage(const DeviceArena& arena, const SampleSource& source,
                      std::vector<TensorConversion> conversions, uint32_t batch_size)
     : arena_(arena),
-      staged_(std::move(staged)),
+      source_(source),
+      staged_(source.tensors()),
       conversions_(std::move(conversions)),
       slot_tensors_(converted(staged_, conversions_)),
       staged_layout_(SlotLayout::plan(staged_, batch_size)),
@@ -68,13 +69,20 @@ CudaStage::~CudaStage() {
 
 std::vector<SampleTensor> CudaStage::slot_tensors() const { return slot_tensors_; }
 
-uint8_t* CudaStage::staging(uint32_t slot) {
+void CudaStage::begin(uint32_t slot) {
   // The slot's event was last recorded after its previous upload; once it completed, that
   // upload no longer reads this staging area. (A never-recorded event counts as complete.)
   CudaDeviceGuard guard(arena_.device());
   cuda_check(cudaEventSynchronize(arena_.slot_event(slot)),
              "waiting for the previous upload of slot " + std::to_string(slot));
-  return staging_.data() + slot * staged_layout_.bytes;
+}
+
+void CudaStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
+  uint8_t* base = staging_.data() + slot * staged_layout_.bytes;
+  std::vector<uint8_t*> outs(staged_.size());
+  for (size_t t = 0; t < staged_.size(); ++t)
+    outs[t] = base + staged_layout_.offsets[t] + position * staged_[t].bytes();
+  source_.fill(index, epoch, outs);
 }
 
 void CudaStage::upload(const FillLease& lease, uint32_t sample_count) {

@@ -1,19 +1,19 @@
-// CudaStage: the ChunkStage of a GPU pool (sample_producer.h). The producer's workers decode on
-// the CPU into pinned staging memory, one staging area per slot laid out like the source's
-// tensors; upload() then, on the stage's own stream, copies the chunk to the device with
+// CudaStage: the ChunkStage of a GPU pool with CPU decoding (sample_producer.h). fill() has the
+// source decode each sample on the CPU into pinned staging memory, one staging area per slot laid
+// out like the source's tensors; upload() then, on the stage's own stream, copies the chunk to the device with
 // cudaMemcpyAsync, converts image tensors (uint8 HWC -> normalised CHW, decoders/gpu_convert.h)
 // straight into the slot, copies the other tensors as they are, and records the slot's
 // interprocess event, which consumers wait on before they read the slot.
 //
 // Staging layout: K pinned areas (cudaHostAlloc) of the source's chunk size (uint8 images, so a
 // quarter of a float32 slot), plus one device scratch buffer for the uint8 images of one chunk,
-// reused in stream order. staging(slot) waits for the slot's previous upload (its event) before
-// handing the area out again, so a chunk is never overwritten while it is being copied.
+// reused in stream order. begin(slot) waits for the slot's previous upload (its event) before the
+// area is filled again, so a chunk is never overwritten while it is being copied.
 //
-// Thread-safety: upload() may be called from any producer worker (serialised by a mutex, so the
-// scratch buffer's copy/convert pairs stay in order on the one stream); staging() from the
-// producer thread. Ownership: created after the ServerCore (it borrows its DeviceArena) and
-// destroyed before it; the destructor waits for the stream to finish. CUDA builds only.
+// Thread-safety: fill() and upload() may be called from any producer worker (upload is serialised
+// by a mutex, so the scratch buffer's copy/convert pairs stay in order on the one stream); begin()
+// from the producer thread. Ownership: created after the ServerCore (it borrows its DeviceArena)
+// and destroyed before it; it borrows the source, which outlives it; the destructor waits for the stream to finish. CUDA builds only.
 #pragma once
 
 #include <array>
@@ -39,15 +39,16 @@ struct TensorConversion {
 
 class CudaStage : public ChunkStage {
  public:
-  // `staged`: the source's tensors; `conversions`: one per staged tensor (or empty: copy all).
-  CudaStage(const DeviceArena& arena, std::vector<SampleTensor> staged,
+  // Stages `source`'s tensors; `conversions`: one per tensor (or empty: copy all).
+  CudaStage(const DeviceArena& arena, const SampleSource& source,
             std::vector<TensorConversion> conversions, uint32_t batch_size);
   ~CudaStage() override;
   CudaStage(const CudaStage&) = delete;
   CudaStage& operator=(const CudaStage&) = delete;
 
   std::vector<SampleTensor> slot_tensors() const override;
-  uint8_t* staging(uint32_t slot) override;
+  void begin(uint32_t slot) override;
+  void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) override;
   void upload(const FillLease& lease, uint32_t sample_count) override;
 
   // The slot tensors a source's tensors become under `conversions`.
@@ -56,6 +57,7 @@ class CudaStage : public ChunkStage {
 
  private:
   const DeviceArena& arena_;
+  const SampleSource& source_;
   std::vector<SampleTensor> staged_;
   std::vector<TensorConversion> conversions_;
   std::vector<SampleTensor> slot_tensors_;

@@ -25,6 +25,7 @@ class ImageSource : public SampleSource {
     std::memcpy(outs[1], &entry.label, sizeof(entry.label));
   }
   const Dataset& dataset() const { return dataset_; }
+  const ImagePipeline& pipeline() const { return pipeline_; }
 
  private:
   Dataset dataset_;

@@ -22,6 +22,9 @@
 #ifdef BATCHCAST_HAVE_CUDA
 #include "server/cuda_stage.h"
 #endif
+#ifdef BATCHCAST_HAVE_NVJPEG
+#include "server/nvjpeg_stage.h"
+#endif
 
 namespace batchcast {
 namespace {
@@ -38,6 +41,7 @@ struct ServeArgs {
   bool eval = false;
   uint32_t workers = std::max(1u, std::thread::hardware_concurrency());
   std::string device = "cpu";
+  std::string decoder = "cpu";
   uint64_t epochs = 1;
   uint64_t seed = 0;
   bool shuffle = true;
@@ -108,14 +112,30 @@ int parse_device(const std::string& device) {
 #endif
 }
 
+// Checks --decoder against the rest of the command line; true for nvjpeg.
+bool gpu_decoding(const ServeArgs& a) {
+  if (a.decoder == "cpu") return false;
+  if (a.decoder != "nvjpeg") throw Error("--decoder " + a.decoder + ": use cpu or nvjpeg");
+  if (a.synthetic) throw Error("--decoder nvjpeg decodes images; --synthetic has none (drop it)");
+  if (a.device == "cpu")
+    throw Error("--decoder nvjpeg decodes into a GPU pool: add --device cuda:K");
+#ifndef BATCHCAST_HAVE_NVJPEG
+  throw Error("--decoder nvjpeg: this build has no nvJPEG (its CUDA toolkit lacks nvjpeg.h); "
+              "rebuild where the toolkit has it, or use --decoder cpu");
+#endif
+  return true;
+}
+
 int serve(const ServeArgs& a) {
   SignalWatcher signals;
+  [[maybe_unused]] const bool gpu_decode = gpu_decoding(a);
   [[maybe_unused]] const int cuda_device = parse_device(a.device);
 #ifdef BATCHCAST_HAVE_CUDA
   // GPU pools: the CPU decodes uint8 HWC into pinned staging; the GPU normalises (cuda_stage.h).
   std::vector<TensorConversion> conversions;
 #endif
   std::unique_ptr<SampleSource> source;
+  [[maybe_unused]] const ImageSource* images = nullptr;
   int sources = (a.synthetic > 0) + !a.data.empty() + !a.file_list.empty();
   if (sources != 1) throw Error("give exactly one of --data DIR, --file-list FILE or --synthetic N");
   if (a.synthetic) {
@@ -127,7 +147,7 @@ int serve(const ServeArgs& a) {
     p.output = parse_output_type(a.output);
     p.seed = a.seed;
 #ifdef BATCHCAST_HAVE_CUDA
-    if (cuda_device >= 0 && p.output != OutputType::kUInt8) {
+    if (cuda_device >= 0 && !gpu_decode && p.output != OutputType::kUInt8) {
       conversions.resize(1);
       conversions[0].normalize = p.output;
       conversions[0].mean = p.mean;
@@ -138,7 +158,9 @@ int serve(const ServeArgs& a) {
     auto dataset = a.data.empty() ? Dataset::file_list(a.file_list) : Dataset::image_folder(a.data);
     spdlog::info("dataset: {} samples{}", dataset.size(),
                  dataset.classes().empty() ? "" : ", " + std::to_string(dataset.classes().size()) + " classes");
-    source = std::make_unique<ImageSource>(std::move(dataset), p);
+    auto image_source = std::make_unique<ImageSource>(std::move(dataset), p);
+    images = image_source.get();
+    source = std::move(image_source);
   }
   StreamPlan plan(source->size(), {a.seed, a.shuffle, a.rank, a.world_size});
   SampleProducerOptions po;
@@ -172,12 +194,14 @@ int serve(const ServeArgs& a) {
   so.stall_timeout_s = a.stall_timeout;
   ServerCore core(so);
 #ifdef BATCHCAST_HAVE_CUDA
-  std::unique_ptr<CudaStage> stage;  // destroyed before the core whose arena it borrows
-  if (cuda_device >= 0) {
-    stage = std::make_unique<CudaStage>(*core.device_arena(), source->tensors(), conversions,
-                                        a.batch_size);
-    po.stage = stage.get();
-  }
+  std::unique_ptr<ChunkStage> stage;  // destroyed before the core whose arena it borrows
+#ifdef BATCHCAST_HAVE_NVJPEG
+  if (gpu_decode)
+    stage = std::make_unique<NvjpegStage>(*core.device_arena(), *images, a.batch_size, po.on_error);
+#endif
+  if (cuda_device >= 0 && !stage)
+    stage = std::make_unique<CudaStage>(*core.device_arena(), *source, conversions, a.batch_size);
+  po.stage = stage.get();
 #endif
 
   std::atomic<bool> stop{false};
@@ -271,6 +295,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("--eval", a.eval, "Resize + CenterCrop instead of RandomResizedCrop + flip");
   serve_cmd->add_option("--workers", a.workers, "decoding threads")->capture_default_str();
   serve_cmd->add_option("--device", a.device, "cpu or cuda:K")->capture_default_str();
+  serve_cmd->add_option("--decoder", a.decoder, "cpu (TurboJPEG/libjpeg) or nvjpeg (GPU; needs --device cuda:K)")->capture_default_str();
   serve_cmd->add_option("--epochs", a.epochs, "epochs to serve (0: until stopped)")->capture_default_str();
   serve_cmd->add_option("--seed", a.seed, "seed of shuffling and augmentation")->capture_default_str();
   serve_cmd->add_flag("--shuffle,!--no-shuffle", a.shuffle, "shuffle every epoch (default on)");

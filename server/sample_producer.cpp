@@ -20,7 +20,6 @@ constexpr uint64_t kTensorAlignment = 256;
 struct ChunkJob {
   FillLease lease;
   ChunkInfo info;
-  uint8_t* base = nullptr;  // where samples are written: the slot, or the stage's staging
   std::shared_ptr<const std::vector<uint64_t>> order;  // the epoch's sample order
   std::atomic<uint32_t> remaining{0};
 };
@@ -97,13 +96,17 @@ bool SampleProducer::run() {
   auto fill_one = [&](const SampleTask& task) {
     auto& job = *task.job;
     std::vector<uint8_t*> outs(tensors_.size());
-    for (size_t t = 0; t < tensors_.size(); ++t)
-      outs[t] = job.base + layout_.offsets[t] + task.position * tensors_[t].bytes();
+    for (size_t t = 0; t < tensors_.size() && !options_.stage; ++t)
+      outs[t] = job.lease.data + layout_.offsets[t] + task.position * tensors_[t].bytes();
     const auto& order = *job.order;
     uint64_t p = job.info.sample_start + task.position;
     for (uint64_t attempt = 0; attempt < order.size(); ++attempt) {
       try {
-        source_.fill(order[(p + attempt) % order.size()], job.info.epoch, outs);
+        uint64_t index = order[(p + attempt) % order.size()];
+        if (options_.stage)
+          options_.stage->fill(job.lease.slot, task.position, index, job.info.epoch);
+        else
+          source_.fill(index, job.info.epoch, outs);
         return;
       } catch (const SampleError& e) {
         if (options_.on_error == OnErrorPolicy::kRaise) throw;
@@ -147,7 +150,7 @@ bool SampleProducer::run() {
       auto job = std::make_shared<ChunkJob>();
       job->lease = *lease;
       try {
-        job->base = options_.stage ? options_.stage->staging(lease->slot) : lease->data;
+        if (options_.stage) options_.stage->begin(lease->slot);
       } catch (const std::exception& e) {
         failed = true;
         core_.fail(e.what());

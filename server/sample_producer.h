@@ -3,8 +3,8 @@
 // decode each sample straight into its place in the slot (no intermediate batch copy); a chunk
 // is published when its last sample is written, and the core publishes in stream order.
 //
-// GPU pools: with a ChunkStage the workers decode into the stage's pinned staging memory instead,
-// and the last worker of a chunk has the stage upload it into its device slot before publishing.
+// GPU pools: with a ChunkStage the workers have the stage prepare each sample instead, and the
+// last worker of a chunk has the stage upload it into its device slot before publishing.
 //
 // Bad samples: on_error=raise fails the stream with the file and reason (consumers get the
 // error); skip fills the position from the next good sample of the epoch's order and counts it.
@@ -24,20 +24,27 @@ namespace batchcast {
 
 enum class OnErrorPolicy { kRaise, kSkip };
 
-// Where chunks are decoded when the pool's slots are not host memory (a GPU pool): workers write
-// each sample into staging(slot), laid out as the source's tensors (SlotLayout::plan), and
-// upload() moves the whole chunk into its slot, converted to slot_tensors(), before it is
-// published. Implemented by CudaStage (server/cuda_stage.h).
+// Where chunks are decoded when the pool's slots are not host memory (a GPU pool): the stage
+// prepares each sample on the workers (fill) and moves the whole chunk into its device slot,
+// converted to slot_tensors(), before it is published (upload). Implemented by CudaStage (CPU
+// decode into pinned staging; server/cuda_stage.h) and NvjpegStage (GPU decode;
+// server/nvjpeg_stage.h).
 class ChunkStage {
  public:
   virtual ~ChunkStage() = default;
   // The tensors as they sit in a slot: dtype and per-sample shape.
   virtual std::vector<SampleTensor> slot_tensors() const = 0;
-  // The staging memory of `slot`, once the previous upload from it is done. Once per chunk.
-  virtual uint8_t* staging(uint32_t slot) = 0;
+  // Called once per chunk, from the producer thread, before any fill() for `slot`: waits until
+  // the previous upload from the slot's host-side memory is done.
+  virtual void begin(uint32_t slot) = 0;
+  // Prepares sample `index` of `epoch` as sample `position` of the chunk in `slot`. Called from
+  // the worker threads, concurrently for different positions. Throws SampleError for a bad sample.
+  virtual void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) = 0;
   // Queues the chunk's copy (and conversion) into its slot and marks when it is done for the
   // consumers. Thread-safe. Throws Error if the device fails.
   virtual void upload(const FillLease& lease, uint32_t sample_count) = 0;
+  // Bad samples the stage itself replaced at upload time (on_error=skip), beyond fill()'s.
+  virtual uint64_t skipped() const { return 0; }
 };
 
 struct SampleProducerOptions {
@@ -62,7 +69,10 @@ class SampleProducer {
                  SampleProducerOptions options);
   // Produces every epoch, then finish()es the core. False if the stream failed or was stopped.
   bool run();
-  uint64_t skipped_samples() const { return skipped_.load(); }
+  // Bad samples replaced under on_error=skip (the stage's included).
+  uint64_t skipped_samples() const {
+    return skipped_.load() + (options_.stage ? options_.stage->skipped() : 0);
+  }
 
  private:
   ServerCore& core_;

@@ -162,6 +162,7 @@ def serve(
     image_size: Optional[int] = None,
     workers: Optional[int] = None,
     device: Optional[str] = None,
+    decoder: Optional[str] = None,
     seed: Optional[int] = None,
     shuffle: Optional[bool] = None,
     min_consumers: Optional[int] = None,
@@ -176,7 +177,8 @@ def serve(
     """Starts ``batchcast serve`` and returns once its endpoint answers.
 
     ``data`` is an image folder; ``synthetic=N`` serves N synthetic samples instead. Options
-    left None take the CLI's defaults; ``epochs=None`` serves until stopped. Anything else
+    left None take the CLI's defaults; ``epochs=None`` serves until stopped. ``device="cuda:K"``
+    puts the pool on GPU K; ``decoder="nvjpeg"`` also decodes and augments there. Anything else
     goes in ``extra_args`` (see ``batchcast serve --help``). The returned :class:`Server` is a
     context manager that stops the process on exit.
     """
@@ -192,6 +194,7 @@ def serve(
         "--image-size": image_size,
         "--workers": workers,
         "--device": device,
+        "--decoder": decoder,
         "--seed": seed,
         "--min-consumers": min_consumers,
         "--output": output,

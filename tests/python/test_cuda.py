@@ -1,21 +1,26 @@
-"""GPU pools from Python: ``batchcast serve --device cuda:0`` and two Loader consumer processes.
+"""GPU pools from Python: ``batchcast serve --device cuda:0`` (CPU or nvJPEG decoding) and two
+Loader consumer processes.
 
-Skipped (with the reason) where torch sees no CUDA device or the build has no CUDA support.
+GPU tests are skipped (with the reason) where torch sees no CUDA device or the build has no
+CUDA/nvJPEG support; the command-line errors of a machine without a GPU are tested everywhere.
 Run on the GPU machine: BATCHCAST_BUILD_DIR=build-gpu python3 -m pytest tests/python/test_cuda.py
 Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label i.
 """
 
 from __future__ import annotations
 
+import os
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
 import batchcast
+from conftest import watch_endpoint
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: torch.cuda is not available", allow_module_level=True)
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
+                               reason="no CUDA device: torch.cuda is not available")
 
 SAMPLE_BYTES = 2048
 
@@ -43,6 +48,7 @@ CONSUMER = textwrap.dedent(
 )
 
 
+@needs_gpu
 def test_two_loader_processes_share_gpu_batches(endpoint, batchcast_bin, run_py):
     try:
         server = batchcast.serve(synthetic=300, sample_bytes=SAMPLE_BYTES, endpoint=endpoint,
@@ -62,3 +68,147 @@ def test_two_loader_processes_share_gpu_batches(endpoint, batchcast_bin, run_py)
         assert out_a == out_b
         assert out_a.split()[0] == str(2 * ((300 + 31) // 32)).encode()
         assert server.wait(30) == 0
+
+
+# --- nvJPEG decoding (serve --decoder nvjpeg) ------------------------------------------------
+
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+DUMP = textwrap.dedent(
+    """
+    import sys, torch, batchcast
+    xs, ys = [], []
+    for x, y in batchcast.Loader(sys.argv[1], timeout=60):
+        xs.append(x.cpu())
+        ys.append(y.cpu())
+    torch.save((torch.cat(xs), torch.cat(ys)), sys.argv[2])
+    """
+)
+
+
+def photo_like(width: int, height: int, seed: int) -> np.ndarray:
+    """Smooth gradients, low-frequency waves and mild noise: JPEG-friendly like a photo."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    channels = []
+    for c in range(3):
+        fx, fy, phase = rng.uniform(0.005, 0.05, 2).tolist() + [rng.uniform(0, 6.28)]
+        wave = 60 * np.sin(x * fx + y * fy + phase) + 40 * np.cos(x * fy * 0.5 - y * fx + c)
+        channels.append(128 + wave + 60 * (x / width - y / height) + rng.normal(0, 4, x.shape))
+    return np.clip(np.stack(channels, axis=-1), 0, 255).astype(np.uint8)
+
+
+@pytest.fixture()
+def jpeg_folder(tmp_path):
+    """An ImageFolder of varied JPEGs: sizes, 4:2:0/4:4:4, progressive, grayscale, CMYK."""
+    from PIL import Image
+
+    root = tmp_path / "jpegs"
+    kinds = [
+        (500, 375, {}), (375, 500, {"subsampling": 0}), (1024, 683, {}), (300, 300, {}),
+        (640, 480, {"progressive": True}), (333, 222, {"subsampling": 1}), (800, 600, {}),
+        (256, 700, {}), (450, 450, {"gray": True}), (420, 300, {"cmyk": True}),
+    ]
+    for i, (w, h, opts) in enumerate(kinds * 3):
+        img = Image.fromarray(photo_like(w, h, i))
+        if opts.pop("gray", False):
+            img = img.convert("L")
+        if opts.pop("cmyk", False):
+            img = img.convert("CMYK")
+        path = root / f"class{i % 3}" / f"{i:03d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        img.save(path, "JPEG", quality=90, **opts)
+    return str(root)
+
+
+def serve_or_skip(**kwargs):
+    try:
+        return batchcast.serve(**kwargs)
+    except batchcast.BatchcastError as e:
+        if "no CUDA support" in str(e) or "no nvJPEG" in str(e):
+            pytest.skip(f"this build cannot decode on the GPU: {e}")
+        raise
+
+
+def dump(run_py, endpoint, path, consumers=1):
+    procs = [run_py(DUMP, endpoint, f"{path}.{k}") for k in range(consumers)]
+    outs = []
+    for k, p in enumerate(procs):
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+        outs.append(torch.load(f"{path}.{k}"))
+    return outs
+
+
+@needs_gpu
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_nvjpeg_agrees_with_the_cpu_decoder(jpeg_folder, batchcast_bin, run_py, tmp_path, train):
+    common = dict(data=jpeg_folder, batch_size=8, image_size=96, output="uint8", shuffle=False,
+                  seed=5, device="cuda:0", extra_args=[] if train else ["--eval"])
+    results = {}
+    for decoder in ("cpu", "nvjpeg"):
+        ep = watch_endpoint(f"ipc:///tmp/batchcast-test-nvj-{decoder}-{os.getpid()}.sock")
+        with serve_or_skip(endpoint=ep, decoder=decoder, min_consumers=2, **common) as server:
+            # Two consumers of the same server: the very same bytes.
+            (x, y), (x2, y2) = dump(run_py, ep, str(tmp_path / decoder), consumers=2)
+            assert server.wait(30) == 0, server.log_tail()
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+        results[decoder] = (x, y)
+    (cpu_x, cpu_y), (gpu_x, gpu_y) = results["cpu"], results["nvjpeg"]
+    assert gpu_x.shape == cpu_x.shape == (30, 96, 96, 3) and gpu_x.dtype == torch.uint8
+    assert torch.equal(gpu_y, cpu_y)  # same order, same labels
+    diff = (gpu_x.float() - cpu_x.float()).abs()
+    per_image = diff.flatten(1).mean(1)
+    print(f"nvJPEG vs CPU ({'train' if train else 'eval'}): mean |diff| {diff.mean():.2f}, "
+          f"worst image {per_image.max():.2f}, p99 {diff.flatten().kthvalue(int(diff.numel() * 0.99)).values:.0f}")
+    # Same crops and flips (a wrong crop or a missed flip costs tens of levels on these images);
+    # decoders differ in IDCT, chroma upsampling and downscale filter by a few levels.
+    assert diff.mean() < 2.5
+    assert per_image.max() < 5.0
+
+
+@needs_gpu
+def test_nvjpeg_float_output_is_the_normalised_uint8(jpeg_folder, batchcast_bin, run_py, tmp_path):
+    outs = {}
+    for output in ("uint8", "float32"):
+        ep = watch_endpoint(f"ipc:///tmp/batchcast-test-nvf-{output}-{os.getpid()}.sock")
+        with serve_or_skip(data=jpeg_folder, endpoint=ep, batch_size=16, image_size=64,
+                           output=output, seed=1, device="cuda:0", decoder="nvjpeg") as server:
+            (outs[output],) = dump(run_py, ep, str(tmp_path / output))
+            assert server.wait(30) == 0, server.log_tail()
+    u8, f32 = outs["uint8"][0], outs["float32"][0]
+    assert f32.shape == (30, 3, 64, 64) and f32.dtype == torch.float32
+    want = (u8.permute(0, 3, 1, 2).float() / 255 - MEAN) / STD
+    assert torch.allclose(f32, want, atol=1e-6)
+
+
+@needs_gpu
+def test_nvjpeg_bad_files_are_skipped_and_counted(jpeg_folder, batchcast_bin, run_py, tmp_path):
+    bad = os.path.join(jpeg_folder, "class0")
+    with open(os.path.join(jpeg_folder, "class0", "000.jpg"), "rb") as f:
+        data = f.read()
+    with open(os.path.join(bad, "truncated.jpg"), "wb") as f:
+        f.write(data[: len(data) // 2])
+    with open(os.path.join(bad, "text.jpg"), "wb") as f:
+        f.write(b"not an image at all")
+    ep = watch_endpoint(f"ipc:///tmp/batchcast-test-nvbad-{os.getpid()}.sock")
+    with serve_or_skip(data=jpeg_folder, endpoint=ep, batch_size=8, image_size=32, seed=2,
+                       device="cuda:0", decoder="nvjpeg", extra_args=["--on-error", "skip"]) as server:
+        ((x, y),) = dump(run_py, ep, str(tmp_path / "bad"))
+        assert server.wait(30) == 0, server.log_tail()
+        log = server.log_tail(50)
+    assert x.shape[0] == 32  # every position served
+    assert "2 bad samples skipped" in log, log
+    assert "truncated JPEG" in log and "not a JPEG" in log, log
+
+
+def test_nvjpeg_without_a_gpu_pool_is_a_clear_error(jpeg_folder, batchcast_bin, endpoint):
+    with pytest.raises(batchcast.BatchcastError, match=r"add --device cuda:K"):
+        batchcast.serve(data=jpeg_folder, endpoint=endpoint, decoder="nvjpeg")
+    with pytest.raises(batchcast.BatchcastError, match=r"--decoder gpu: use cpu or nvjpeg"):
+        batchcast.serve(data=jpeg_folder, endpoint=endpoint, decoder="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(batchcast.BatchcastError,
+                           match=r"no CUDA device is usable|no CUDA support|no nvJPEG"):
+            batchcast.serve(data=jpeg_folder, endpoint=endpoint, device="cuda:0", decoder="nvjpeg")

@@ -1,0 +1,201 @@
+#include "server/nvjpeg_stage.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "common/error.h"
+#include "decoders/jpeg_decode.h"
+
+namespace batchcast {
+namespace {
+
+// Device bytes of full-size images decoded at once; a chunk of larger images is decoded in groups
+// (a 64-image chunk of 12-megapixel photos would otherwise need 2.3 GB).
+constexpr uint64_t kDecodeBudget = uint64_t{1} << 30;
+constexpr uint64_t kImageAlignment = 256;
+
+uint64_t decoded_bytes(int width, int height) {
+  uint64_t bytes = static_cast<uint64_t>(width) * height * 3;
+  return (bytes + kImageAlignment - 1) / kImageAlignment * kImageAlignment;
+}
+
+}  // namespace
+
+NvjpegStage::NvjpegStage(const DeviceArena& arena, const ImageSource& source, uint32_t batch_size,
+                         OnErrorPolicy on_error)
+    : arena_(arena),
+      source_(source),
+      batch_size_(batch_size),
+      on_error_(on_error),
+      tensors_(source.tensors()),
+      layout_(SlotLayout::plan(tensors_, batch_size)),
+      samples_(static_cast<size_t>(arena.slot_count()) * batch_size),
+      decoder_(arena.device()) {
+  if (layout_.bytes > arena_.slot_bytes())
+    throw Error("a chunk needs " + std::to_string(layout_.bytes) + " bytes but GPU slots hold " +
+                std::to_string(arena_.slot_bytes()));
+  CudaDeviceGuard guard(arena_.device());
+  labels_ = PinnedBuffer::allocate(samples_.size() * sizeof(int64_t));
+  jobs_ = PinnedBuffer::allocate(samples_.size() * sizeof(ResizeJob));
+  stream_ = CudaStream::create();
+  device_jobs_ = DeviceBuffer::allocate(batch_size * sizeof(ResizeJob));
+  const PipelineOptions& o = source_.pipeline().options();
+  if (o.output != OutputType::kUInt8) {
+    ConvertTable table = make_convert_table(o.output, o.mean, o.std);
+    table_ = DeviceBuffer::allocate(table.bytes.size());
+    cuda_check(cudaMemcpy(table_.data(), table.bytes.data(), table.bytes.size(),
+                          cudaMemcpyHostToDevice),
+               "copying the normalisation table to cuda:" + std::to_string(arena_.device()));
+  }
+  spdlog::info("nvJPEG decoder on cuda:{} ({} backend)", arena_.device(), decoder_.backend());
+}
+
+NvjpegStage::~NvjpegStage() {
+  if (stream_.get()) (void)cudaStreamSynchronize(stream_.get());
+}
+
+void NvjpegStage::begin(uint32_t slot) {
+  // The slot's event is recorded after its last upload; once that is done, nothing on the device
+  // reads this slot's host-side samples, labels or jobs any more.
+  CudaDeviceGuard guard(arena_.device());
+  cuda_check(cudaEventSynchronize(arena_.slot_event(slot)),
+             "waiting for the previous upload of slot " + std::to_string(slot));
+}
+
+void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
+  PreparedSample& s = samples_[static_cast<size_t>(slot) * batch_size_ + position];
+  const DatasetEntry& entry = source_.dataset()[index];
+  s.path = entry.path;
+  s.size = read_image_file(entry.path, s.bytes);
+  const uint8_t* data = s.bytes.data();
+  if (!looks_like_jpeg(data, s.size))
+    throw SampleError(entry.path, "not a JPEG: --decoder nvjpeg reads JPEG files only (serve "
+                                  "other formats with --decoder cpu)");
+  JpegHeader header = read_jpeg_header(data, s.size, entry.path);
+  check_pixel_count(header.width, header.height, source_.pipeline().options().max_image_pixels,
+                    entry.path);
+  if (!has_end_marker(data, s.size))
+    throw SampleError(entry.path, "truncated JPEG (no end-of-image marker)");
+  s.width = header.width;
+  s.height = header.height;
+  s.geometry = source_.pipeline().geometry(s.width, s.height, true, epoch, index, entry.path);
+  s.decoded_on_cpu = header.cmyk();
+  if (s.decoded_on_cpu) {
+    RgbView rgb = decode_jpeg_full_turbo(data, s.size, entry.path, ScalingFactor{});
+    const size_t row = static_cast<size_t>(rgb.width) * 3;
+    uint8_t* out = s.bytes.get(row * rgb.height);  // rgb lives in another (thread_local) buffer
+    for (int y = 0; y < rgb.height; ++y) std::memcpy(out + y * row, rgb.pixels + y * rgb.stride, row);
+    s.size = row * rgb.height;
+  }
+  reinterpret_cast<int64_t*>(labels_.data())[static_cast<size_t>(slot) * batch_size_ + position] =
+      entry.label;
+}
+
+void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
+                               std::vector<bool>* failed) {
+  cudaStream_t stream = stream_.get();
+  std::vector<JpegBytes> jpegs;
+  std::vector<uint8_t*> outs;
+  std::vector<uint32_t> positions;
+  uint64_t offset = 0;
+  for (uint32_t k = first; k < last; ++k) {
+    PreparedSample& s = samples_[static_cast<size_t>(slot) * batch_size_ + k];
+    jobs[k] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
+    if (s.decoded_on_cpu) {
+      cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
+                                 cudaMemcpyHostToDevice, stream),
+                 "uploading the CPU-decoded pixels of " + s.path);
+    } else {
+      jpegs.push_back(JpegBytes{s.bytes.data(), s.size, s.path});
+      outs.push_back(decoded_.data() + offset);
+      positions.push_back(k);
+    }
+    offset += decoded_bytes(s.width, s.height);
+  }
+  try {
+    decoder_.decode_batch(jpegs, outs, stream);
+    return;
+  } catch (const SampleError&) {
+    // Some image of the batch was refused: find it by decoding one at a time.
+  }
+  for (size_t i = 0; i < jpegs.size(); ++i) {
+    try {
+      decoder_.decode_batch({jpegs[i]}, {outs[i]}, stream);
+      continue;
+    } catch (const SampleError& e) {
+      spdlog::debug("nvJPEG refused {}; decoding it on the CPU", e.what());
+    }
+    try {
+      RgbView rgb = decode_jpeg_full_turbo(jpegs[i].data, jpegs[i].size, jpegs[i].name,
+                                           ScalingFactor{});
+      // Pageable memory: the call returns once the bytes are staged, so the thread_local
+      // buffer may be reused right after.
+      cuda_check(cudaMemcpy2DAsync(outs[i], static_cast<size_t>(rgb.width) * 3, rgb.pixels,
+                                   rgb.stride, static_cast<size_t>(rgb.width) * 3, rgb.height,
+                                   cudaMemcpyHostToDevice, stream),
+                 "uploading the CPU-decoded pixels of " + jpegs[i].name);
+    } catch (const SampleError& e) {
+      if (on_error_ == OnErrorPolicy::kRaise) throw;
+      (*failed)[positions[i]] = true;
+      if (skipped_++ < 20) spdlog::warn("skipped bad sample {} (on_error=skip)", e.what());
+    }
+  }
+}
+
+void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
+  std::lock_guard lk(mu_);
+  CudaDeviceGuard guard(arena_.device());
+  cudaStream_t stream = stream_.get();
+  const size_t base = static_cast<size_t>(lease.slot) * batch_size_;
+  ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
+  int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
+  const PipelineOptions& o = source_.pipeline().options();
+  const int element_bytes = o.output == OutputType::kFloat32 ? 4 : 2;
+  std::vector<bool> failed(sample_count);
+  for (uint32_t first = 0; first < sample_count;) {
+    uint64_t bytes = 0;
+    uint32_t last = first;
+    while (last < sample_count) {
+      const PreparedSample& s = samples_[base + last];
+      uint64_t more = decoded_bytes(s.width, s.height);
+      if (last > first && bytes + more > kDecodeBudget) break;
+      bytes += more;
+      ++last;
+    }
+    if (decoded_.size() < bytes) {
+      cuda_check(cudaStreamSynchronize(stream), "waiting for the decode buffer to be free");
+      decoded_ = DeviceBuffer();  // free first: peak memory is one buffer, not two
+      decoded_ = DeviceBuffer::allocate(bytes);
+    }
+    decode_group(lease.slot, first, last, jobs, &failed);
+    // on_error=skip: a position no decoder could read shows another image of its group.
+    for (uint32_t k = first; k < last; ++k) {
+      if (!failed[k]) continue;
+      uint32_t good = first;
+      while (good < last && failed[good]) ++good;
+      if (good == last)
+        throw Error("no image of chunk " + std::to_string(lease.seq) + " could be decoded");
+      jobs[k] = jobs[good];
+      jobs[k].output_index = static_cast<int32_t>(k);
+      labels[k] = labels[good];
+    }
+    const std::string where = " for chunk " + std::to_string(lease.seq) + " on cuda:" +
+                              std::to_string(arena_.device());
+    cuda_check(cudaMemcpyAsync(device_jobs_.data() + first * sizeof(ResizeJob), jobs + first,
+                               (last - first) * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
+               "copying resize jobs" + where);
+    launch_crop_resize(decoded_.data(),
+                       reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first,
+                       last - first, o.image_size, table_.data(),
+                       element_bytes, lease.data + layout_.offsets[0], stream);
+    first = last;
+  }
+  cuda_check(cudaMemcpyAsync(lease.data + layout_.offsets[1], labels,
+                             sample_count * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
+             "copying the labels of chunk " + std::to_string(lease.seq));
+  cuda_check(cudaEventRecord(arena_.slot_event(lease.slot), stream),
+             "recording the ready event of slot " + std::to_string(lease.slot));
+}
+
+}  // namespace batchcast

@@ -1,0 +1,94 @@
+// NvjpegStage: the ChunkStage of a GPU pool that decodes on the GPU (`serve --decoder nvjpeg`).
+//
+// fill() runs on the producer's worker threads and does the CPU's small share: it reads the file,
+// checks it (JPEG signature, header, EOI marker, decompression-bomb guard: the same SampleErrors
+// as the CPU pipeline, so on_error=skip replaces such samples the usual way) and draws the
+// sample's geometry with ImagePipeline::geometry, i.e. the CPU pipeline's own SampleRng draws.
+// CMYK/YCCK JPEGs, which nvJPEG cannot convert to RGB, are decoded to RGB on the CPU right there.
+// upload() then, on the stage's stream: nvJPEG decodes the chunk's images to full-size RGB in a
+// device buffer (hardware engine for baseline JPEGs where the GPU has one, hybrid otherwise), a
+// kernel (launch_crop_resize) crops, resizes, flips and normalises them straight into the slot,
+// the labels are copied from pinned memory, and the slot's interprocess event is recorded.
+//
+// Output: the slot holds what the CPU pipeline's slot would hold (same tensors, dtypes, shapes,
+// crops and flips); pixels agree within tolerance, not bit for bit: nvJPEG's IDCT and chroma
+// upsampling differ from libjpeg-turbo's, and the CPU's DCT-domain downscale is approximated by a
+// box filter. Corrupt entropy data that nvJPEG decodes without an error is not detected (the CPU
+// pipeline would detect it where it decodes); an image nvJPEG refuses at decode time is decoded on
+// the CPU, and if that fails too, the stream fails (on_error=raise) or the position is filled
+// with another sample of the chunk and counted in skipped() (on_error=skip).
+//
+// Thread-safety: fill() from any worker (each position written by one worker), begin() from the
+// producer thread, upload() from any worker (serialised by a mutex: one stream, one decoder, one
+// decode buffer). Ownership: created after the ServerCore (it borrows its DeviceArena) and
+// destroyed before it; it borrows the ImageSource (dataset + pipeline options), which outlives
+// it. Compiled only with nvJPEG (BATCHCAST_HAVE_NVJPEG).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "decoders/gpu_convert.h"
+#include "decoders/nvjpeg_decode.h"
+#include "decoders/scratch_buffer.h"
+#include "server/image_source.h"
+#include "server/sample_producer.h"
+#include "shm/cuda_pool.h"
+
+namespace batchcast {
+
+class NvjpegStage : public ChunkStage {
+ public:
+  NvjpegStage(const DeviceArena& arena, const ImageSource& source, uint32_t batch_size,
+              OnErrorPolicy on_error);
+  ~NvjpegStage() override;
+  NvjpegStage(const NvjpegStage&) = delete;
+  NvjpegStage& operator=(const NvjpegStage&) = delete;
+
+  std::vector<SampleTensor> slot_tensors() const override { return source_.tensors(); }
+  void begin(uint32_t slot) override;
+  void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) override;
+  void upload(const FillLease& lease, uint32_t sample_count) override;
+
+  const char* backend() const { return decoder_.backend(); }
+  // Samples whose GPU and CPU decodes both failed at upload time (on_error=skip only).
+  uint64_t skipped() const override { return skipped_.load(); }
+
+ private:
+  // One position of one slot: the file's bytes (or, for CMYK, CPU-decoded RGB) and its geometry.
+  struct PreparedSample {
+    ScratchBuffer bytes;
+    size_t size = 0;
+    bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB
+    int width = 0;
+    int height = 0;
+    SampleGeometry geometry;
+    std::string path;
+  };
+
+  // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer) and
+  // fills `jobs` with where each image landed; a sample no decoder can read is skipped or thrown.
+  void decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
+                    std::vector<bool>* failed);
+
+  const DeviceArena& arena_;
+  const ImageSource& source_;
+  uint32_t batch_size_;
+  OnErrorPolicy on_error_;
+  std::vector<SampleTensor> tensors_;  // #0 images, #1 labels
+  SlotLayout layout_;
+  std::vector<PreparedSample> samples_;  // slot_count * batch_size
+  PinnedBuffer labels_;                  // slot_count * batch_size int64
+  PinnedBuffer jobs_;                    // slot_count * batch_size ResizeJob
+  std::mutex mu_;                        // guards everything below
+  NvjpegDecoder decoder_;
+  CudaStream stream_;
+  DeviceBuffer device_jobs_;  // batch_size ResizeJob, reused in stream order
+  DeviceBuffer table_;        // normalisation table (float outputs)
+  DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
+  std::atomic<uint64_t> skipped_{0};
+};
+
+}  // namespace batchcast
