@@ -10,6 +10,7 @@ Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label 
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 import numpy as np
@@ -164,8 +165,9 @@ def test_nvjpeg_agrees_with_the_cpu_decoder(jpeg_folder, batchcast_bin, run_py, 
           f"worst image {per_image.max():.2f}, p99 {diff.flatten().kthvalue(int(diff.numel() * 0.99)).values:.0f}")
     # Same crops and flips (a wrong crop or a missed flip costs tens of levels on these images);
     # decoders differ in IDCT, chroma upsampling and downscale filter by a few levels.
-    assert diff.mean() < 2.5
-    assert per_image.max() < 5.0
+    # H100: mean 0.40 (eval) / 0.37 (train), worst image 0.57, p99 2 levels.
+    assert diff.mean() < 1.0
+    assert per_image.max() < 2.0
 
 
 @needs_gpu
@@ -199,7 +201,9 @@ def test_nvjpeg_bad_files_are_skipped_and_counted(jpeg_folder, batchcast_bin, ru
         assert server.wait(30) == 0, server.log_tail()
         log = server.log_tail(50)
     assert x.shape[0] == 32  # every position served
-    assert "2 bad samples skipped" in log, log
+    # Each failed attempt counts: a bad file drawn again as a replacement counts again.
+    skipped = re.search(r"(\d+) bad samples skipped", log)
+    assert skipped and int(skipped.group(1)) >= 2, log
     assert "truncated JPEG" in log and "not a JPEG" in log, log
 
 
