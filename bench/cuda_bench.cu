@@ -6,10 +6,10 @@
 //      process (this program, --consumer) stops the clock once its stream has the batch;
 //   3. JPEG decode images/s: nvJPEG (batched) versus the CPU decoder (TurboJPEG) on one core.
 // Needs a GPU; exits 0 with a message without one.
+#include <sys/wait.h>
 #include <time.h>
 #include <turbojpeg.h>
 #include <unistd.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
@@ -76,8 +76,9 @@ void bandwidth() {
     return seconds_since(t0);
   };
   double s = timed(20, [&] {
-    cuda_check(cudaMemcpyAsync(dev.data(), host.data(), bytes, cudaMemcpyHostToDevice, stream.get()),
-               "memcpy");
+    cuda_check(
+        cudaMemcpyAsync(dev.data(), host.data(), bytes, cudaMemcpyHostToDevice, stream.get()),
+        "memcpy");
   });
   std::printf("| plain pinned cudaMemcpyAsync, 256 MiB | %.1f GB/s |\n", 20.0 * bytes / s / 1e9);
 
@@ -106,10 +107,11 @@ void bandwidth() {
     auto t0 = std::chrono::steady_clock::now();
     run(chunks);
     double secs = seconds_since(t0);
-    std::printf("| pool path (CudaStage::upload, %u x 224x224x3 uint8 chunks%s) | %.1f GB/s of "
-                "staged bytes, %.0f images/s |\n",
-                kBatch, normalise ? " -> float32 NCHW normalised" : ", copied as is",
-                chunks * staged_bytes / secs / 1e9, chunks * kBatch / secs);
+    std::printf(
+        "| pool path (CudaStage::upload, %u x 224x224x3 uint8 chunks%s) | %.1f GB/s of "
+        "staged bytes, %.0f images/s |\n",
+        kBatch, normalise ? " -> float32 NCHW normalised" : ", copied as is",
+        chunks * staged_bytes / secs / 1e9, chunks * kBatch / secs);
   }
 }
 
@@ -125,9 +127,9 @@ int consumer_main(const std::string& endpoint) {
     auto b = consumer.next();
     if (!b) continue;
     b->use_on_stream(reinterpret_cast<uintptr_t>(stream.get()));
-    cuda_check(cudaMemcpyAsync(stamp.data(), b->tensors[1].data, 8, cudaMemcpyDeviceToHost,
-                               stream.get()),
-               "stamp");
+    cuda_check(
+        cudaMemcpyAsync(stamp.data(), b->tensors[1].data, 8, cudaMemcpyDeviceToHost, stream.get()),
+        "stamp");
     cuda_check(cudaStreamSynchronize(stream.get()), "sync");
     int64_t t0;
     std::memcpy(&t0, stamp.data(), 8);
@@ -181,7 +183,8 @@ void latency(const char* self, bool normalise) {
       spec.name = slot_tensors[t].name;
       spec.dtype = slot_tensors[t].dtype;
       spec.shape = {kBatch};
-      spec.shape.insert(spec.shape.end(), slot_tensors[t].shape.begin(), slot_tensors[t].shape.end());
+      spec.shape.insert(spec.shape.end(), slot_tensors[t].shape.begin(),
+                        slot_tensors[t].shape.end());
       spec.strides.assign(spec.shape.size(), 1);
       for (size_t i = spec.shape.size() - 1; i-- > 0;)
         spec.strides[i] = spec.strides[i + 1] * spec.shape[i + 1];
@@ -204,9 +207,10 @@ void latency(const char* self, bool normalise) {
   double p50 = 0, p99 = 0;
   if (n <= 0 || std::sscanf(buf, "%lu %lf %lf", &count, &p50, &p99) != 3)
     throw Error("latency consumer failed (status " + std::to_string(status) + ")");
-  std::printf("| publish-to-tensor latency, %u x 224x224x3 uint8%s, %lu chunks | p50 %.0f us, "
-              "p99 %.0f us |\n",
-              kBatch, normalise ? " -> float32" : "", count, p50, p99);
+  std::printf(
+      "| publish-to-tensor latency, %u x 224x224x3 uint8%s, %lu chunks | p50 %.0f us, "
+      "p99 %.0f us |\n",
+      kBatch, normalise ? " -> float32" : "", count, p50, p99);
 }
 
 // A 1024x768 photo-like JPEG (smooth gradients plus noise), quality 90, 4:2:0.
@@ -218,7 +222,8 @@ std::vector<uint8_t> make_jpeg() {
     for (int x = 0; x < w; ++x)
       for (int c = 0; c < 3; ++c) {
         r = r * 1664525u + 1013904223u;
-        rgb[(y * w + x) * 3 + c] = static_cast<uint8_t>((x * (c + 1) / 5 + y / 4 + (r >> 28)) & 255);
+        rgb[(y * w + x) * 3 + c] =
+            static_cast<uint8_t>((x * (c + 1) / 5 + y / 4 + (r >> 28)) & 255);
       }
   tjhandle tj = tjInitCompress();
   unsigned char* out = nullptr;
@@ -238,8 +243,8 @@ void decode() {
   for (int i = 0; i < reps; ++i)
     decode_jpeg_full_turbo(jpeg.data(), jpeg.size(), "bench.jpg", ScalingFactor{});
   double cpu = reps / seconds_since(t0);
-  std::printf("| CPU decoder (TurboJPEG full decode, 1024x768 q90 4:2:0), 1 core | %.0f images/s |\n",
-              cpu);
+  std::printf(
+      "| CPU decoder (TurboJPEG full decode, 1024x768 q90 4:2:0), 1 core | %.0f images/s |\n", cpu);
 #ifdef BATCHCAST_HAVE_NVJPEG
   NvjpegDecoder dec(0);
   auto stream = CudaStream::create();

@@ -1,10 +1,9 @@
-#include "decoders/gpu_convert.h"
-
 #include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "common/error.h"
+#include "decoders/gpu_convert.h"
 
 namespace batchcast {
 namespace {
@@ -124,8 +123,9 @@ __global__ void crop_resize(const uint8_t* __restrict__ decoded, const ResizeJob
 void check_launch(const char* kernel) {
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess)
-    throw Error(std::string(kernel) + " kernel launch failed: " + cudaGetErrorString(status) +
-                " (the build targets CMAKE_CUDA_ARCHITECTURES; rebuild for this GPU if it differs)");
+    throw Error(
+        std::string(kernel) + " kernel launch failed: " + cudaGetErrorString(status) +
+        " (the build targets CMAKE_CUDA_ARCHITECTURES; rebuild for this GPU if it differs)");
 }
 
 }  // namespace
@@ -157,8 +157,8 @@ void launch_crop_resize(const uint8_t* decoded, const ResizeJob* jobs, uint32_t 
   const uint64_t plane = static_cast<uint64_t>(size) * size;
   dim3 grid(static_cast<unsigned>(std::min<uint64_t>((plane + kThreads - 1) / kThreads, 1024)), n);
   if (table == nullptr) {
-    crop_resize<uint8_t><<<grid, kThreads, 0, stream>>>(decoded, jobs, size, nullptr,
-                                                        static_cast<uint8_t*>(out));
+    crop_resize<uint8_t>
+        <<<grid, kThreads, 0, stream>>>(decoded, jobs, size, nullptr, static_cast<uint8_t*>(out));
   } else if (element_bytes == 4) {
     crop_resize<uint32_t><<<grid, kThreads, 0, stream>>>(
         decoded, jobs, size, static_cast<const uint32_t*>(table), static_cast<uint32_t*>(out));

@@ -346,7 +346,8 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
 
   // 2. Source rectangle, output geometry and flip; 3. decode just that rectangle (DCT-scaled
   // when it is much larger than needed).
-  const SampleGeometry g = geometry(width, height, format == ImageFormat::kJpeg, epoch, index, name);
+  const SampleGeometry g =
+      geometry(width, height, format == ImageFormat::kJpeg, epoch, index, name);
   const int resize_w = g.resize_w;
   const int resize_h = g.resize_h;
   RgbView source;

@@ -58,14 +58,14 @@ struct PipelineOptions {
 // (seed, epoch, index). Shared by the CPU pipeline and the GPU decode path (server/nvjpeg_stage.h)
 // so that both draw the same crops and flips.
 struct SampleGeometry {
-  CropRect crop;          // source rectangle in full-resolution pixels
-  ScalingFactor factor;   // DCT-domain reduction the CPU decodes `crop` with (JPEG only)
-  PixelRect scaled;       // `crop` in the coordinates of the image scaled by `factor`
-  int resize_w = 0;       // the scaled rectangle is resized (bilinear) to resize_w x resize_h,
+  CropRect crop;         // source rectangle in full-resolution pixels
+  ScalingFactor factor;  // DCT-domain reduction the CPU decodes `crop` with (JPEG only)
+  PixelRect scaled;      // `crop` in the coordinates of the image scaled by `factor`
+  int resize_w = 0;      // the scaled rectangle is resized (bilinear) to resize_w x resize_h,
   int resize_h = 0;
-  int final_left = 0;     // then the output square is cut at (final_left, final_top): eval's
-  int final_top = 0;      // CenterCrop; 0, 0 in training
-  bool flip = false;      // mirrored columns (RandomHorizontalFlip)
+  int final_left = 0;  // then the output square is cut at (final_left, final_top): eval's
+  int final_top = 0;   // CenterCrop; 0, 0 in training
+  bool flip = false;   // mirrored columns (RandomHorizontalFlip)
 };
 
 class ImagePipeline {

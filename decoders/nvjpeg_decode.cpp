@@ -93,8 +93,9 @@ NvjpegDecoder::NvjpegDecoder(int device) : impl_(std::make_unique<Impl>()) {
     throw Error("nvJPEG decoder: cuda:" + std::to_string(device) + " is not usable");
   impl_->hardware.create(NVJPEG_BACKEND_HARDWARE);  // absent on most GPUs: a value, not an error
   if (!impl_->hybrid.create(NVJPEG_BACKEND_DEFAULT))
-    throw Error("nvJPEG decoder: nvjpegCreateEx failed (is libnvjpeg from the CUDA toolkit "
-                "installed and the driver new enough?)");
+    throw Error(
+        "nvJPEG decoder: nvjpegCreateEx failed (is libnvjpeg from the CUDA toolkit "
+        "installed and the driver new enough?)");
 }
 
 NvjpegDecoder::~NvjpegDecoder() = default;
@@ -135,9 +136,8 @@ void NvjpegDecoder::decode_batch(const std::vector<JpegBytes>& jpegs,
       dimensions(batch[i], &sizes[i].first, &sizes[i].second);
     return sizes;
   };
-  if (!hw_jpegs.empty() &&
-      impl_->hardware.decode(hw_jpegs, hw_outs, sizes_of(hw_jpegs), stream) !=
-          NVJPEG_STATUS_SUCCESS) {
+  if (!hw_jpegs.empty() && impl_->hardware.decode(hw_jpegs, hw_outs, sizes_of(hw_jpegs), stream) !=
+                               NVJPEG_STATUS_SUCCESS) {
     // Refused (an unsupported subsampling, say): the hybrid backend takes them too.
     sw_jpegs.insert(sw_jpegs.end(), hw_jpegs.begin(), hw_jpegs.end());
     sw_outs.insert(sw_outs.end(), hw_outs.begin(), hw_outs.end());
@@ -145,9 +145,9 @@ void NvjpegDecoder::decode_batch(const std::vector<JpegBytes>& jpegs,
   if (sw_jpegs.empty()) return;
   nvjpegStatus_t s = impl_->hybrid.decode(sw_jpegs, sw_outs, sizes_of(sw_jpegs), stream);
   if (s != NVJPEG_STATUS_SUCCESS)
-    throw SampleError(sw_jpegs.size() == 1 ? sw_jpegs[0].name
-                                           : sw_jpegs[0].name + " (or another of its batch)",
-                      "nvJPEG decode failed (status " + std::to_string(static_cast<int>(s)) + ")");
+    throw SampleError(
+        sw_jpegs.size() == 1 ? sw_jpegs[0].name : sw_jpegs[0].name + " (or another of its batch)",
+        "nvJPEG decode failed (status " + std::to_string(static_cast<int>(s)) + ")");
 }
 
 }  // namespace batchcast

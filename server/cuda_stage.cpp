@@ -12,7 +12,8 @@ std::vector<SampleTensor> CudaStage::converted(const std::vector<SampleTensor>& 
     if (!c.normalize) continue;
     const auto& s = staged[t];
     if (s.dtype != DType::kUInt8 || s.shape.size() != 3 || s.shape[2] != 3)
-      throw Error("tensor '" + s.name + "' cannot be normalised on the GPU: it is not uint8 HWC RGB");
+      throw Error("tensor '" + s.name +
+                  "' cannot be normalised on the GPU: it is not uint8 HWC RGB");
     out[t].shape = {3, s.shape[0], s.shape[1]};
     switch (*c.normalize) {
       case OutputType::kFloat32:
@@ -52,8 +53,8 @@ CudaStage::CudaStage(const DeviceArena& arena, const SampleSource& source,
   for (size_t t = 0; t < staged_.size(); ++t) {
     tables_.emplace_back();
     if (!conversions_[t].normalize) continue;
-    auto table = make_convert_table(*conversions_[t].normalize, conversions_[t].mean,
-                                    conversions_[t].std);
+    auto table =
+        make_convert_table(*conversions_[t].normalize, conversions_[t].mean, conversions_[t].std);
     tables_.back() = DeviceBuffer::allocate(table.bytes.size());
     cuda_check(cudaMemcpy(tables_.back().data(), table.bytes.data(), table.bytes.size(),
                           cudaMemcpyHostToDevice),
@@ -95,16 +96,15 @@ void CudaStage::upload(const FillLease& lease, uint32_t sample_count) {
     uint8_t* to = lease.data + slot_layout_.offsets[t];
     uint64_t bytes = staged_[t].bytes() * sample_count;
     const std::string what = "uploading tensor '" + staged_[t].name + "' of chunk " +
-                             std::to_string(lease.seq) + " to cuda:" +
-                             std::to_string(arena_.device());
+                             std::to_string(lease.seq) +
+                             " to cuda:" + std::to_string(arena_.device());
     if (!conversions_[t].normalize) {
       cuda_check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, s), what);
       continue;
     }
     cuda_check(cudaMemcpyAsync(scratch_.data(), from, bytes, cudaMemcpyHostToDevice, s), what);
     int element = *conversions_[t].normalize == OutputType::kFloat32 ? 4 : 2;
-    launch_hwc_to_chw(scratch_.data(), to, sample_count,
-                      static_cast<uint32_t>(staged_[t].shape[0]),
+    launch_hwc_to_chw(scratch_.data(), to, sample_count, static_cast<uint32_t>(staged_[t].shape[0]),
                       static_cast<uint32_t>(staged_[t].shape[1]), tables_[t].data(), element, s);
   }
   cuda_check(cudaEventRecord(arena_.slot_event(lease.slot), s),

@@ -1,9 +1,9 @@
 // CudaStage: the ChunkStage of a GPU pool with CPU decoding (sample_producer.h). fill() has the
 // source decode each sample on the CPU into pinned staging memory, one staging area per slot laid
-// out like the source's tensors; upload() then, on the stage's own stream, copies the chunk to the device with
-// cudaMemcpyAsync, converts image tensors (uint8 HWC -> normalised CHW, decoders/gpu_convert.h)
-// straight into the slot, copies the other tensors as they are, and records the slot's
-// interprocess event, which consumers wait on before they read the slot.
+// out like the source's tensors; upload() then, on the stage's own stream, copies the chunk to the
+// device with cudaMemcpyAsync, converts image tensors (uint8 HWC -> normalised CHW,
+// decoders/gpu_convert.h) straight into the slot, copies the other tensors as they are, and records
+// the slot's interprocess event, which consumers wait on before they read the slot.
 //
 // Staging layout: K pinned areas (cudaHostAlloc) of the source's chunk size (uint8 images, so a
 // quarter of a float32 slot), plus one device scratch buffer for the uint8 images of one chunk,
@@ -13,7 +13,8 @@
 // Thread-safety: fill() and upload() may be called from any producer worker (upload is serialised
 // by a mutex, so the scratch buffer's copy/convert pairs stay in order on the one stream); begin()
 // from the producer thread. Ownership: created after the ServerCore (it borrows its DeviceArena)
-// and destroyed before it; it borrows the source, which outlives it; the destructor waits for the stream to finish. CUDA builds only.
+// and destroyed before it; it borrows the source, which outlives it; the destructor waits for the
+// stream to finish. CUDA builds only.
 #pragma once
 
 #include <array>

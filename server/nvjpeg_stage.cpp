@@ -44,9 +44,9 @@ NvjpegStage::NvjpegStage(const DeviceArena& arena, const ImageSource& source, ui
   if (o.output != OutputType::kUInt8) {
     ConvertTable table = make_convert_table(o.output, o.mean, o.std);
     table_ = DeviceBuffer::allocate(table.bytes.size());
-    cuda_check(cudaMemcpy(table_.data(), table.bytes.data(), table.bytes.size(),
-                          cudaMemcpyHostToDevice),
-               "copying the normalisation table to cuda:" + std::to_string(arena_.device()));
+    cuda_check(
+        cudaMemcpy(table_.data(), table.bytes.data(), table.bytes.size(), cudaMemcpyHostToDevice),
+        "copying the normalisation table to cuda:" + std::to_string(arena_.device()));
   }
   spdlog::info("nvJPEG decoder on cuda:{} ({} backend)", arena_.device(), decoder_.backend());
 }
@@ -70,8 +70,9 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   s.size = read_image_file(entry.path, s.bytes);
   const uint8_t* data = s.bytes.data();
   if (!looks_like_jpeg(data, s.size))
-    throw SampleError(entry.path, "not a JPEG: --decoder nvjpeg reads JPEG files only (serve "
-                                  "other formats with --decoder cpu)");
+    throw SampleError(entry.path,
+                      "not a JPEG: --decoder nvjpeg reads JPEG files only (serve "
+                      "other formats with --decoder cpu)");
   JpegHeader header = read_jpeg_header(data, s.size, entry.path);
   check_pixel_count(header.width, header.height, source_.pipeline().options().max_image_pixels,
                     entry.path);
@@ -85,7 +86,8 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
     RgbView rgb = decode_jpeg_full_turbo(data, s.size, entry.path, ScalingFactor{});
     const size_t row = static_cast<size_t>(rgb.width) * 3;
     uint8_t* out = s.bytes.get(row * rgb.height);  // rgb lives in another (thread_local) buffer
-    for (int y = 0; y < rgb.height; ++y) std::memcpy(out + y * row, rgb.pixels + y * rgb.stride, row);
+    for (int y = 0; y < rgb.height; ++y)
+      std::memcpy(out + y * row, rgb.pixels + y * rgb.stride, row);
     s.size = row * rgb.height;
   }
   reinterpret_cast<int64_t*>(labels_.data())[static_cast<size_t>(slot) * batch_size_ + position] =
@@ -127,8 +129,8 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, Res
       spdlog::debug("nvJPEG refused {}; decoding it on the CPU", e.what());
     }
     try {
-      RgbView rgb = decode_jpeg_full_turbo(jpegs[i].data, jpegs[i].size, jpegs[i].name,
-                                           ScalingFactor{});
+      RgbView rgb =
+          decode_jpeg_full_turbo(jpegs[i].data, jpegs[i].size, jpegs[i].name, ScalingFactor{});
       // Pageable memory: the call returns once the bytes are staged, so the thread_local
       // buffer may be reused right after.
       cuda_check(cudaMemcpy2DAsync(outs[i], static_cast<size_t>(rgb.width) * 3, rgb.pixels,
@@ -180,15 +182,15 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
       jobs[k].output_index = static_cast<int32_t>(k);
       labels[k] = labels[good];
     }
-    const std::string where = " for chunk " + std::to_string(lease.seq) + " on cuda:" +
-                              std::to_string(arena_.device());
+    const std::string where =
+        " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(arena_.device());
     cuda_check(cudaMemcpyAsync(device_jobs_.data() + first * sizeof(ResizeJob), jobs + first,
                                (last - first) * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
                "copying resize jobs" + where);
     launch_crop_resize(decoded_.data(),
                        reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first,
-                       last - first, o.image_size, table_.data(),
-                       element_bytes, lease.data + layout_.offsets[0], stream);
+                       last - first, o.image_size, table_.data(), element_bytes,
+                       lease.data + layout_.offsets[0], stream);
     first = last;
   }
   cuda_check(cudaMemcpyAsync(lease.data + layout_.offsets[1], labels,

@@ -74,8 +74,8 @@ SlotLayout SlotLayout::plan(const std::vector<SampleTensor>& tensors, uint32_t b
   return layout;
 }
 
-SampleProducer::SampleProducer(ServerCore& core, const SampleSource& source,
-                               const StreamPlan& plan, SampleProducerOptions options)
+SampleProducer::SampleProducer(ServerCore& core, const SampleSource& source, const StreamPlan& plan,
+                               SampleProducerOptions options)
     : core_(core),
       source_(source),
       plan_(plan),
@@ -124,7 +124,8 @@ bool SampleProducer::run() {
         try {
           fill_one(task);
           if (--task.job->remaining == 0) {
-            if (options_.stage) options_.stage->upload(task.job->lease, task.job->info.sample_count);
+            if (options_.stage)
+              options_.stage->upload(task.job->lease, task.job->info.sample_count);
             core_.publish(task.job->lease, task.job->info);
           }
         } catch (const std::exception& e) {

@@ -48,9 +48,9 @@ class ChunkStage {
 };
 
 struct SampleProducerOptions {
-  uint32_t batch_size = 64;   // samples per chunk (slot)
-  uint32_t workers = 4;       // decoding threads
-  uint64_t epochs = 1;        // 0: until stopped
+  uint32_t batch_size = 64;  // samples per chunk (slot)
+  uint32_t workers = 4;      // decoding threads
+  uint64_t epochs = 1;       // 0: until stopped
   uint64_t first_epoch = 0;
   OnErrorPolicy on_error = OnErrorPolicy::kRaise;
   ChunkStage* stage = nullptr;  // GPU pools only; not owned, outlives the producer
