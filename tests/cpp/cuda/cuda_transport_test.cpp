@@ -122,5 +122,37 @@ TEST(CudaTransport, GpuNormalisationMatchesCpuServer) {
   std::filesystem::remove_all(dir);
 }
 
+// --decoder nvjpeg with the corpus's JPEGs (baseline, 4:4:4, 4:2:2, progressive, gray, CMYK: the
+// hardware engine, the hybrid backend and the CPU fallback all take part), 2 slots reused while
+// two consumers' delayed kernels read them. Pixel agreement with the CPU decoder is checked in
+// tests/python/test_cuda.py.
+TEST(CudaTransport, NvjpegDecoderServesEveryConsumerTheSameBatches) {
+  REQUIRE_GPU();
+#ifndef BATCHCAST_TEST_NVJPEG
+  GTEST_SKIP() << "this build has no nvJPEG (no nvjpeg.h in its CUDA toolkit)";
+#endif
+  auto dir = make_image_folder();
+  size_t images = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir);
+       it != std::filesystem::recursive_directory_iterator(); ++it)
+    images += it->is_regular_file();
+  auto ep = unique_endpoint("nvjpeg");
+  ChildProcess server({batchcast_bin(), "serve", "--data", dir, "--batch-size", "4",
+                       "--image-size", "64", "--device", "cuda:0", "--decoder", "nvjpeg",
+                       "--epochs", "2", "--ring", "2", "--min-consumers", "2", "--endpoint", ep,
+                       "--status-interval", "0"});
+  ChildProcess a({cuda_probe_bin(), "--endpoint", ep, "--delay-us", "300"});
+  ChildProcess b({cuda_probe_bin(), "--endpoint", ep, "--delay-us", "300"});
+  EXPECT_EQ(a.wait(120), 0) << a.err() << server.err();
+  EXPECT_EQ(b.wait(120), 0) << b.err();
+  EXPECT_EQ(server.wait(30), 0) << server.err();
+  EXPECT_NE(server.err().find("nvJPEG decoder on cuda:0"), std::string::npos) << server.err();
+  auto la = batch_lines(a), lb = batch_lines(b);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(la.size(), 2 * ((images + 3) / 4));
+  for (const auto& l : la) EXPECT_NE(l.find(" 0 cuda "), std::string::npos) << l;  // zero-copy
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace batchcast::testing
