@@ -5,8 +5,9 @@
 // spanning two; next() returns nullptr at every epoch end (and at once, forever, after the
 // server's last epoch); the last batch of an epoch is short unless drop_last. A batch inside
 // one chunk is a zero-copy view; one spanning chunks, or any batch while max_held zero-copy
-// batches are alive, is a private copy. Views are read-only memory: writing through them
-// faults; clone a tensor before modifying it in place.
+// batches are alive, is a private copy. Host views are read-only memory: writing through them
+// faults (after a message, shm/write_fault.h); CUDA views are writable (CUDA IPC has no
+// read-only mapping) and a write changes every consumer's batch. Clone before modifying.
 //
 // Lifetime: a Batch keeps its slot (and the mapping) alive until it is destroyed, even after
 // the Consumer is gone; the slot is released to the server then. Destroying the Consumer tells

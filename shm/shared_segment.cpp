@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "shm/write_fault.h"
 
 namespace batchcast {
 // Boost.Interprocess opens and maps the segment; the two raw calls on its descriptor make the
@@ -22,8 +23,8 @@ SharedSegment SharedSegment::create(const std::string& name, size_t bytes) {
     int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
     if (err != 0) {
       bip::shared_memory_object::remove(name.c_str());
-      throw Error("cannot reserve " + std::to_string(bytes >> 20) + " MiB in /dev/shm for segment " +
-                  name + ": " + std::strerror(err) +
+      throw Error("cannot reserve " + std::to_string(bytes >> 20) +
+                  " MiB in /dev/shm for segment " + name + ": " + std::strerror(err) +
                   "; free space in /dev/shm or use a smaller --ring/--batch-size");
     }
     auto region = std::make_unique<bip::mapped_region>(shm, bip::read_write, 0, bytes);
@@ -46,6 +47,7 @@ SharedSegment SharedSegment::open_read_only(const std::string& name) {
     if (!shm.get_size(bytes) || bytes == 0)
       throw Error("shared segment " + name + " is empty (server still starting?)");
     auto region = std::make_unique<bip::mapped_region>(shm, bip::read_only);
+    watch_writes(region->get_address(), region->get_size(), name);
     return SharedSegment(name, std::move(region), /*owner=*/false);
   } catch (const bip::interprocess_exception& e) {
     if (e.get_error_code() == bip::security_error)
@@ -62,8 +64,8 @@ bool SharedSegment::remove(const std::string& name) {
   return boost::interprocess::shared_memory_object::remove(name.c_str());
 }
 
-SharedSegment::SharedSegment(std::string name, std::unique_ptr<boost::interprocess::mapped_region> region,
-                             bool owner)
+SharedSegment::SharedSegment(std::string name,
+                             std::unique_ptr<boost::interprocess::mapped_region> region, bool owner)
     : name_(std::move(name)), region_(std::move(region)), owner_(owner) {}
 
 SharedSegment::SharedSegment(SharedSegment&& o) noexcept
@@ -91,6 +93,7 @@ uint8_t* SharedSegment::data() const {
 size_t SharedSegment::size() const { return region_ ? region_->get_size() : 0; }
 
 void SharedSegment::reset() noexcept {
+  if (region_ && !owner_) unwatch_writes(region_->get_address());
   region_.reset();
   if (owner_) boost::interprocess::shared_memory_object::remove(name_.c_str());
   owner_ = false;

@@ -5,7 +5,9 @@
 // nothing in /dev/shm). open_read_only() maps an existing segment without owning it: the mapping
 // stays valid after the owner unlinks the name, until the opener is destroyed. Segments are
 // created mode 0600, so other users can neither read nor map them. A segment left by a crashed
-// owner is removed by remove_stale_segments() at the next server start.
+// owner is removed by remove_stale_segments() at the next server start. A write into a read-only
+// mapping still kills the process (SIGSEGV), after a message naming the segment and the fix
+// (shm/write_fault.h).
 //
 // Thread-safety: the object is move-only and not synchronised; the memory it maps is shared and
 // its users synchronise through the pool header (shm/slot_pool.h) and the protocol.

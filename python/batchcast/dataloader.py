@@ -23,7 +23,7 @@ Share protocol (see python/README.md):
 - the producer exits after the last Loader left (it takes the lock to decide, so it never
   leaves under a process that is attaching) and removes its files.
 
-Batches are zero-copy read-only views of shared memory: clone before modifying in place.
+Batches are zero-copy views of shared memory: clone before modifying in place (see Loader).
 """
 
 from __future__ import annotations

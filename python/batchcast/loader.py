@@ -12,8 +12,11 @@ of its own batch size. Iterating yields one epoch and stops at its end, so::
 works like torch's DataLoader. Iterating after the server's last epoch ends at once.
 
 Batches are zero-copy views of the server's shared memory handed over through DLPack: the
-server's slot is released when the last tensor of the batch is freed. The views are
-read-only memory (writing through them faults): ``.clone()`` before modifying in place.
+server's slot is released when the last tensor of the batch is freed. Host views are
+read-only memory: writing through them kills the process (SIGSEGV) after a message naming the
+fix. CUDA views cannot be made read-only (CUDA IPC maps device memory read-write): an in-place
+write changes the batch every other consumer sees. Either way, ``.clone()`` before modifying
+in place.
 A Loader that holds more than ``max_held`` zero-copy batches gets private copies from then on,
 so keeping batches in a list never stalls the server.
 

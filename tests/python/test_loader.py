@@ -120,6 +120,26 @@ def test_slot_is_held_until_the_last_tensor_is_freed(endpoint, batchcast_bin):
         loader.close()
 
 
+def test_in_place_write_into_a_batch_names_the_fix(endpoint, batchcast_bin, run_py):
+    code = textwrap.dedent(
+        """
+        import faulthandler, sys, batchcast
+        faulthandler.enable()  # as pytest and many launchers do: the message must still come
+        x, y = next(iter(batchcast.Loader(sys.argv[1], timeout=10)))
+        print("got a batch", flush=True)
+        x.add_(1)
+        print("not reached", flush=True)
+        """
+    )
+    with serve(endpoint, samples=64, epochs=1):
+        p = run_py(code, endpoint)
+        out, err = p.communicate(timeout=60)
+    assert out.decode() == "got a batch\n"
+    assert p.returncode == -signal.SIGSEGV, err.decode()
+    assert "write into read-only shared memory /dev/shm/batchcast." in err.decode(), err.decode()
+    assert ".clone() a tensor before modifying it in place" in err.decode()
+
+
 def test_numpy_consumer_through_dlpack(endpoint, batchcast_bin):
     with serve(endpoint, samples=40, epochs=1):
         loader = batchcast.Loader(endpoint, batch_size=16, framework="numpy", timeout=10)

@@ -1,0 +1,28 @@
+// Write-fault reporting for read-only mappings of the batch pool.
+//
+// Consumers map the pool read-only, so a training script that modifies a zero-copy batch in
+// place (x.add_(1)) dies of SIGSEGV. That stays so (the alternative is silently corrupting the
+// batch for every other consumer), but the process first prints what happened and the fix:
+// "write into read-only shared memory /dev/shm/NAME (a zero-copy batch) ... .clone() it first".
+//
+// Contract: watch_writes() records [begin, begin + bytes) under `name` and, the first time it is
+// called, installs a SIGSEGV handler (SA_SIGINFO | SA_ONSTACK) that chains to the handler that was
+// there before (Python's faulthandler, a sanitizer's, or the default action, which still ends the
+// process with its usual status and core dump). Faults outside watched ranges only chain.
+// unwatch_writes() forgets the range (call it before unmapping). Thread-safe and lock-free: the
+// handler reads a fixed table of atomics; at most kMaxWatchedRanges ranges are watched at once
+// (more are simply not reported). Used by SharedSegment::open_read_only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace batchcast {
+
+constexpr int kMaxWatchedRanges = 64;
+
+void watch_writes(const void* begin, size_t bytes, const std::string& name) noexcept;
+void unwatch_writes(const void* begin) noexcept;
+
+}  // namespace batchcast
