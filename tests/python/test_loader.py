@@ -180,9 +180,9 @@ def test_ctrl_c_interrupts_a_blocked_next_quickly(endpoint, batchcast_bin, run_p
         code = textwrap.dedent("""
             import sys, time, batchcast
             loader = batchcast.Loader(sys.argv[1], timeout=60)
-            print("ready", flush=True)
             try:
-                next(iter(loader))
+                print("ready", flush=True)  # inside the try: a loaded machine may deliver the
+                next(iter(loader))          # signal before next() is entered
             except KeyboardInterrupt:
                 print("interrupted", flush=True)
                 loader.close()
@@ -192,8 +192,12 @@ def test_ctrl_c_interrupts_a_blocked_next_quickly(endpoint, batchcast_bin, run_p
         time.sleep(0.3)
         start = time.monotonic()
         p.send_signal(signal.SIGINT)
-        assert p.stdout.readline().strip() == b"interrupted"
-        assert time.monotonic() - start < 0.5
+        line = p.stdout.readline().strip()
+        elapsed = time.monotonic() - start
+        assert line == b"interrupted", (p.wait(10), p.stderr.read().decode())
+        # Checked every 50 ms; the bound only separates "interrupted" from "waited for the
+        # Loader's 60 s timeout", with room for a loaded CI machine.
+        assert elapsed < 5.0
         assert p.wait(10) == 0
 
 
