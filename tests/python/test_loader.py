@@ -178,7 +178,10 @@ def test_ctrl_c_interrupts_a_blocked_next_quickly(endpoint, batchcast_bin, run_p
     # min_consumers=2 with one consumer: the stream never starts, next() blocks.
     with serve(endpoint, min_consumers=2):
         code = textwrap.dedent("""
-            import sys, time, batchcast
+            import signal, sys, time, batchcast
+            # As in a terminal: a run started in the background of a non-interactive shell (a CI
+            # runner, nohup ... &) inherits SIGINT ignored, and Python then installs no handler.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             loader = batchcast.Loader(sys.argv[1], timeout=60)
             try:
                 print("ready", flush=True)  # inside the try: a loaded machine may deliver the
