@@ -421,7 +421,11 @@ Consumer::Consumer(ConsumerOptions options)
     // GPU batches spanning chunks are assembled on the device from every chunk they span, all
     // held at once: while the last one is awaited the others pin the ring, so a batch must not
     // span the whole ring.
-    uint64_t spans = (batch_size_ - 1 + w.server_batch_size - 1) / w.server_batch_size + 1;
+    // A multiple of the chunk size always starts at a chunk start (a GPU pool's chunks come from
+    // the native server: all full but an epoch's last, which ends the batch too).
+    const uint64_t chunk = w.server_batch_size;
+    uint64_t spans = batch_size_ % chunk == 0 ? batch_size_ / chunk
+                                              : (batch_size_ - 1 + chunk - 1) / chunk + 1;
     if (spans >= w.slot_count)
       throw Error("batch_size " + std::to_string(batch_size_) + " spans up to " +
                   std::to_string(spans) + " chunks of the server's " +

@@ -123,7 +123,7 @@ TEST(CudaTransport, GpuNormalisationMatchesCpuServer) {
 }
 
 // --decoder nvjpeg with the corpus's JPEGs (baseline, 4:4:4, 4:2:2, progressive, gray, CMYK: the
-// hardware engine, the hybrid backend and the CPU fallback all take part), 3 slots reused while
+// hardware engine, the hybrid backend and the CPU fallback all take part), 2 slots reused while
 // two consumers' delayed kernels read them. Pixel agreement with the CPU decoder is checked in
 // tests/python/test_cuda.py.
 TEST(CudaTransport, NvjpegDecoderServesEveryConsumerTheSameBatches) {
@@ -139,7 +139,7 @@ TEST(CudaTransport, NvjpegDecoderServesEveryConsumerTheSameBatches) {
   auto ep = unique_endpoint("nvjpeg");
   ChildProcess server({batchcast_bin(), "serve", "--data", dir, "--batch-size", "4",
                        "--image-size", "64", "--device", "cuda:0", "--decoder", "nvjpeg",
-                       "--epochs", "2", "--ring", "3", "--min-consumers", "2", "--endpoint", ep,
+                       "--epochs", "2", "--ring", "2", "--min-consumers", "2", "--endpoint", ep,
                        "--status-interval", "0"});
   ChildProcess a({cuda_probe_bin(), "--endpoint", ep, "--delay-us", "300"});
   ChildProcess b({cuda_probe_bin(), "--endpoint", ep, "--delay-us", "300"});
