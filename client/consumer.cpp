@@ -417,15 +417,15 @@ Consumer::Consumer(ConsumerOptions options)
   batch_size_ = options_.batch_size ? options_.batch_size : session_->welcome().server_batch_size;
   if (batch_size_ == 0) throw Error("batch_size must be >= 1 (the server announced none)");
   const auto& w = session_->welcome();
+  // Slots one batch pins while it is assembled: 1 on host pools (a batch spanning chunks is
+  // copied piece by piece); on GPU pools every chunk it spans, all held at once.
+  uint64_t spans = 1;
   if (w.device == protocol::DeviceKind::kCuda && w.server_batch_size > 0) {
-    // GPU batches spanning chunks are assembled on the device from every chunk they span, all
-    // held at once: while the last one is awaited the others pin the ring, so a batch must not
-    // span the whole ring.
     // A multiple of the chunk size always starts at a chunk start (a GPU pool's chunks come from
     // the native server: all full but an epoch's last, which ends the batch too).
     const uint64_t chunk = w.server_batch_size;
-    uint64_t spans = batch_size_ % chunk == 0 ? batch_size_ / chunk
-                                              : (batch_size_ - 1 + chunk - 1) / chunk + 1;
+    spans = batch_size_ % chunk == 0 ? batch_size_ / chunk
+                                     : (batch_size_ - 1 + chunk - 1) / chunk + 1;
     if (spans >= w.slot_count)
       throw Error("batch_size " + std::to_string(batch_size_) + " spans up to " +
                   std::to_string(spans) + " chunks of the server's " +
@@ -433,6 +433,10 @@ Consumer::Consumer(ConsumerOptions options)
                   std::to_string(w.slot_count) + " GPU slots; start the server with a larger "
                   "--ring or --batch-size");
   }
+  // Held zero-copy batches pin their slots: if they could pin every slot the next batch needs,
+  // next() would wait forever. A small ring lowers max_held (later batches become copies).
+  if (w.slot_count > spans && options_.max_held > w.slot_count - spans)
+    options_.max_held = static_cast<uint32_t>(w.slot_count - spans);
   epoch_ = w.first_epoch;
   session_->post(protocol::Credit{std::max<uint32_t>(options_.prefetch, 1)});
 }

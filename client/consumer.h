@@ -45,7 +45,8 @@ struct ConsumerOptions {
   double timeout_s = 60.0;   // longest wait for the server's welcome or for data; <= 0: forever
   uint32_t prefetch = 2;     // chunk descriptors asked for ahead: hides the round trip
   // Zero-copy batches alive at once before further ones become private copies, so a user who
-  // keeps every batch cannot pin the whole ring and stall the server.
+  // keeps every batch cannot pin the whole ring and stall the server. Lowered to what the
+  // server's ring leaves (its slots minus the chunks one batch spans) when that is smaller.
   uint32_t max_held = 2;
   protocol::LateJoin late_join = protocol::LateJoin::kReplay;
   std::string name;          // shown in the server's log and metrics

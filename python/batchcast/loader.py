@@ -109,7 +109,9 @@ class Loader(Closeable):
         drop_last: drop each epoch's short last batch, as torch's DataLoader does.
         timeout: seconds to wait for the server's welcome and for each batch
             (:class:`batchcast.TimeoutError` after that); <= 0: forever.
-        max_held: zero-copy batches alive at once before further ones are private copies.
+        max_held: zero-copy batches alive at once before further ones are private copies
+            (lowered to the server's ring size minus one when the ring is smaller, so that
+            held batches can never pin every slot).
         prefetch: chunk descriptors asked for ahead (hides the round trip).
         late_join: joining mid-epoch, ``"replay"`` the retained chunks (the first epoch may be
             partial; ``stats.skipped`` says how much) or wait for the ``"next_epoch"``.

@@ -90,10 +90,13 @@ def test_len_is_exact_with_and_without_drop_last(endpoint, batchcast_bin):
         drop.close()
 
 
-def test_keeping_every_batch_gets_copies_and_never_stalls(endpoint, batchcast_bin):
-    with serve(endpoint, samples=200, epochs=1, ring=4):
+@pytest.mark.parametrize("ring", [4, 2])
+def test_keeping_every_batch_gets_copies_and_never_stalls(endpoint, batchcast_bin, ring):
+    with serve(endpoint, samples=200, epochs=1, ring=ring):
+        # 13 batches > `ring` slots: would deadlock without copies. With 2 slots, max_held=2
+        # zero-copy batches alone would pin the whole ring: the Loader holds at most 1.
         loader = batchcast.Loader(endpoint, timeout=10, max_held=2)
-        kept = list(loader)  # 13 batches > 4 slots: would deadlock without copies
+        kept = list(loader)
         labels = torch.cat([y for _, y in kept])
         assert sorted(labels.tolist()) == list(range(200))
         assert all(torch.equal(x, synthetic_rows(y)) for x, y in kept)
