@@ -100,8 +100,7 @@ void bandwidth() {
         stage.upload(FillLease{static_cast<uint64_t>(i), slot, arena.slot_data(slot), slot_bytes},
                      kBatch);
       }
-      for (uint32_t slot = 0; slot < 4; ++slot)
-        cuda_check(cudaEventSynchronize(arena.slot_event(slot)), "sync");
+      for (uint32_t slot = 0; slot < 4; ++slot) arena.wait_for_slot(slot);
     };
     run(8);
     auto t0 = std::chrono::steady_clock::now();
@@ -178,19 +177,7 @@ void latency(const char* self, bool normalise) {
     info.sample_count = kBatch;
     info.epoch_samples = uint64_t{chunks} * kBatch;
     info.epoch_end = c + 1 == chunks;
-    for (size_t t = 0; t < slot_tensors.size(); ++t) {
-      protocol::TensorSpec spec;
-      spec.name = slot_tensors[t].name;
-      spec.dtype = slot_tensors[t].dtype;
-      spec.shape = {kBatch};
-      spec.shape.insert(spec.shape.end(), slot_tensors[t].shape.begin(),
-                        slot_tensors[t].shape.end());
-      spec.strides.assign(spec.shape.size(), 1);
-      for (size_t i = spec.shape.size() - 1; i-- > 0;)
-        spec.strides[i] = spec.strides[i + 1] * spec.shape[i + 1];
-      spec.offset = slot_layout.offsets[t];
-      info.tensors.push_back(spec);
-    }
+    info.tensors = slot_layout.specs(slot_tensors, kBatch);
     // The clock starts when the chunk's last sample is "decoded" (sample 0's label is read).
     for (uint32_t p = kBatch; p-- > 0;) stage.fill(lease->slot, p, c * kBatch + p, 0);
     stage.upload(*lease, kBatch);
@@ -225,14 +212,7 @@ std::vector<uint8_t> make_jpeg() {
         rgb[(y * w + x) * 3 + c] =
             static_cast<uint8_t>((x * (c + 1) / 5 + y / 4 + (r >> 28)) & 255);
       }
-  tjhandle tj = tjInitCompress();
-  unsigned char* out = nullptr;
-  unsigned long size = 0;
-  tjCompress2(tj, rgb.data(), w, 0, h, TJPF_RGB, &out, &size, TJSAMP_420, 90, 0);
-  std::vector<uint8_t> jpeg(out, out + size);
-  tjFree(out);
-  tjDestroy(tj);
-  return jpeg;
+  return encode_jpeg(rgb.data(), w, h, static_cast<size_t>(w) * 3, false, 90, TJSAMP_420);
 }
 
 void decode() {

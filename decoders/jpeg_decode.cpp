@@ -24,6 +24,11 @@ ScratchBuffer& pixel_buffer() {
   return buffer;
 }
 
+TjHandle& thread_compressor() {
+  thread_local TjHandle handle(TjHandle::Kind::kCompress);
+  return handle;
+}
+
 TjHandle& thread_decompressor() {
   thread_local TjHandle handle(TjHandle::Kind::kDecompress);
   return handle;
@@ -286,6 +291,20 @@ RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& 
     throw SampleError(name, "corrupt or truncated JPEG: " + error);
   }
   return view;
+}
+
+std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, size_t stride,
+                                 bool gray, int quality, int subsampling, int flags) {
+  TjHandle& compressor = thread_compressor();
+  TjBuffer buffer;
+  unsigned long size = 0;
+  if (tjCompress2(compressor.get(), pixels, width, static_cast<int>(stride), height,
+                  gray ? TJPF_GRAY : TJPF_RGB, buffer.out_ptr(), &size,
+                  gray ? TJSAMP_GRAY : subsampling, quality, flags) != 0) {
+    throw Error("JPEG encoding of a " + std::to_string(width) + "x" + std::to_string(height) +
+                " image failed: " + compressor.last_error());
+  }
+  return std::vector<uint8_t>(buffer.data(), buffer.data() + size);
 }
 
 }  // namespace batchcast

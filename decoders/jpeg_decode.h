@@ -1,5 +1,6 @@
 // JPEG decoding for the image pipeline: header inspection (TurboJPEG), choice of a DCT-domain
-// scaling factor, and decoding of just the pixel rectangle a crop needs.
+// scaling factor, and decoding of just the pixel rectangle a crop needs; plus encode_jpeg, the one
+// TurboJPEG encoder of make-dataset, the benchmarks and the tests.
 //
 // Contract: free functions; every call uses thread_local decoder state (a TurboJPEG handle and a
 // libjpeg decompressor per thread), so any number of threads may call them at once. The pixels a
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace batchcast {
 
@@ -76,5 +78,11 @@ RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& 
 // tests). Returns a tightly packed RGB view in the same thread_local buffer.
 RgbView decode_jpeg_full_turbo(const uint8_t* data, size_t size, const std::string& name,
                                ScalingFactor factor);
+
+// Encodes `height` rows of `width` RGB8 pixels (gray8 with `gray`, always TJSAMP_GRAY then),
+// `stride` bytes apart, as a JPEG of `quality` with TJSAMP_* `subsampling` and TJFLAG_* `flags`
+// (a thread_local TurboJPEG compressor). Throws Error with TurboJPEG's message on failure.
+std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, size_t stride,
+                                 bool gray, int quality, int subsampling, int flags = 0);
 
 }  // namespace batchcast

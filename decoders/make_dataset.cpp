@@ -1,5 +1,7 @@
 #include "decoders/make_dataset.h"
 
+#include <turbojpeg.h>  // TJSAMP_*
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +18,6 @@
 #include "common/error.h"
 #include "common/random.h"
 #include "decoders/jpeg_decode.h"
-#include "decoders/tj_handle.h"
 
 namespace batchcast {
 namespace {
@@ -129,7 +130,6 @@ MakeDatasetReport make_dataset(const MakeDatasetOptions& options) {
     fs::create_directories(fs::path(options.out_dir) /
                            format_name(name, sizeof(name), "class_%03d", label));
   }
-  TjHandle compressor(TjHandle::Kind::kCompress);
   for (auto& [source_index, planned] : by_source) {
     cv::Mat photo = decode_source(photos[source_index]);
     for (const PlannedImage& image : planned) {
@@ -169,22 +169,17 @@ MakeDatasetReport make_dataset(const MakeDatasetOptions& options) {
       const int subsampling = rng.uniform() < 0.1 ? TJSAMP_444 : TJSAMP_420;
       cv::Mat pixels = resized;
       if (grayscale) cv::cvtColor(resized, pixels, cv::COLOR_RGB2GRAY);
-      TjBuffer jpeg;
-      unsigned long jpeg_size = 0;
-      if (tjCompress2(compressor.get(), pixels.data, pixels.cols, static_cast<int>(pixels.step[0]),
-                      pixels.rows, grayscale ? TJPF_GRAY : TJPF_RGB, jpeg.out_ptr(), &jpeg_size,
-                      grayscale ? TJSAMP_GRAY : subsampling, quality, 0) != 0) {
-        throw Error("make_dataset: JPEG encoding failed: " + compressor.last_error());
-      }
+      const std::vector<uint8_t> jpeg = encode_jpeg(
+          pixels.data, pixels.cols, pixels.rows, pixels.step[0], grayscale, quality, subsampling);
       fs::path path =
           fs::path(options.out_dir) / format_name(name, sizeof(name), "class_%03d", image.label);
       path /= format_name(name, sizeof(name), "img_%05d.jpg", image.index);
       std::ofstream out(path, std::ios::binary | std::ios::trunc);
       out.write(reinterpret_cast<const char*>(jpeg.data()),
-                static_cast<std::streamsize>(jpeg_size));
+                static_cast<std::streamsize>(jpeg.size()));
       if (!out) throw Error("make_dataset: cannot write " + path.string());
       report.images += 1;
-      report.bytes += jpeg_size;
+      report.bytes += jpeg.size();
     }
   }
   return report;

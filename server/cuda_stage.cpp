@@ -72,18 +72,14 @@ std::vector<SampleTensor> CudaStage::slot_tensors() const { return slot_tensors_
 
 void CudaStage::begin(uint32_t slot) {
   // The slot's event was last recorded after its previous upload; once it completed, that
-  // upload no longer reads this staging area. (A never-recorded event counts as complete.)
-  CudaDeviceGuard guard(arena_.device());
-  cuda_check(cudaEventSynchronize(arena_.slot_event(slot)),
-             "waiting for the previous upload of slot " + std::to_string(slot));
+  // upload no longer reads this staging area.
+  arena_.wait_for_slot(slot);
 }
 
 void CudaStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
-  uint8_t* base = staging_.data() + slot * staged_layout_.bytes;
-  std::vector<uint8_t*> outs(staged_.size());
-  for (size_t t = 0; t < staged_.size(); ++t)
-    outs[t] = base + staged_layout_.offsets[t] + position * staged_[t].bytes();
-  source_.fill(index, epoch, outs);
+  source_.fill(
+      index, epoch,
+      staged_layout_.sample_outs(staging_.data() + slot * staged_layout_.bytes, staged_, position));
 }
 
 void CudaStage::upload(const FillLease& lease, uint32_t sample_count) {

@@ -58,9 +58,7 @@ NvjpegStage::~NvjpegStage() {
 void NvjpegStage::begin(uint32_t slot) {
   // The slot's event is recorded after its last upload; once that is done, nothing on the device
   // reads this slot's host-side samples, labels or jobs any more.
-  CudaDeviceGuard guard(arena_.device());
-  cuda_check(cudaEventSynchronize(arena_.slot_event(slot)),
-             "waiting for the previous upload of slot " + std::to_string(slot));
+  arena_.wait_for_slot(slot);
 }
 
 void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {

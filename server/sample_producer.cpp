@@ -74,6 +74,33 @@ SlotLayout SlotLayout::plan(const std::vector<SampleTensor>& tensors, uint32_t b
   return layout;
 }
 
+std::vector<uint8_t*> SlotLayout::sample_outs(uint8_t* base,
+                                              const std::vector<SampleTensor>& tensors,
+                                              uint32_t position) const {
+  std::vector<uint8_t*> outs(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t)
+    outs[t] = base + offsets[t] + position * tensors[t].bytes();
+  return outs;
+}
+
+std::vector<protocol::TensorSpec> SlotLayout::specs(const std::vector<SampleTensor>& tensors,
+                                                    uint32_t sample_count) const {
+  std::vector<protocol::TensorSpec> specs;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    protocol::TensorSpec spec;
+    spec.name = tensors[t].name;
+    spec.dtype = tensors[t].dtype;
+    spec.shape.push_back(sample_count);
+    spec.shape.insert(spec.shape.end(), tensors[t].shape.begin(), tensors[t].shape.end());
+    spec.strides.assign(spec.shape.size(), 1);
+    for (size_t i = spec.shape.size() - 1; i-- > 0;)
+      spec.strides[i] = spec.strides[i + 1] * spec.shape[i + 1];
+    spec.offset = offsets[t];
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
 SampleProducer::SampleProducer(ServerCore& core, const SampleSource& source, const StreamPlan& plan,
                                SampleProducerOptions options)
     : core_(core),
@@ -95,9 +122,6 @@ bool SampleProducer::run() {
   std::atomic<bool> failed{false};
   auto fill_one = [&](const SampleTask& task) {
     auto& job = *task.job;
-    std::vector<uint8_t*> outs(tensors_.size());
-    for (size_t t = 0; t < tensors_.size() && !options_.stage; ++t)
-      outs[t] = job.lease.data + layout_.offsets[t] + task.position * tensors_[t].bytes();
     const auto& order = *job.order;
     uint64_t p = job.info.sample_start + task.position;
     for (uint64_t attempt = 0; attempt < order.size(); ++attempt) {
@@ -106,7 +130,8 @@ bool SampleProducer::run() {
         if (options_.stage)
           options_.stage->fill(job.lease.slot, task.position, index, job.info.epoch);
         else
-          source_.fill(index, job.info.epoch, outs);
+          source_.fill(index, job.info.epoch,
+                       layout_.sample_outs(job.lease.data, tensors_, task.position));
         return;
       } catch (const SampleError& e) {
         if (options_.on_error == OnErrorPolicy::kRaise) throw;
@@ -167,19 +192,7 @@ bool SampleProducer::run() {
           std::min<uint64_t>(options_.batch_size, epoch_samples - info.sample_start));
       info.epoch_samples = epoch_samples;
       info.epoch_end = c + 1 == chunks;
-      for (size_t t = 0; t < slot_tensors_.size(); ++t) {
-        protocol::TensorSpec spec;
-        spec.name = slot_tensors_[t].name;
-        spec.dtype = slot_tensors_[t].dtype;
-        spec.shape.push_back(info.sample_count);
-        spec.shape.insert(spec.shape.end(), slot_tensors_[t].shape.begin(),
-                          slot_tensors_[t].shape.end());
-        spec.strides.assign(spec.shape.size(), 1);
-        for (size_t i = spec.shape.size() - 1; i-- > 0;)
-          spec.strides[i] = spec.strides[i + 1] * spec.shape[i + 1];
-        spec.offset = slot_layout_.offsets[t];
-        info.tensors.push_back(std::move(spec));
-      }
+      info.tensors = slot_layout_.specs(slot_tensors_, info.sample_count);
       job->remaining = info.sample_count;
       for (uint32_t p = 0; p < info.sample_count; ++p) queue.push({job, p});
     }

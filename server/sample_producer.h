@@ -61,6 +61,12 @@ struct SlotLayout {
   std::vector<uint64_t> offsets;  // per tensor, 256-byte aligned
   uint64_t bytes = 0;
   static SlotLayout plan(const std::vector<SampleTensor>& tensors, uint32_t batch_size);
+  // Where sample `position` of each of `tensors` goes in a chunk laid out from `base`.
+  std::vector<uint8_t*> sample_outs(uint8_t* base, const std::vector<SampleTensor>& tensors,
+                                    uint32_t position) const;
+  // The descriptor's view of a chunk of `sample_count` samples: C-contiguous, at `offsets`.
+  std::vector<protocol::TensorSpec> specs(const std::vector<SampleTensor>& tensors,
+                                          uint32_t sample_count) const;
 };
 
 class SampleProducer {

@@ -196,6 +196,12 @@ DeviceArena DeviceArena::create(int device, uint32_t slot_count, uint64_t slot_b
   return a;
 }
 
+void DeviceArena::wait_for_slot(uint32_t slot) const {
+  CudaDeviceGuard guard(device_);
+  cuda_check(cudaEventSynchronize(slot_event(slot)),
+             "waiting for the previous upload of slot " + std::to_string(slot));
+}
+
 // --- ArenaMapping ---
 
 ArenaMapping ArenaMapping::open(const DeviceUuid& uuid, const IpcHandleBytes& memory,

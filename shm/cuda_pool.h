@@ -132,6 +132,9 @@ class DeviceArena {
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint8_t* slot_data(uint32_t slot) const { return memory_.data() + slot * slot_bytes_; }
   cudaEvent_t slot_event(uint32_t slot) const { return events_[slot].get(); }
+  // Blocks until the work last recorded on the slot's event is done (a never-recorded event
+  // counts as done): the producer's staging for that slot is free again. Throws Error.
+  void wait_for_slot(uint32_t slot) const;
   const IpcHandleBytes& memory_handle() const { return memory_handle_; }
   const std::vector<IpcHandleBytes>& event_handles() const { return event_handles_; }
   const DeviceUuid& device_uuid() const { return uuid_; }

@@ -89,14 +89,7 @@ std::vector<uint8_t> smooth_jpeg(int w, int h) {
       for (int c = 0; c < 3; ++c)
         rgb[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>(
             128 + 60 * std::sin(x * 0.03 * (c + 1) + y * 0.02) + 50 * std::cos(y * 0.025 - c));
-  tjhandle tj = tjInitCompress();
-  unsigned char* out = nullptr;
-  unsigned long size = 0;
-  tjCompress2(tj, rgb.data(), w, 0, h, TJPF_RGB, &out, &size, TJSAMP_444, 95, 0);
-  std::vector<uint8_t> jpeg(out, out + size);
-  tjFree(out);
-  tjDestroy(tj);
-  return jpeg;
+  return encode_jpeg(rgb.data(), w, h, static_cast<size_t>(w) * 3, false, 95, TJSAMP_444);
 }
 
 TEST(GpuConvert, CropResizeFollowsTheCpuPipeline) {

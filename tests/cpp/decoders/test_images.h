@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "decoders/jpeg_decode.h"
 #include "decoders/tj_handle.h"
 
 namespace batchcast::testing {
@@ -78,19 +79,11 @@ inline cv::Mat photo_rgb(int width, int height, int variant = 0) {
   return rgb;
 }
 
-// Encodes RGB (or 1-channel gray) pixels as JPEG with TurboJPEG.
+// Encodes RGB (or 1-channel gray) pixels as JPEG (decoders/jpeg_decode.h).
 inline std::vector<uint8_t> encode_jpeg(const cv::Mat& pixels, int quality = 90,
                                         int subsampling = TJSAMP_420, int flags = 0) {
-  TjHandle compressor(TjHandle::Kind::kCompress);
-  TjBuffer buffer;
-  unsigned long size = 0;
-  bool gray = pixels.channels() == 1;
-  if (tjCompress2(compressor.get(), pixels.data, pixels.cols, static_cast<int>(pixels.step[0]),
-                  pixels.rows, gray ? TJPF_GRAY : TJPF_RGB, buffer.out_ptr(), &size,
-                  gray ? TJSAMP_GRAY : subsampling, quality, flags) != 0) {
-    return {};
-  }
-  return std::vector<uint8_t>(buffer.data(), buffer.data() + size);
+  return batchcast::encode_jpeg(pixels.data, pixels.cols, pixels.rows, pixels.step[0],
+                                pixels.channels() == 1, quality, subsampling, flags);
 }
 
 inline std::vector<uint8_t> encode_png(const cv::Mat& rgb) {

@@ -19,13 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> serve_args(const std::string& ep, std::vector<std::string> extra) {
-  std::vector<std::string> a = {batchcast_bin(),     "serve", "--endpoint", ep,
-                                "--status-interval", "0"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
-}
-
 TEST(Faults, ServerRestartWhileConsumersWait) {
   for (int sig : {SIGKILL, SIGTERM}) {
     SCOPED_TRACE(sig == SIGKILL ? "SIGKILL" : "SIGTERM");

@@ -1,5 +1,6 @@
-// Helpers of the hardening tests (soak, permissions, faults): the per-epoch "exactly once" check, and what the
-// tests read from /proc about the server and their children (RSS, open fds, zombies).
+// Helpers of the hardening tests (soak, permissions, faults): the per-epoch "exactly once" check,
+// the server's command line, and what the tests read from /proc about the server and their
+// children (RSS, open fds, zombies).
 #pragma once
 
 #include <dirent.h>
@@ -92,6 +93,14 @@ inline std::vector<pid_t> zombies_of(const std::set<pid_t>& parents) {
     ::closedir(d);
   }
   return z;
+}
+
+// The command line of `batchcast serve` on `ep` without status lines, plus `extra`.
+inline std::vector<std::string> serve_args(const std::string& ep, std::vector<std::string> extra) {
+  std::vector<std::string> a = {batchcast_bin(),     "serve", "--endpoint", ep,
+                                "--status-interval", "0"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
 }
 
 inline bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }

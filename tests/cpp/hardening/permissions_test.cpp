@@ -26,13 +26,6 @@
 namespace batchcast::testing {
 namespace {
 
-std::vector<std::string> serve_args(const std::string& ep, std::vector<std::string> extra) {
-  std::vector<std::string> a = {batchcast_bin(),     "serve", "--endpoint", ep,
-                                "--status-interval", "0"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
-}
-
 TEST(Permissions, AnotherUserCanNeitherMapThePoolNorTalkToTheServer) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch to another user";
   auto ep = unique_endpoint("perm");
