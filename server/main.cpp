@@ -47,6 +47,7 @@ const CLI::Validator kDevice(
         return device + " is not a device: " + err + "; use cpu, cuda or cuda:K";
       if (colon == std::string::npos) return {};
       const std::string index = device.substr(colon + 1);
+      // A few digits at most, so that the index always fits an int.
       if (kind == "cuda" && !index.empty() && index.size() < 6 &&
           index.find_first_not_of("0123456789") == std::string::npos)
         return {};
@@ -76,7 +77,7 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--image-size", c.image_size, "output side in pixels")
-      ->check(CLI::Range(1, 16384))
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("--eval", c.eval, "Resize + CenterCrop instead of RandomResizedCrop + flip");
   cmd->add_option("--workers", c.workers, "decoding threads")
