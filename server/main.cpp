@@ -148,9 +148,8 @@ CLI::App* add_python_command(CLI::App& app, const std::string& name, const std::
 
 int python_command_error(const std::string& name) {
   spdlog::error(
-      "batchcast {0} is part of the Python package: run `python3 -m batchcast {0} ...` (pip "
-      "install "
-      "puts a `batchcast` command on PATH that does this)",
+      "batchcast {0} is part of the Python package: run `python3 -m batchcast {0} ...` "
+      "(pip install puts a `batchcast` command on PATH that does this)",
       name);
   return 2;
 }

@@ -9,6 +9,7 @@
 // Thread-safety: a plain value; fill and validate() on one thread, then read it from any.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
