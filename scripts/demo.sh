@@ -10,4 +10,4 @@ export BATCHCAST_BUILD_DIR="$PWD/$BUILD_DIR"
 "$BUILD_DIR/server/batchcast" bench --data data/demo --classes 10 --per-class 30 \
   --trainers 2 --models none --steps 40 --warmup 5 --batch-size 32 --image-size 160 --workers 1 \
   --out runs/demo "$@"
-echo "demo: results in runs/demo; plots: $BUILD_DIR/server/batchcast report runs/demo/shared-none-N2 runs/demo/baseline-none-N2"
+echo "demo: results in runs/demo; plots: PYTHONPATH=python python3 -m batchcast report runs/demo/shared-none-N2 runs/demo/baseline-none-N2"

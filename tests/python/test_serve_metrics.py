@@ -1,9 +1,11 @@
 """The server's built-in collector on a real run: `batchcast serve --metrics-dir` records the
-server and its consumer processes (CPU, samples), and `batchcast report` renders that directory."""
+server and its consumer processes (CPU, samples), and `python3 -m batchcast report` renders that
+directory."""
 
 import json
 import os
 import subprocess
+import sys
 import time
 
 import batchcast
@@ -36,7 +38,7 @@ def test_serve_records_server_and_consumers_and_report_renders(tmp_path, endpoin
         assert (run / name).stat().st_size > 0
 
     out = tmp_path / "report"
-    proc = subprocess.run([batchcast_bin, "report", str(run), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "batchcast", "report", str(run), "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     html = (out / "index.html").read_text()

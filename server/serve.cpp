@@ -1,0 +1,137 @@
+#include "server/serve.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "common/process.h"
+#include "metrics/collector.h"
+#include "server/image_source.h"
+#include "server/sample_producer.h"
+#include "server/server_core.h"
+#include "server/signal_watcher.h"
+#include "server/synthetic_source.h"
+#ifdef BATCHCAST_HAVE_CUDA
+#include "server/cuda_stage.h"
+#endif
+#ifdef BATCHCAST_HAVE_NVJPEG
+#include "server/nvjpeg_stage.h"
+#endif
+
+namespace batchcast {
+namespace {
+
+std::unique_ptr<SampleSource> make_source(const ServeConfig& c) {
+  if (c.synthetic) return std::make_unique<SyntheticSource>(c.synthetic, c.sample_bytes);
+  auto dataset = c.data.empty() ? Dataset::file_list(c.file_list) : Dataset::image_folder(c.data);
+  spdlog::info("dataset: {} samples{}", dataset.size(),
+               dataset.classes().empty()
+                   ? ""
+                   : ", " + std::to_string(dataset.classes().size()) + " classes");
+  return std::make_unique<ImageSource>(std::move(dataset), c.pipeline_options());
+}
+
+// The metrics collector's view of the core: the server process and every consumer process
+// still alive (one that left stays listed while it lives, so its CPU is counted).
+std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, ServerCore& core) {
+  if (c.metrics_dir.empty()) return nullptr;
+  CollectorOptions co;
+  co.dir = c.metrics_dir;
+  co.interval_s = c.metrics_interval;
+  return std::make_unique<MetricsCollector>(co, [&core] {
+    auto s = core.stats();
+    MetricsSnapshot snap;
+    snap.producer_blocked_s = s.producer_blocked_s;
+    snap.ring_used = s.ring_occupied;
+    snap.ring_size = s.ring_slots;
+    snap.processes.push_back({"server", "server", ::getpid(), 0, 0});
+    for (const auto& cs : s.consumers)
+      if (cs.attached || process_alive(cs.pid))
+        snap.processes.push_back(
+            {"consumer", std::to_string(cs.id), cs.pid, cs.samples, cs.wait_s});
+    return snap;
+  });
+}
+
+void log_status(const ServerStats& s, const ServerStats& last, double seconds) {
+  spdlog::info(
+      "{:.0f} samples/s | {} consumer(s) | ring {}/{} | {} samples published{}",
+      (s.samples_published - last.samples_published) / seconds, s.consumers_now, s.ring_occupied,
+      s.ring_slots, s.samples_published,
+      s.messages_dropped ? fmt::format(" | {} bad messages dropped", s.messages_dropped) : "");
+}
+
+}  // namespace
+
+int serve(const ServeConfig& c) {
+  SignalWatcher signals;
+  std::unique_ptr<SampleSource> source = make_source(c);
+  StreamPlan plan(source->size(), {c.seed, c.shuffle, c.rank, c.world_size});
+  SampleProducerOptions po = c.producer_options();
+  ServerCore core(c.server_options(*source, plan.epoch_samples()));
+#ifdef BATCHCAST_HAVE_CUDA
+  std::unique_ptr<ChunkStage> stage;  // destroyed before the core whose arena it borrows
+#ifdef BATCHCAST_HAVE_NVJPEG
+  if (c.gpu_decoding())
+    stage = std::make_unique<NvjpegStage>(
+        *core.device_arena(), static_cast<const ImageSource&>(*source), c.batch_size, po.on_error);
+#endif
+  if (c.cuda_device() >= 0 && !stage)
+    stage =
+        std::make_unique<CudaStage>(*core.device_arena(), *source, c.conversions(), c.batch_size);
+  po.stage = stage.get();
+#endif
+
+  std::atomic<bool> stop{false};
+  signals.watch([&](int signo) {
+    spdlog::info("received {}: shutting down", signal_name(signo));
+    stop = true;
+    core.stop();
+  });
+
+  std::unique_ptr<MetricsCollector> collector = make_collector(c, core);
+  if (collector) collector->start();
+
+  SampleProducer producer(core, *source, plan, po);
+  std::atomic<bool> produced{false};
+  bool produce_ok = false;
+  std::thread producing([&] {
+    produce_ok = producer.run();
+    produced = true;
+  });
+
+  auto last = core.stats();
+  double last_t = monotonic_seconds();
+  while (!stop) {
+    if (produced && (!produce_ok || core.wait_finished(0))) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    double now = monotonic_seconds();
+    if (c.status_interval > 0 && now - last_t >= c.status_interval) {
+      auto s = core.stats();
+      log_status(s, last, now - last_t);
+      last = s;
+      last_t = now;
+    }
+  }
+  if (!produced && !stop) core.wait_finished(-1);
+  bool finished = produced && produce_ok && core.wait_finished(0);
+  if (!finished && !stop)
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let errors reach consumers
+  signals.stop();  // its callback uses `core`, which is destroyed before `signals`
+  core.stop();
+  producing.join();
+  if (collector) collector->stop();
+  auto s = core.stats();
+  spdlog::info(
+      "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died",
+      s.chunks_published, s.samples_published, producer.skipped_samples(), s.consumers_ever,
+      s.consumers_died);
+  if (stop) return 0;
+  return finished ? 0 : 1;
+}
+
+}  // namespace batchcast

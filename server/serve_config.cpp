@@ -1,0 +1,114 @@
+#include "server/serve_config.h"
+
+#include "common/error.h"
+#ifdef BATCHCAST_HAVE_CUDA
+#include "shm/cuda_pool.h"
+#endif
+
+namespace batchcast {
+
+const std::map<std::string, DecoderKind> ServeConfig::kDecoders = {
+    {"cpu", DecoderKind::kCpu}, {"nvjpeg", DecoderKind::kNvjpeg}};
+const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
+    {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
+const std::map<std::string, StallPolicy> ServeConfig::kStallPolicies = {
+    {"wait", StallPolicy::kWait}, {"skip", StallPolicy::kSkip}};
+const std::map<std::string, OutputType> ServeConfig::kOutputs = {
+    {"float32", OutputType::kFloat32},
+    {"float16", OutputType::kFloat16},
+    {"bfloat16", OutputType::kBFloat16},
+    {"uint8", OutputType::kUInt8}};
+
+namespace {
+
+// "cpu" -> -1; "cuda" -> 0; "cuda:K" -> K (the command line has checked the form).
+int device_index(const std::string& device) {
+  if (device == "cpu") return -1;
+  return device == "cuda" ? 0 : std::stoi(device.substr(5));
+}
+
+}  // namespace
+
+void ServeConfig::validate() {
+  if ((synthetic > 0) + !data.empty() + !file_list.empty() != 1)
+    throw Error("give exactly one of --data DIR, --file-list FILE or --synthetic N");
+  if (rank >= world_size)
+    throw Error("--rank " + std::to_string(rank) + " must be below --world-size " +
+                std::to_string(world_size) +
+                " (ranks count from 0): lower --rank or raise --world-size");
+  const int index = device_index(device);
+  if (gpu_decoding()) {
+    if (synthetic)
+      throw Error("--decoder nvjpeg decodes images; --synthetic has none: drop --decoder nvjpeg");
+    if (index < 0) throw Error("--decoder nvjpeg decodes into a GPU pool: add --device cuda:K");
+#ifndef BATCHCAST_HAVE_NVJPEG
+    throw Error(
+        "--decoder nvjpeg: this build has no nvJPEG (its CUDA toolkit lacks nvjpeg.h); "
+        "rebuild where the toolkit has it, or use --decoder cpu");
+#endif
+  }
+#ifdef BATCHCAST_HAVE_CUDA
+  cuda_device_ = index < 0 ? -1 : require_cuda_device(index);  // fails at once without that GPU
+#else
+  if (index >= 0)
+    throw Error("--device " + device + ": this build has no CUDA support; use --device cpu");
+#endif
+}
+
+PipelineOptions ServeConfig::pipeline_options() const {
+  PipelineOptions p;
+  p.image_size = image_size;
+  p.train = !eval;
+  p.output = output;
+  p.seed = seed;
+  if (cuda_device_ >= 0 && !gpu_decoding()) p.output = OutputType::kUInt8;
+  return p;
+}
+
+#ifdef BATCHCAST_HAVE_CUDA
+std::vector<TensorConversion> ServeConfig::conversions() const {
+  if (cuda_device_ < 0 || gpu_decoding() || synthetic || output == OutputType::kUInt8) return {};
+  const PipelineOptions pipeline = pipeline_options();
+  TensorConversion images;  // tensor #0; the labels (#1) are copied unchanged
+  images.normalize = output;
+  images.mean = pipeline.mean;
+  images.std = pipeline.std;
+  return {images};
+}
+#endif
+
+ServerOptions ServeConfig::server_options(const SampleSource& source,
+                                          uint64_t epoch_samples) const {
+  ServerOptions so;
+  so.endpoint = endpoint;
+  so.allow_remote = listen_all;
+  so.ring_slots = ring;
+#ifdef BATCHCAST_HAVE_CUDA
+  if (cuda_device_ >= 0) {
+    so.device = protocol::DeviceKind::kCuda;
+    so.device_index = static_cast<uint32_t>(cuda_device_);
+  }
+  so.slot_bytes =
+      SlotLayout::plan(CudaStage::converted(source.tensors(), conversions()), batch_size).bytes;
+#else
+  so.slot_bytes = SlotLayout::plan(source.tensors(), batch_size).bytes;
+#endif
+  so.batch_size = batch_size;
+  so.epoch_samples = epoch_samples;
+  so.epochs = epochs;
+  so.min_consumers = min_consumers;
+  so.stall_policy = stall_policy;
+  so.stall_timeout_s = stall_timeout;
+  return so;
+}
+
+SampleProducerOptions ServeConfig::producer_options() const {
+  SampleProducerOptions po;
+  po.batch_size = batch_size;
+  po.workers = workers;
+  po.epochs = epochs;
+  po.on_error = on_error;
+  return po;
+}
+
+}  // namespace batchcast

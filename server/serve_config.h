@@ -1,0 +1,92 @@
+// ServeConfig: every setting of `batchcast serve`, and what follows from them.
+//
+// The command line (server/main.cpp) fills the fields and checks each option on its own
+// (choices, ranges, existing paths); validate() then checks the options against each other,
+// once, and settles what they imply (the GPU of the pool, whether it decodes there). The rest
+// of the server reads the settled values through the *_options() builders, which are the one
+// place where command-line settings become the core's options (slot bytes included).
+//
+// Thread-safety: a plain value; fill and validate() on one thread, then read it from any.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "decoders/image_pipeline.h"
+#include "server/sample_producer.h"
+#include "server/server_core.h"
+#ifdef BATCHCAST_HAVE_CUDA
+#include "server/cuda_stage.h"
+#endif
+
+namespace batchcast {
+
+enum class DecoderKind { kCpu, kNvjpeg };
+
+struct ServeConfig {
+  // What to serve: exactly one of an image folder, a file list or N synthetic samples.
+  std::string data;
+  std::string file_list;
+  uint64_t synthetic = 0;
+  uint64_t sample_bytes = 1024;  // per synthetic sample
+
+  std::string endpoint;  // empty: the per-user default ipc endpoint
+  bool listen_all = false;
+  uint32_t batch_size = 64;
+  uint32_t ring = 8;
+  uint32_t workers = std::max(1u, std::thread::hardware_concurrency());
+  uint32_t min_consumers = 1;
+
+  int image_size = 224;
+  bool eval = false;
+  OutputType output = OutputType::kFloat32;
+  OnErrorPolicy on_error = OnErrorPolicy::kRaise;
+  std::string device = "cpu";  // "cpu", "cuda" or "cuda:K" (the command line checks the form)
+  DecoderKind decoder = DecoderKind::kCpu;
+
+  uint64_t epochs = 1;  // 0: until stopped
+  uint64_t seed = 0;
+  bool shuffle = true;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  StallPolicy stall_policy = StallPolicy::kWait;
+  double stall_timeout = 10;
+
+  std::string metrics_dir;  // empty: no metrics
+  double metrics_interval = 1.0;
+  double status_interval = 5.0;  // 0: no status lines
+
+  // The command-line names of the enum settings (the one table each; main.cpp offers them).
+  static const std::map<std::string, DecoderKind> kDecoders;
+  static const std::map<std::string, OnErrorPolicy> kOnError;
+  static const std::map<std::string, StallPolicy> kStallPolicies;
+  static const std::map<std::string, OutputType> kOutputs;
+
+  // Checks the options against each other; throws Error naming the options and the fix. With a
+  // CUDA device, also checks the GPU exists (fails at once, before any dataset is scanned).
+  void validate();
+
+  // After validate(): the GPU that holds the pool, or -1 for a pool in host memory.
+  int cuda_device() const { return cuda_device_; }
+  bool gpu_decoding() const { return decoder == DecoderKind::kNvjpeg; }
+
+  // What ImageSource decodes. A GPU pool without GPU decoding stages uint8 and normalises on
+  // the GPU (conversions()), so the CPU never writes floats it would have to upload.
+  PipelineOptions pipeline_options() const;
+#ifdef BATCHCAST_HAVE_CUDA
+  // Per source tensor: what the GPU does to it between staging and slot.
+  std::vector<TensorConversion> conversions() const;
+#endif
+  // The core's options for serving `source` (slot bytes: its tensors as the pool holds them).
+  ServerOptions server_options(const SampleSource& source, uint64_t epoch_samples) const;
+  SampleProducerOptions producer_options() const;  // without a stage
+
+ private:
+  int cuda_device_ = -1;
+};
+
+}  // namespace batchcast

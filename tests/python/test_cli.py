@@ -1,0 +1,109 @@
+"""The `batchcast` program's command line, run as a real subprocess: what a user typing it relies
+on. Bad choices are errors that list the valid ones; --version works on every command; global
+options work after the subcommand; options in conflict are errors that name the fix; `report`
+and `bench` point to the Python package; SIGHUP stops a server as cleanly as SIGTERM."""
+
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+import batchcast
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def run(argv, timeout=60):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def project_version() -> str:
+    """The one source of the version: CMake's project(VERSION)."""
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        return re.search(r"project\(batchcast VERSION ([0-9.]+)", f.read()).group(1)
+
+
+@pytest.mark.parametrize(
+    "option, value, valid",
+    [
+        ("--decoder", "gpu", ["cpu", "nvjpeg"]),
+        ("--output", "float64", ["bfloat16", "float16", "float32", "uint8"]),
+        ("--on-error", "ignore", ["raise", "skip"]),
+        ("--stall-policy", "drop", ["skip", "wait"]),
+        ("--device", "tpu:0", ["cpu", "cuda"]),
+        ("--log-level", "verbose", ["critical", "debug", "error", "info", "off", "trace", "warn"]),
+    ],
+)
+def test_a_bad_choice_is_an_error_naming_the_valid_choices(batchcast_bin, option, value, valid):
+    p = run([batchcast_bin, "serve", "--synthetic", "10", option, value])
+    assert p.returncode == 2, p.stderr
+    assert option in p.stderr and value in p.stderr, p.stderr
+    assert "{" + ",".join(valid) + "}" in p.stderr, p.stderr
+
+
+def test_a_malformed_device_index_names_the_form(batchcast_bin):
+    p = run([batchcast_bin, "serve", "--synthetic", "10", "--device", "cuda:x"])
+    assert p.returncode == 2
+    assert "cuda:K" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["make-dataset"], ["report"], ["bench"]])
+def test_version_on_every_command(batchcast_bin, command):
+    p = run([batchcast_bin, *command, "--version"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"batchcast {project_version()}"
+
+
+def test_help_lists_every_command_and_says_where_report_and_bench_live(batchcast_bin):
+    p = run([batchcast_bin, "--help"])
+    assert p.returncode == 0, p.stderr
+    for command in ("serve", "make-dataset", "report", "bench"):
+        assert command in p.stdout
+    assert p.stdout.count("Python package") == 2, p.stdout
+
+
+@pytest.mark.parametrize("command", [["report", "runs/a", "--out", "x"], ["bench", "--quick"]])
+def test_report_and_bench_point_to_the_python_package(batchcast_bin, command):
+    p = run([batchcast_bin, *command])
+    assert p.returncode == 2
+    name = command[0]
+    assert f"batchcast {name} is part of the Python package: run `python3 -m batchcast {name} ...`" in p.stderr
+    assert "pip install puts a `batchcast` command on PATH" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "args, fix",
+    [
+        ([], "give exactly one of --data DIR, --file-list FILE or --synthetic N"),
+        (["--synthetic", "10", "--rank", "2", "--world-size", "2"], "lower --rank or raise --world-size"),
+        (["--synthetic", "10", "--decoder", "nvjpeg"], "drop --decoder nvjpeg"),
+        (["--data", ROOT, "--decoder", "nvjpeg"], "add --device cuda:K"),
+    ],
+)
+def test_options_in_conflict_are_an_error_naming_the_fix(batchcast_bin, args, fix):
+    p = run([batchcast_bin, "serve", *args])
+    assert p.returncode == 2
+    assert fix in p.stderr, p.stderr
+
+
+def test_an_unknown_log_level_after_the_subcommand_is_an_error(batchcast_bin):
+    p = run([batchcast_bin, "serve", "--synthetic", "10", "--log-level", "loud"])
+    assert p.returncode == 2
+    assert "loud not in {critical,debug,error,info,off,trace,warn}" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("level, logged", [(None, True), ("warn", False)])
+def test_log_level_after_the_subcommand_takes_effect_and_sighup_stops_cleanly(
+    endpoint, batchcast_bin, level, logged
+):
+    extra = ["--status-interval", "0"] + (["--log-level", level] if level else [])
+    with batchcast.serve(endpoint=endpoint, synthetic=100, epochs=None, extra_args=extra) as server:
+        server.process.send_signal(signal.SIGHUP)
+        assert server.wait(timeout=30) == 0, server.log_tail()
+        log = server.log_tail(100)
+    # Info lines are there only at the default level; the no_leaks fixture checks that the
+    # pool segment and the ipc socket file are gone.
+    assert ("received SIGHUP: shutting down" in log) == logged, log
+    assert ("done:" in log) == logged, log
