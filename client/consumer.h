@@ -1,7 +1,7 @@
 // Consumer: the C++ consumer library. Connects to a batchcast server, maps its pool once and
 // yields batches of the consumer's own batch size as views into shared memory.
 //
-// Stream semantics (shared/DESIGN.md): batches are b consecutive samples of one epoch, never
+// Stream semantics (docs/stream.md): batches are b consecutive samples of one epoch, never
 // spanning two; next() returns nullptr at every epoch end (and at once, forever, after the
 // server's last epoch); the last batch of an epoch is short unless drop_last. A batch inside
 // one chunk is a zero-copy view; one spanning chunks, or any batch while max_held zero-copy

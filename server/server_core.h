@@ -1,6 +1,6 @@
 // ServerCore: the producer side of the transport. It owns the batch pool (SlotPool), the slot
 // book (SlotRing), the consumers (ConsumerRegistry) and a ZeroMQ ROUTER socket, and implements
-// the stream semantics of shared/DESIGN.md: descriptors go out in stream order, a slot is
+// the stream semantics of docs/stream.md: descriptors go out in stream order, a slot is
 // reused only when no consumer still needs it, late joiners replay what is retained, dead
 // consumers are dropped within two seconds, and the stream ends with End to everyone.
 //

@@ -1,6 +1,6 @@
 """batchcast: one shared data-loading server for collocated training jobs.
 
-Public API (shared/DESIGN.md, "Public interfaces"):
+Public API (the design behind it: docs/README.md):
 
 - :class:`Loader` — a consumer: zero-copy batches from a server, one epoch per iteration.
 - :class:`Producer` — shares any re-iterable of tensor batches (e.g. a torch DataLoader).

@@ -1,4 +1,4 @@
-// Safety contract (shared/DESIGN.md "Safety") checked from outside, with real processes:
+// Safety rules (docs/safety.md) checked from outside, with real processes:
 // - another user (a child that drops to nobody, 65534) can neither open the pool segment
 //   (shm_open -> EACCES) nor talk to the server through the ipc socket (file 0600);
 // - a tcp endpoint binds loopback unless --listen-all (read back from /proc/net/tcp);
