@@ -4,6 +4,16 @@
 
 namespace batchcast {
 
+namespace {
+
+Rebatcher::Step step_of(Rebatcher::Step::Kind kind) {
+  Rebatcher::Step s;
+  s.kind = kind;
+  return s;
+}
+
+}  // namespace
+
 ChunkSpan ChunkSpan::of(const protocol::BatchDescriptor& d) {
   ChunkSpan c;
   c.epoch = d.epoch;
@@ -31,7 +41,7 @@ std::optional<uint64_t> Rebatcher::batches_per_epoch() const {
 Rebatcher::Step Rebatcher::step() {
   if (pending_epoch_end_) {
     pending_epoch_end_ = false;
-    return {Step::kEpochEnd};
+    return step_of(Step::kEpochEnd);
   }
   if (batch_.size == batch_size_) return take_batch();
   if (!current_ || pos_ == current_->sample_count) {
@@ -48,12 +58,14 @@ Rebatcher::Step Rebatcher::step() {
     } else if (stream_ended_) {
       return close_epoch();
     } else {
-      return {Step::kNeedChunk};
+      return step_of(Step::kNeedChunk);
     }
   }
   uint32_t k = std::min(batch_size_ - batch_.size, current_->sample_count - pos_);
   if (batch_.size == 0) batch_ = {current_->epoch, current_->sample_start + pos_, 0};
-  Step s{Step::kPiece, pos_, k};
+  Step s = step_of(Step::kPiece);
+  s.start = pos_;
+  s.count = k;
   pos_ += k;
   batch_.size += k;
   return s;
@@ -87,14 +99,14 @@ Rebatcher::Step Rebatcher::close_epoch() {
   epoch_open_ = false;
   if (batch_.size == 0 || (drop_last_ && batch_.size < batch_size_)) {
     batch_ = {};
-    return {Step::kEpochEnd};
+    return step_of(Step::kEpochEnd);
   }
   pending_epoch_end_ = true;
   return take_batch();
 }
 
 Rebatcher::Step Rebatcher::take_batch() {
-  Step s{Step::kBatch};
+  Step s = step_of(Step::kBatch);
   s.batch = batch_;
   batch_ = {};
   return s;

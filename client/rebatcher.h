@@ -31,7 +31,7 @@ namespace batchcast {
 // Where one chunk sits in the stream: all the rebatcher knows of it.
 struct ChunkSpan {
   uint64_t epoch = 0;
-  uint64_t sample_start = 0;     // first sample's position inside the epoch
+  uint64_t sample_start = 0;  // first sample's position inside the epoch
   uint32_t sample_count = 0;
   uint64_t epoch_samples = 0;    // samples in the epoch; 0 while unknown
   uint64_t stream_position = 0;  // samples before this chunk since the stream began
@@ -89,7 +89,7 @@ class Rebatcher {
   bool epoch_open_ = false;
   bool pending_epoch_end_ = false;  // a short last batch went out; the epoch end follows
   bool stream_ended_ = false;
-  BatchSpan batch_;  // the batch being cut (size: rows so far)
+  BatchSpan batch_;                            // the batch being cut (size: rows so far)
   std::optional<uint64_t> expected_position_;  // stream position the next chunk should have
   uint64_t skipped_ = 0;
 };

@@ -14,13 +14,15 @@ SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_cou
   bool on_gpu = device == protocol::DeviceKind::kCuda;
 #ifndef BATCHCAST_HAVE_CUDA
   if (on_gpu)
-    throw Error("--device cuda: this build has no CUDA support (use --device cpu, or rebuild with "
-                "nvcc: see scripts/README.md)");
+    throw Error(
+        "--device cuda: this build has no CUDA support (use --device cpu, or rebuild with "
+        "nvcc: see scripts/README.md)");
 #endif
   SlotMemory m(SlotPool::create(segment_name, slot_count, slot_bytes, /*host_slots=*/!on_gpu));
 #ifdef BATCHCAST_HAVE_CUDA
   if (on_gpu) {
-    m.arena_ = std::make_unique<DeviceArena>(DeviceArena::create(cuda_device, slot_count, slot_bytes));
+    m.arena_ =
+        std::make_unique<DeviceArena>(DeviceArena::create(cuda_device, slot_count, slot_bytes));
     m.cuda_device_ = m.arena_->device();
   }
 #else
