@@ -24,8 +24,8 @@
 // the batch is destroyed an event is recorded on that stream and the slot's Release is sent by
 // the I/O thread only once the event has completed, so no slot is rewritten while a kernel still
 // reads it. Copies (batches spanning chunks, or beyond max_held) are device-to-device on the
-// consumer's own copy stream. A consumer on another GPU than the server's gets a clear Error (no peer
-// copy): options.cuda_device must be the server's GPU or -1.
+// consumer's own copy stream. A consumer on another GPU than the server's gets a clear Error (no
+// peer copy): options.cuda_device must be the server's GPU or -1.
 //
 // Inside (client/README.md): a Session talks to the server, a Rebatcher decides which rows form
 // each batch, an Assembler (host or CUDA) builds it.
