@@ -15,14 +15,13 @@ namespace {
 class EventFence : public ReleaseFence {
  public:
   EventFence(int device, CudaEvent event) : device_(device), event_(std::move(event)) {}
+  // Called on the session's I/O thread, which is left on the fence's device: restoring the
+  // thread's previous device would create a context on cuda:0 there.
   bool passed(bool wait) noexcept override {
-    try {
-      CudaDeviceGuard guard(device_);
-      cudaError_t st = wait ? cudaEventSynchronize(event_.get()) : cudaEventQuery(event_.get());
-      if (st == cudaErrorNotReady) return false;
-      if (st != cudaSuccess) (void)cudaGetLastError();  // a failed context: release anyway
-    } catch (const std::exception&) {  // the device is gone: nothing reads the slot any more
-    }
+    (void)cudaSetDevice(device_);
+    cudaError_t st = wait ? cudaEventSynchronize(event_.get()) : cudaEventQuery(event_.get());
+    if (st == cudaErrorNotReady) return false;
+    if (st != cudaSuccess) (void)cudaGetLastError();  // a failed context: release anyway
     return true;
   }
   cudaEvent_t get() const { return event_.get(); }

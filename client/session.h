@@ -36,7 +36,8 @@ namespace batchcast {
 class ReleaseFence {
  public:
   virtual ~ReleaseFence() = default;
-  // True once passed; wait: block until it has (the session is going away). Never throws.
+  // True once passed; wait: block until it has (the session is going away). Called on the
+  // session's I/O thread only. Never throws.
   virtual bool passed(bool wait) noexcept = 0;
 };
 
