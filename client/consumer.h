@@ -24,8 +24,11 @@
 // the batch is destroyed an event is recorded on that stream and the slot's Release is sent by
 // the I/O thread only once the event has completed, so no slot is rewritten while a kernel still
 // reads it. Copies (batches spanning chunks, or beyond max_held) are device-to-device on the
-// session's own stream. A consumer on another GPU than the server's gets a clear Error (no peer
-// copy): options.cuda_device must be the server's GPU or -1.
+// consumer's own copy stream. A consumer on another GPU than the server's gets a clear Error (no
+// peer copy): options.cuda_device must be the server's GPU or -1.
+//
+// Inside (client/README.md): a Session talks to the server, a Rebatcher decides which rows form
+// each batch, an Assembler (host or CUDA) builds it.
 #pragma once
 
 #include <cstdint>
@@ -34,22 +37,23 @@
 #include <string>
 #include <vector>
 
+#include "client/rebatcher.h"
 #include "protocol/messages.h"
 
 namespace batchcast {
 
 struct ConsumerOptions {
-  std::string endpoint;      // empty: protocol::default_endpoint()
-  uint32_t batch_size = 0;   // samples per batch; 0: the server's batch size
-  bool drop_last = false;    // drop each epoch's short last batch, as torch's DataLoader does
-  double timeout_s = 60.0;   // longest wait for the server's welcome or for data; <= 0: forever
-  uint32_t prefetch = 2;     // chunk descriptors asked for ahead: hides the round trip
+  std::string endpoint;     // empty: protocol::default_endpoint()
+  uint32_t batch_size = 0;  // samples per batch; 0: the server's batch size
+  bool drop_last = false;   // drop each epoch's short last batch, as torch's DataLoader does
+  double timeout_s = 60.0;  // longest wait for the server's welcome or for data; <= 0: forever
+  uint32_t prefetch = 2;    // chunk descriptors asked for ahead: hides the round trip
   // Zero-copy batches alive at once before further ones become private copies, so a user who
   // keeps every batch cannot pin the whole ring and stall the server. Lowered to what the
   // server's ring leaves (its slots minus the chunks one batch spans) when that is smaller.
   uint32_t max_held = 2;
   protocol::LateJoin late_join = protocol::LateJoin::kReplay;
-  std::string name;          // shown in the server's log and metrics
+  std::string name;  // shown in the server's log and metrics
   // GPU pools: the CUDA device (this process's index) the consumer computes on; -1: the
   // server's. Any other GPU is refused with an Error naming the server's.
   int cuda_device = -1;
@@ -68,6 +72,8 @@ struct TensorView {
 
 class Session;
 struct ChunkRef;
+class Assembler;
+class BatchDeviceState;
 
 class Batch {
  public:
@@ -90,12 +96,13 @@ class Batch {
 
  private:
   friend class Consumer;
+  friend class HostAssembler;
+  friend class CudaAssembler;
   Batch() = default;
-  std::vector<std::shared_ptr<ChunkRef>> chunks_;   // zero-copy: the chunk it views
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // copies
+  std::vector<std::shared_ptr<ChunkRef>> chunks_;  // zero-copy: the chunk it views
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // host copies
   std::shared_ptr<Session> session_;               // counts it against max_held
-  struct DeviceState;                              // CUDA batches only (consumer.cpp)
-  std::unique_ptr<DeviceState> device_;
+  std::unique_ptr<BatchDeviceState> device_;       // GPU pools only (client/assembler.h)
 };
 
 struct ConsumerStats {
@@ -117,10 +124,10 @@ class Consumer {
   // The next batch of the current epoch; nullptr at its end (the next call starts the next).
   std::shared_ptr<Batch> next();
   // True once the server's last chunk was consumed: every further next() returns nullptr.
-  bool finished() const { return stream_ended_ && !cur_ && !stash_; }
+  bool finished() const { return rebatcher_.finished(); }
   // Epoch of the batches being yielded (the last one started).
-  uint64_t epoch() const { return epoch_; }
-  uint32_t batch_size() const { return batch_size_; }
+  uint64_t epoch() const { return rebatcher_.epoch(); }
+  uint32_t batch_size() const { return rebatcher_.batch_size(); }
   // Batches per whole epoch; nullopt while the server does not know the epoch's length.
   std::optional<uint64_t> batches_per_epoch() const;
   ConsumerStats stats() const;
@@ -130,25 +137,13 @@ class Consumer {
 
  private:
   std::shared_ptr<ChunkRef> pop_chunk();
-  std::shared_ptr<Batch> assemble(struct Pieces& pieces, uint32_t total);
-#ifdef BATCHCAST_HAVE_CUDA
-  std::shared_ptr<Batch> assemble_on_device(Pieces& pieces, uint32_t total,
-                                            std::shared_ptr<Batch> batch);
-#endif
+  std::shared_ptr<Batch> take_batch(const BatchSpan& span);
 
   ConsumerOptions options_;
   std::shared_ptr<Session> session_;
-  uint32_t batch_size_ = 0;
-  std::shared_ptr<ChunkRef> cur_;
-  uint32_t pos_ = 0;
-  std::shared_ptr<ChunkRef> stash_;  // first chunk of a new epoch, read while closing the last
-  bool epoch_open_ = false;
-  bool pending_epoch_end_ = false;
-  bool stream_ended_ = false;
-  uint64_t epoch_ = 0;
-  bool have_expected_ = false;
-  uint64_t expected_position_ = 0;
-  uint64_t epoch_samples_ = 0;  // last epoch length a descriptor announced
+  Rebatcher rebatcher_;
+  std::unique_ptr<Assembler> assembler_;
+  std::shared_ptr<ChunkRef> chunk_;  // the chunk the rebatcher cuts (the last one received)
   ConsumerStats stats_;
 };
 

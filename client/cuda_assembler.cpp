@@ -1,0 +1,143 @@
+#include "client/cuda_assembler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "common/error.h"
+
+namespace batchcast {
+
+namespace {
+
+// A release fence that passes once device work recorded on an event has completed.
+class EventFence : public ReleaseFence {
+ public:
+  EventFence(int device, CudaEvent event) : device_(device), event_(std::move(event)) {}
+  // Called on the session's I/O thread, which is left on the fence's device: restoring the
+  // thread's previous device would create a context on cuda:0 there.
+  bool passed(bool wait) noexcept override {
+    (void)cudaSetDevice(device_);
+    cudaError_t st = wait ? cudaEventSynchronize(event_.get()) : cudaEventQuery(event_.get());
+    if (st == cudaErrorNotReady) return false;
+    if (st != cudaSuccess) (void)cudaGetLastError();  // a failed context: release anyway
+    return true;
+  }
+  cudaEvent_t get() const { return event_.get(); }
+
+ private:
+  int device_;
+  CudaEvent event_;
+};
+
+// Records an event on `stream` (on the current device) as a fence.
+std::shared_ptr<EventFence> record_fence(int device, cudaStream_t stream, const char* what) {
+  auto fence = std::make_shared<EventFence>(device, CudaEvent::create(/*interprocess=*/false));
+  cuda_check(cudaEventRecord(fence->get(), stream), what);
+  return fence;
+}
+
+class CudaBatchState : public BatchDeviceState {
+ public:
+  CudaBatchState(int device, std::shared_ptr<CudaStream> copy_stream)
+      : device_(device), copy_stream_(std::move(copy_stream)) {}
+
+  void use_on_stream(uintptr_t stream) override {
+    CudaDeviceGuard guard(device_);
+    auto s = reinterpret_cast<cudaStream_t>(stream);
+    for (cudaEvent_t e : ready)
+      cuda_check(cudaStreamWaitEvent(s, e, 0),
+                 "making stream " + std::to_string(stream) + " wait for the server's batch");
+    stream_ = stream;
+  }
+
+  void on_destroy(const std::vector<std::shared_ptr<ChunkRef>>& chunks) noexcept override {
+    try {
+      CudaDeviceGuard guard(device_);
+      // Never used on a stream: the only device work on it is our own copy.
+      cudaStream_t s = stream_ ? reinterpret_cast<cudaStream_t>(*stream_) : copy_stream_->get();
+      if (stream_ && !chunks.empty()) {
+        auto done = record_fence(device_, s, "recording a batch's release event");
+        for (const auto& c : chunks) c->add_fence(done);
+      }
+      for (void* p : owned) (void)cudaFreeAsync(p, s);
+    } catch (const std::exception& e) {
+      spdlog::warn("releasing a CUDA batch: {}", e.what());
+    }
+  }
+
+  std::vector<cudaEvent_t> ready;         // wait on these before reading
+  std::shared_ptr<EventFence> copy_done;  // copied batches: their ready event
+  std::vector<void*> owned;               // copied batches: cudaMallocAsync'd buffers
+
+ private:
+  int device_;
+  std::shared_ptr<CudaStream> copy_stream_;  // frees the copies of batches never used on a stream
+  std::optional<uintptr_t> stream_;          // the user's stream (use_on_stream)
+};
+
+}  // namespace
+
+CudaAssembler::CudaAssembler(const Session& session)
+    : memory_(session.memory()), device_(memory_.cuda_device()) {
+  CudaDeviceGuard guard(device_);
+  copy_stream_ = std::make_shared<CudaStream>(CudaStream::create());
+}
+
+void CudaAssembler::view(Batch& batch) {
+  const Piece& p = pieces_.front();
+  auto state = std::make_unique<CudaBatchState>(device_, copy_stream_);
+  state->ready.push_back(memory_.slot_event(p.chunk->desc.slot));
+  batch.tensors = views_in_place(p);
+  for (auto& v : batch.tensors) {
+    v.device = protocol::DeviceKind::kCuda;
+    v.device_index = static_cast<uint32_t>(device_);
+  }
+  batch.chunks_.push_back(p.chunk);
+  batch.device_ = std::move(state);
+  pieces_.clear();
+}
+
+void CudaAssembler::copy(Batch& batch) {
+  // The batch owns the state from the start: if a copy fails, destroying it frees the buffers.
+  auto* state = new CudaBatchState(device_, copy_stream_);
+  batch.device_.reset(state);
+  CudaDeviceGuard guard(device_);
+  cudaStream_t cs = copy_stream_->get();
+  const auto& first = pieces_.front().chunk->desc;
+  for (const auto& p : pieces_) {
+    check_stackable(first, p.chunk->desc, /*contiguous=*/true);
+    cuda_check(cudaStreamWaitEvent(cs, memory_.slot_event(p.chunk->desc.slot), 0),
+               "waiting for the server's chunk " + std::to_string(p.chunk->desc.seq));
+  }
+  for (size_t ti = 0; ti < first.tensors.size(); ++ti) {
+    const auto& t = first.tensors[ti];
+    TensorView v = contiguous_view(t, batch.size);
+    v.device = protocol::DeviceKind::kCuda;
+    v.device_index = static_cast<uint32_t>(device_);
+    size_t row_bytes = static_cast<size_t>(v.strides[0]) * dtype_size(t.dtype);
+    void* buffer = nullptr;
+    cuda_check(cudaMallocAsync(&buffer, std::max<size_t>(row_bytes * batch.size, 1), cs),
+               "allocating a " + std::to_string(row_bytes * batch.size) +
+                   "-byte batch copy on the GPU (free GPU memory or hold fewer batches)");
+    state->owned.push_back(buffer);
+    size_t row = 0;
+    for (const auto& p : pieces_) {
+      const uint8_t* src = p.chunk->base + p.chunk->desc.tensors[ti].offset + p.start * row_bytes;
+      cuda_check(cudaMemcpyAsync(static_cast<uint8_t*>(buffer) + row * row_bytes, src,
+                                 p.count * row_bytes, cudaMemcpyDeviceToDevice, cs),
+                 "copying tensor '" + t.name + "' of a batch on the GPU");
+      row += p.count;
+    }
+    v.data = buffer;
+    batch.tensors.push_back(std::move(v));
+  }
+  auto done = record_fence(device_, cs, "recording a batch copy's event");
+  for (const auto& p : pieces_) p.chunk->add_fence(done);
+  state->copy_done = done;
+  state->ready.push_back(done->get());
+  pieces_.clear();
+}
+
+}  // namespace batchcast

@@ -1,0 +1,38 @@
+// CudaAssembler: batches of GPU pools (see client/assembler.h); compiled in CUDA builds only.
+//
+// Views are device pointers into the server's arena. Readiness is stream-ordered: a batch's
+// tensors are ready once the server's slot event (or, for copies, our copy's event) has
+// completed; Batch::use_on_stream makes the user's stream wait for it, with no host blocking.
+// Copies (batches spanning chunks, or beyond max_held) are device-to-device on the assembler's
+// own stream, into stream-ordered allocations. Releases wait for the device: a slot is released
+// only once the events recorded after the last work reading it (our copy, or the user's stream
+// when a viewing batch is destroyed) have completed (ChunkRef fences, sent by the Session).
+// Ownership: the copy stream is shared with every copied batch, which frees its buffers on it.
+// Thread-safety: one thread assembles; batches may be destroyed on any thread.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "client/assembler.h"
+
+namespace batchcast {
+
+class CudaAssembler : public Assembler {
+ public:
+  explicit CudaAssembler(const Session& session);
+
+  void add(Piece piece) override { pieces_.push_back(std::move(piece)); }
+  bool viewable() const override { return pieces_.size() == 1; }
+  void view(Batch& batch) override;
+  void copy(Batch& batch) override;
+  void discard() override { pieces_.clear(); }
+
+ private:
+  const SlotMemory& memory_;  // the session's, alive as long as the Consumer
+  int device_;
+  std::shared_ptr<CudaStream> copy_stream_;
+  std::vector<Piece> pieces_;  // every chunk a batch spans is held until it is copied
+};
+
+}  // namespace batchcast

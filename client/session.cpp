@@ -1,0 +1,254 @@
+#include "client/session.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/process.h"
+
+namespace batchcast {
+
+namespace {
+
+double deadline_from(double timeout_s) {
+  return timeout_s > 0 ? monotonic_seconds() + timeout_s : 1e300;
+}
+
+}  // namespace
+
+Session::Session(const ConsumerOptions& options)
+    : endpoint_(options.endpoint.empty() ? protocol::default_endpoint() : options.endpoint),
+      welcome_(handshake(options)),
+      server_local_(welcome_.boot_id == host_boot_id()),
+      memory_(SlotMemory::attach(welcome_)) {
+  if (memory_.cuda_device() >= 0 && options.cuda_device >= 0 &&
+      options.cuda_device != memory_.cuda_device())
+    throw Error("server at " + endpoint_ +
+                " shares its batches on cuda:" + std::to_string(memory_.cuda_device()) +
+                " but this consumer asked for cuda:" + std::to_string(options.cuda_device) +
+                "; batchcast hands out zero-copy tensors on the server's GPU only: use device "
+                "cuda:" +
+                std::to_string(memory_.cuda_device()) +
+                " (and .to() yourself) or start one server per GPU");
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  last_heard_ = monotonic_seconds();
+  thread_ = std::thread([this] { loop(); });
+}
+
+protocol::Welcome Session::handshake(const ConsumerOptions& options) {
+  socket_.set(zmq::sockopt::linger, 200);  // let a goodbye and final releases go out
+  socket_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(protocol::kMaxMessageBytes));
+  socket_.set(zmq::sockopt::rcvhwm, 100000);
+  socket_.set(zmq::sockopt::sndhwm, 100000);
+  try {
+    socket_.connect(endpoint_);
+  } catch (const zmq::error_t& e) {
+    throw Error("cannot connect to " + endpoint_ + ": " + e.what() +
+                "; endpoints look like ipc:///tmp/NAME.sock or tcp://127.0.0.1:PORT");
+  }
+  protocol::Hello hello;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  hello.boot_id = host_boot_id();
+  hello.name = options.name;
+  hello.late_join = options.late_join;
+  socket_.send(zmq::buffer(protocol::encode(hello)), zmq::send_flags::none);
+
+  double deadline = deadline_from(options.timeout_s);
+  while (true) {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    if (item.revents & ZMQ_POLLIN) {
+      zmq::message_t msg;
+      (void)socket_.recv(msg, zmq::recv_flags::none);
+      auto r = protocol::decode(msg.data(), msg.size());
+      if (!r.message || !std::holds_alternative<protocol::Welcome>(*r.message))
+        throw Error("unexpected answer from " + endpoint_ + " (" +
+                    (r.message ? "not a welcome" : r.error) + "); is a batchcast server there?");
+      auto welcome = std::get<protocol::Welcome>(std::move(*r.message));
+      if (!same_host(welcome.boot_id, host_boot_id()))
+        throw Error("server at " + endpoint_ +
+                    " runs on another host; batchcast shares memory "
+                    "only between processes of one machine");
+      return welcome;
+    }
+    if (monotonic_seconds() > deadline)
+      throw TimeoutError("no batchcast server answered at " + endpoint_ + " within " +
+                         std::to_string(static_cast<int>(options.timeout_s)) +
+                         " s; start one with `batchcast serve --endpoint " + endpoint_ + "`");
+  }
+}
+
+Session::~Session() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  wake();
+  if (thread_.joinable()) thread_.join();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void Session::wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+void Session::post(protocol::Message message) {
+  {
+    std::lock_guard lk(mu_);
+    outbox_.push_back(std::move(message));
+  }
+  wake();
+}
+
+void Session::release(protocol::Release release, std::vector<std::shared_ptr<ReleaseFence>> after) {
+  if (after.empty()) return post(release);
+  {
+    std::lock_guard lk(mu_);
+    pending_.push_back({release, std::move(after)});
+  }
+  wake();
+}
+
+void Session::goodbye() {
+  post(protocol::Heartbeat{samples.load(), wait_s.load()});  // final counters for the metrics
+  post(protocol::Goodbye{});
+}
+
+std::optional<protocol::BatchDescriptor> Session::pop(double timeout_s, double* waited) {
+  std::unique_lock lk(mu_);
+  double start = monotonic_seconds();
+  double deadline = deadline_from(timeout_s);
+  while (queue_.empty()) {
+    if (!server_error_.empty())
+      throw Error("batchcast server at " + endpoint_ + " reported: " + server_error_);
+    if (ended_) break;
+    if (gone_) throw ServerGoneError(gone_reason_);
+    if (monotonic_seconds() > deadline)
+      throw TimeoutError("no data from the batchcast server at " + endpoint_ + " within " +
+                         std::to_string(static_cast<int>(timeout_s)) +
+                         " s (it is alive: is it stalled on a slow or stopped consumer?)");
+    ready_.wait_for(lk, std::chrono::milliseconds(100));
+  }
+  *waited = monotonic_seconds() - start;
+  if (queue_.empty()) return std::nullopt;
+  auto d = std::move(queue_.front());
+  queue_.pop_front();
+  return d;
+}
+
+bool Session::server_gone(double now) {
+  if (server_local_) return !process_alive(static_cast<pid_t>(welcome_.server_pid));
+  return now - last_heard_ > welcome_.heartbeat_timeout_s;
+}
+
+void Session::on_message(const void* data, size_t size, double now) {
+  auto r = protocol::decode(data, size);
+  if (!r.message) {
+    dropped++;
+    return;
+  }
+  last_heard_ = now;
+  std::lock_guard lk(mu_);
+  if (auto* d = std::get_if<protocol::BatchDescriptor>(&*r.message)) {
+    auto invalid = protocol::validate_descriptor(*d, welcome_.slot_count, welcome_.slot_bytes);
+    if (invalid.empty() && memory_.pool().slot_seq(d->slot) != d->seq)
+      invalid =
+          "slot " + std::to_string(d->slot) + " does not hold chunk " + std::to_string(d->seq);
+    if (!invalid.empty()) {
+      dropped++;
+      spdlog::warn("dropped a descriptor from {}: {}", endpoint_, invalid);
+      outbox_.push_back(protocol::Release{d->seq, d->slot});
+      return;
+    }
+    queue_.push_back(std::move(*d));
+  } else if (std::holds_alternative<protocol::End>(*r.message)) {
+    ended_ = true;
+  } else if (auto* e = std::get_if<protocol::ErrorMessage>(&*r.message)) {
+    server_error_ = e->message;
+  } else if (!std::holds_alternative<protocol::Heartbeat>(*r.message)) {
+    dropped++;
+  }
+  ready_.notify_all();
+}
+
+void Session::loop() {
+  zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                             {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+  double next_heartbeat = 0, next_check = 0;
+  bool stopping = false;
+  bool goodbye_sent = false;
+  std::vector<PendingRelease> waiting;  // releases whose fences have not all passed
+  while (!stopping) {
+    // A release waiting on the GPU: poll its fences often.
+    zmq::poll(items, 2, std::chrono::milliseconds(waiting.empty() ? 50 : 1));
+    if (items[1].revents & ZMQ_POLLIN) {
+      uint64_t v;
+      [[maybe_unused]] auto n = ::read(wake_fd_, &v, sizeof(v));
+    }
+    double now = monotonic_seconds();
+    zmq::message_t msg;
+    while (socket_.recv(msg, zmq::recv_flags::dontwait)) on_message(msg.data(), msg.size(), now);
+    std::vector<protocol::Message> out;
+    {
+      std::lock_guard lk(mu_);
+      out.swap(outbox_);
+      stopping = stopping_;
+      for (auto& p : pending_) waiting.push_back(std::move(p));
+      pending_.clear();
+    }
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      bool passed = true;
+      for (const auto& f : it->after) {
+        // Stopping: the session is going away, so wait (this is the last chance to release).
+        if (!f->passed(/*wait=*/stopping)) {
+          passed = false;
+          break;
+        }
+      }
+      if (!passed) {
+        ++it;
+        continue;
+      }
+      out.push_back(it->release);
+      it = waiting.erase(it);
+    }
+    if (now >= next_heartbeat) {
+      out.push_back(protocol::Heartbeat{samples.load(), wait_s.load()});
+      next_heartbeat = now + welcome_.heartbeat_interval_s;
+    }
+    if (stopping && !goodbye_sent) out.push_back(protocol::Goodbye{});
+    for (const auto& m : out) {
+      if (std::holds_alternative<protocol::Goodbye>(m)) {
+        if (goodbye_sent) continue;
+        goodbye_sent = true;
+      }
+      socket_.send(zmq::buffer(protocol::encode(m)), zmq::send_flags::dontwait);
+    }
+    if (now >= next_check) {
+      next_check = now + 0.2;
+      std::lock_guard lk(mu_);
+      if (!ended_ && !gone_ && server_gone(now)) {
+        gone_ = true;
+        gone_reason_ = "the batchcast server at " + endpoint_ + " (pid " +
+                       std::to_string(welcome_.server_pid) + ") is gone: it " +
+                       (server_local_ ? "exited or was killed" : "stopped answering heartbeats") +
+                       " before the end of the stream";
+        ready_.notify_all();
+      }
+    }
+  }
+}
+
+ChunkRef::ChunkRef(std::shared_ptr<Session> s, protocol::BatchDescriptor d)
+    : session(std::move(s)), desc(std::move(d)), base(session->memory().slot_data(desc.slot)) {}
+
+ChunkRef::~ChunkRef() { session->release({desc.seq, desc.slot}, std::move(fences_)); }
+
+void ChunkRef::add_fence(std::shared_ptr<ReleaseFence> fence) {
+  std::lock_guard lk(mu_);
+  fences_.push_back(std::move(fence));
+}
+
+}  // namespace batchcast

@@ -1,0 +1,82 @@
+#include "shm/slot_memory.h"
+
+#include "common/error.h"
+
+namespace batchcast {
+
+SlotMemory::SlotMemory(SlotPool pool) : pool_(std::move(pool)) {}
+SlotMemory::SlotMemory(SlotMemory&&) noexcept = default;
+SlotMemory& SlotMemory::operator=(SlotMemory&&) noexcept = default;
+SlotMemory::~SlotMemory() = default;
+
+SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_count,
+                              uint64_t slot_bytes, protocol::DeviceKind device, int cuda_device) {
+  bool on_gpu = device == protocol::DeviceKind::kCuda;
+#ifndef BATCHCAST_HAVE_CUDA
+  if (on_gpu)
+    throw Error(
+        "--device cuda: this build has no CUDA support (use --device cpu, or rebuild with "
+        "nvcc: see scripts/README.md)");
+#endif
+  SlotMemory m(SlotPool::create(segment_name, slot_count, slot_bytes, /*host_slots=*/!on_gpu));
+#ifdef BATCHCAST_HAVE_CUDA
+  if (on_gpu) {
+    m.arena_ =
+        std::make_unique<DeviceArena>(DeviceArena::create(cuda_device, slot_count, slot_bytes));
+    m.cuda_device_ = m.arena_->device();
+  }
+#else
+  (void)cuda_device;
+#endif
+  return m;
+}
+
+SlotMemory SlotMemory::attach(const protocol::Welcome& w) {
+  SlotMemory m(SlotPool::attach(w.segment_name, w.slot_count, w.slot_bytes, w.slots_offset));
+  if (w.device == protocol::DeviceKind::kCpu) return m;
+#ifdef BATCHCAST_HAVE_CUDA
+  m.mapping_ = std::make_unique<ArenaMapping>(ArenaMapping::open(
+      w.cuda_device_uuid, w.cuda_memory_handle, w.cuda_event_handles, w.slot_bytes));
+  m.cuda_device_ = m.mapping_->device();
+  return m;
+#else
+  throw Error("the pool " + w.segment_name +
+              " is in CUDA memory; this build has no CUDA support (rebuild with nvcc: see "
+              "scripts/README.md)");
+#endif
+}
+
+void SlotMemory::describe(protocol::Welcome& w) const {
+  w.segment_name = pool_.segment_name();
+  w.segment_bytes = pool_.segment_bytes();
+  w.slot_count = pool_.slot_count();
+  w.slot_bytes = pool_.slot_bytes();
+  w.slots_offset = pool_.slots_offset();
+  w.device = device();
+#ifdef BATCHCAST_HAVE_CUDA
+  if (arena_) {
+    w.device_index = static_cast<uint32_t>(arena_->device());
+    w.cuda_memory_handle = arena_->memory_handle();
+    w.cuda_device_uuid = arena_->device_uuid();
+    w.cuda_event_handles = arena_->event_handles();
+  }
+#endif
+}
+
+uint8_t* SlotMemory::slot_data(uint32_t slot) const {
+#ifdef BATCHCAST_HAVE_CUDA
+  if (arena_) return arena_->slot_data(slot);
+  if (mapping_) return mapping_->slot_data(slot);
+#endif
+  return pool_.slot_data(slot);
+}
+
+#ifdef BATCHCAST_HAVE_CUDA
+cudaEvent_t SlotMemory::slot_event(uint32_t slot) const {
+  if (arena_) return arena_->slot_event(slot);
+  if (mapping_) return mapping_->slot_event(slot);
+  return nullptr;
+}
+#endif
+
+}  // namespace batchcast

@@ -1,0 +1,72 @@
+// SlotMemory: where a pool's slots live, host shared memory or a GPU arena, behind one type.
+//
+// A host pool's slots are in its SlotPool segment. A GPU pool (--device cuda:K, CUDA builds)
+// keeps only the header and sequence words in the segment; its slots are in a DeviceArena the
+// server allocates, which consumers open as an ArenaMapping. Everything that reads or writes a
+// slot asks slot_data(slot) here and never needs to know which kind of pool it has.
+//
+// Factories: the server create()s (segment + arena) and describe()s it into the Welcome; a
+// consumer attach()es from that Welcome. A CPU-only build refuses GPU pools with an Error.
+// Ownership and lifetime: move-only; owns the segment mapping and the arena (server) or arena
+// mapping (consumer), all freed on destruction. Pointers from slot_data() live as long as this.
+// Thread-safety: const members may be called from any thread; slot contents are synchronised by
+// the slot protocol (sequence words on the host, slot events on the GPU), not by this class.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "protocol/messages.h"
+#include "shm/slot_pool.h"
+#ifdef BATCHCAST_HAVE_CUDA
+#include "shm/cuda_pool.h"
+#endif
+
+namespace batchcast {
+
+class SlotMemory {
+ public:
+  // Server: creates the pool's segment and, for DeviceKind::kCuda, its arena on cuda:cuda_device.
+  static SlotMemory create(const std::string& segment_name, uint32_t slot_count,
+                           uint64_t slot_bytes, protocol::DeviceKind device, int cuda_device);
+  // Consumer: maps the pool a Welcome announces (read-only segment, and the GPU arena on the
+  // server's GPU, found by UUID).
+  static SlotMemory attach(const protocol::Welcome& welcome);
+
+  SlotMemory(SlotMemory&&) noexcept;
+  SlotMemory& operator=(SlotMemory&&) noexcept;
+  ~SlotMemory();
+
+  // Server: writes the pool's geometry and GPU handles into the Welcome that attach() reads.
+  void describe(protocol::Welcome& welcome) const;
+
+  SlotPool& pool() { return pool_; }
+  const SlotPool& pool() const { return pool_; }
+  // A slot's first byte: host memory, or a device pointer on cuda_device() for GPU pools.
+  uint8_t* slot_data(uint32_t slot) const;
+  protocol::DeviceKind device() const {
+    return cuda_device_ < 0 ? protocol::DeviceKind::kCpu : protocol::DeviceKind::kCuda;
+  }
+  // The GPU holding the slots (this process's index); -1 for host pools.
+  int cuda_device() const { return cuda_device_; }
+
+#ifdef BATCHCAST_HAVE_CUDA
+  // GPU pools: the event recorded after the slot's chunk was written; nullptr for host pools.
+  cudaEvent_t slot_event(uint32_t slot) const;
+  // The server's arena (staging code records its events); nullptr in consumers and host pools.
+  const DeviceArena* device_arena() const { return arena_.get(); }
+#endif
+
+ private:
+  explicit SlotMemory(SlotPool pool);
+
+  SlotPool pool_;
+  int cuda_device_ = -1;
+#ifdef BATCHCAST_HAVE_CUDA
+  std::unique_ptr<DeviceArena> arena_;     // server
+  std::unique_ptr<ArenaMapping> mapping_;  // consumer
+#endif
+};
+
+}  // namespace batchcast

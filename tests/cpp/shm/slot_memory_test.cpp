@@ -1,0 +1,58 @@
+// SlotMemory: the server's create + describe and the consumer's attach meet on one real pool.
+#include "shm/slot_memory.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "common/error.h"
+
+namespace batchcast {
+namespace {
+
+std::string test_name(const char* tag) {
+  return segment_name_for(std::string("test://slot_memory/") + tag + std::to_string(::getpid()));
+}
+
+TEST(SlotMemory, AConsumerAttachedFromTheWelcomeSeesTheServersSlots) {
+  auto server = SlotMemory::create(test_name("host"), 3, 5000, protocol::DeviceKind::kCpu, -1);
+  EXPECT_EQ(server.device(), protocol::DeviceKind::kCpu);
+  EXPECT_EQ(server.cuda_device(), -1);
+  server.slot_data(2)[11] = 77;
+  server.pool().set_slot_seq(2, 5);
+
+  protocol::Welcome w;
+  server.describe(w);
+  EXPECT_EQ(w.slot_count, 3u);
+  EXPECT_EQ(w.slot_bytes, server.pool().slot_bytes());
+  auto consumer = SlotMemory::attach(w);
+  EXPECT_EQ(consumer.device(), protocol::DeviceKind::kCpu);
+  EXPECT_EQ(consumer.slot_data(2)[11], 77);
+  EXPECT_EQ(consumer.pool().slot_seq(2), 5u);
+}
+
+TEST(SlotMemory, ABuildWithoutCudaRefusesGpuPoolsByName) {
+#ifdef BATCHCAST_HAVE_CUDA
+  GTEST_SKIP() << "this build has CUDA support";
+#else
+  auto name = test_name("gpu");
+  try {
+    SlotMemory::create(name, 2, 4096, protocol::DeviceKind::kCuda, 0);
+    FAIL() << "created a GPU pool without CUDA";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA support"), std::string::npos) << e.what();
+  }
+  auto host = SlotMemory::create(name, 2, 4096, protocol::DeviceKind::kCpu, -1);
+  protocol::Welcome w;
+  host.describe(w);
+  w.device = protocol::DeviceKind::kCuda;  // what a GPU server would announce
+  try {
+    SlotMemory::attach(w);
+    FAIL() << "attached to a GPU pool without CUDA";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA support"), std::string::npos) << e.what();
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace batchcast
