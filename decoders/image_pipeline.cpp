@@ -19,6 +19,7 @@
 #include "decoders/crop_params.h"
 #include "decoders/image_header.h"
 #include "decoders/jpeg_decode.h"
+#include "decoders/sample_check.h"
 #include "decoders/scratch_buffer.h"
 
 namespace batchcast {
@@ -86,20 +87,6 @@ ScratchBuffer& resized_buffer() {
 }
 
 }  // namespace
-
-void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name) {
-  // Division, not width * height: header fields of crafted files can overflow the product.
-  if (width > 0 && height > 0 && height <= limit / width) return;
-  if (width <= 0 || height <= 0) {
-    throw SampleError(name, "image header declares " + std::to_string(width) + "x" +
-                                std::to_string(height) + " pixels");
-  }
-  // Callers pass 32-bit header fields, so the product fits in 64 unsigned bits.
-  const uint64_t pixels = static_cast<uint64_t>(width) * static_cast<uint64_t>(height);
-  throw SampleError(name, "image is " + std::to_string(width) + "x" + std::to_string(height) +
-                              " = " + std::to_string(pixels) + " pixels, above max_image_pixels=" +
-                              std::to_string(limit) + " (decompression-bomb guard)");
-}
 
 namespace {
 
@@ -295,35 +282,20 @@ void ImagePipeline::process(const std::string& path, uint64_t epoch, uint64_t in
 
 void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::string& name,
                                   uint64_t epoch, uint64_t index, void* out) const {
-  if (size == 0) throw SampleError(name, "empty file (0 bytes)");
   const int out_size = options_.image_size;
-  const ImageFormat format = sniff_image_format(data, size);
 
-  // 1. Geometry from the header, and the decoded source pixels it needs.
-  int width = 0;
-  int height = 0;
-  JpegHeader jpeg_header;
+  // 1. The checks every decoder runs, then the decoded source pixels (other formats than JPEG
+  // are decoded whole by OpenCV; JPEG decodes only the crop, below).
+  const SampleHeader header = check_sample(data, size, name, options_.max_image_pixels);
+  const ImageFormat format = header.format;
+  int width = static_cast<int>(header.width);
+  int height = static_cast<int>(header.height);
 #ifdef BATCHCAST_HAVE_IMGCODECS
   thread_local cv::Mat decoded_bgr;
   thread_local cv::Mat decoded_rgb;
 #endif
-  if (format == ImageFormat::kJpeg) {
-    jpeg_header = read_jpeg_header(data, size, name);
-    width = jpeg_header.width;
-    height = jpeg_header.height;
-    check_pixel_count(width, height, options_.max_image_pixels, name);
-  } else if (format == ImageFormat::kUnknown) {
-    throw SampleError(name, "not an image (unrecognised file signature)");
-  } else {
+  if (format != ImageFormat::kJpeg) {
 #ifdef BATCHCAST_HAVE_IMGCODECS
-    // OpenCV allocates from the header's claim: check it first.
-    int64_t claimed_width = 0;
-    int64_t claimed_height = 0;
-    if (!read_image_dimensions(format, data, size, &claimed_width, &claimed_height)) {
-      throw SampleError(
-          name, std::string("corrupt or truncated ") + image_format_name(format) + " header");
-    }
-    check_pixel_count(claimed_width, claimed_height, options_.max_image_pixels, name);
     try {
       cv::Mat encoded(1, static_cast<int>(std::min<size_t>(size, INT32_MAX)), CV_8UC1,
                       const_cast<uint8_t*>(data));
@@ -333,6 +305,7 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
       throw SampleError(name, std::string("corrupt image: ") + e.what());
     }
     if (decoded_bgr.empty()) throw SampleError(name, "corrupt or truncated image (decode failed)");
+    // OpenCV may decode another size than the header claimed: guard what it allocated too.
     width = decoded_bgr.cols;
     height = decoded_bgr.rows;
     check_pixel_count(width, height, options_.max_image_pixels, name);
@@ -352,7 +325,7 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   const int resize_h = g.resize_h;
   RgbView source;
   if (format == ImageFormat::kJpeg) {
-    source = decode_jpeg_region(data, size, name, jpeg_header, g.factor, g.scaled);
+    source = decode_jpeg_region(data, size, name, header.jpeg, g.factor, g.scaled);
   } else {
 #ifdef BATCHCAST_HAVE_IMGCODECS
     source.stride = decoded_rgb.step[0];

@@ -102,9 +102,6 @@ class ImagePipeline {
 // for a missing, unreadable, empty, non-regular file or a directory.
 size_t read_image_file(const std::string& path, ScratchBuffer& buffer);
 
-// The decompression-bomb guard: throws SampleError(name, ...) unless 0 < width * height <= limit.
-void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name);
-
 // float32 -> IEEE half / bfloat16 bits, round to nearest even (NaN stays NaN). Exposed for tests.
 uint16_t float_to_half_bits(float value);
 uint16_t float_to_bfloat16_bits(float value);

@@ -271,9 +271,6 @@ RgbView decode_jpeg_full_turbo(const uint8_t* data, size_t size, const std::stri
 
 RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name,
                            const JpegHeader& header, ScalingFactor factor, PixelRect rect) {
-  if (!has_end_marker(data, size)) {
-    throw SampleError(name, "truncated JPEG (no end-of-image marker)");
-  }
   if (header.cmyk()) {
     // libjpeg cannot convert CMYK to RGB, so these rare files take a full decode.
     RgbView full = decode_jpeg_full_turbo(data, size, name, factor);

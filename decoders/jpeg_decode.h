@@ -19,8 +19,7 @@ namespace batchcast {
 bool looks_like_jpeg(const uint8_t* data, size_t size);
 
 // True when an EOI marker (FF D9) ends the data, possibly followed by a little padding: a JPEG
-// without it is truncated. Rows below a crop are never decoded, so truncation is checked this way,
-// the same way for every crop (and for GPU decoding, which does not report it).
+// without it is truncated. check_sample (sample_check.h) runs it for every decoder.
 bool has_end_marker(const uint8_t* data, size_t size);
 
 struct JpegHeader {
@@ -70,7 +69,8 @@ struct RgbView {
 // files are decoded with libjpeg's jpeg_crop_scanline/jpeg_skip_scanlines so only the rows down to
 // the rectangle's bottom are entropy-decoded and only its columns are inverse-transformed; CMYK and
 // YCCK files take a full TurboJPEG decode (converted to RGB here) and are cropped after.
-// Truncated or corrupt data in the decoded part throws SampleError.
+// Corrupt data in the decoded part throws SampleError; truncation below the rectangle is not
+// seen here: run check_sample (sample_check.h, the end-of-image marker) on the bytes first.
 RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name,
                            const JpegHeader& header, ScalingFactor factor, PixelRect rect);
 

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "decoders/jpeg_decode.h"
+#include "decoders/sample_check.h"
 
 namespace batchcast {
 namespace {
@@ -67,19 +68,15 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   s.path = entry.path;
   s.size = read_image_file(entry.path, s.bytes);
   const uint8_t* data = s.bytes.data();
-  if (!looks_like_jpeg(data, s.size))
-    throw SampleError(entry.path,
-                      "not a JPEG: --decoder nvjpeg reads JPEG files only (serve "
-                      "other formats with --decoder cpu)");
-  JpegHeader header = read_jpeg_header(data, s.size, entry.path);
-  check_pixel_count(header.width, header.height, source_.pipeline().options().max_image_pixels,
-                    entry.path);
-  if (!has_end_marker(data, s.size))
-    throw SampleError(entry.path, "truncated JPEG (no end-of-image marker)");
-  s.width = header.width;
-  s.height = header.height;
-  s.geometry = source_.pipeline().geometry(s.width, s.height, true, epoch, index, entry.path);
-  s.decoded_on_cpu = header.cmyk();
+  const ImagePipeline& pipeline = source_.pipeline();
+  const SampleHeader header =
+      check_sample(data, s.size, entry.path, pipeline.options().max_image_pixels,
+                   "not a JPEG: --decoder nvjpeg reads JPEG files only (serve other formats "
+                   "with --decoder cpu)");
+  s.width = header.jpeg.width;
+  s.height = header.jpeg.height;
+  s.geometry = pipeline.geometry(s.width, s.height, true, epoch, index, entry.path);
+  s.decoded_on_cpu = header.jpeg.cmyk();
   if (s.decoded_on_cpu) {
     RgbView rgb = decode_jpeg_full_turbo(data, s.size, entry.path, ScalingFactor{});
     const size_t row = static_cast<size_t>(rgb.width) * 3;
