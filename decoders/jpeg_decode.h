@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "decoders/pixel_rect.h"
+
 namespace batchcast {
 
 // True when the bytes start with a JPEG SOI marker followed by another marker.
@@ -40,7 +42,6 @@ struct ScalingFactor {
   int num = 1;
   int denom = 1;
   int scale(int dim) const { return static_cast<int>((int64_t{dim} * num + denom - 1) / denom); }
-  bool is_identity() const { return num == denom; }
 };
 
 // The largest reduction worth doing for a crop of crop_w x crop_h source pixels that will be
@@ -48,14 +49,6 @@ struct ScalingFactor {
 // otherwise the smallest factor whose scaled crop is still >= the output in both dimensions (so the
 // final resize still only shrinks, and quality stays that of a bilinear downscale).
 ScalingFactor choose_scaling(int crop_w, int crop_h, int out_w, int out_h);
-
-// A rectangle in pixel coordinates.
-struct PixelRect {
-  int x = 0;
-  int y = 0;
-  int w = 0;
-  int h = 0;
-};
 
 // Decoded RGB8 pixels: `height` rows of `width` pixels, `stride` bytes apart.
 struct RgbView {

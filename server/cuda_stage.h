@@ -34,7 +34,7 @@ namespace batchcast {
 struct TensorConversion {
   // Set: the tensor is uint8 {H, W, 3} in staging and becomes normalised {3, H, W} of this type
   // (kFloat32/kFloat16/kBFloat16) in the slot. Empty: copied unchanged.
-  std::optional<OutputType> normalize;
+  std::optional<DType> normalize;
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
   std::array<float, 3> std{0.229f, 0.224f, 0.225f};
 };

@@ -144,15 +144,15 @@ int serve(const ServeArgs& a) {
     PipelineOptions p;
     p.image_size = a.image_size;
     p.train = !a.eval;
-    p.output = parse_output_type(a.output);
+    p.output = parse_dtype(a.output, kOutputDTypes);
     p.seed = a.seed;
 #ifdef BATCHCAST_HAVE_CUDA
-    if (cuda_device >= 0 && !gpu_decode && p.output != OutputType::kUInt8) {
+    if (cuda_device >= 0 && !gpu_decode && p.output != DType::kUInt8) {
       conversions.resize(1);
       conversions[0].normalize = p.output;
       conversions[0].mean = p.mean;
       conversions[0].std = p.std;
-      p.output = OutputType::kUInt8;
+      p.output = DType::kUInt8;
     }
 #endif
     auto dataset = a.data.empty() ? Dataset::file_list(a.file_list) : Dataset::image_folder(a.data);

@@ -42,7 +42,7 @@ NvjpegStage::NvjpegStage(const DeviceArena& arena, const ImageSource& source, ui
   stream_ = CudaStream::create();
   device_jobs_ = DeviceBuffer::allocate(batch_size * sizeof(ResizeJob));
   const PipelineOptions& o = source_.pipeline().options();
-  if (o.output != OutputType::kUInt8) {
+  if (o.output != DType::kUInt8) {
     ConvertTable table = make_convert_table(o.output, o.mean, o.std);
     table_ = DeviceBuffer::allocate(table.bytes.size());
     cuda_check(
@@ -148,7 +148,7 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
   ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
   int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
   const PipelineOptions& o = source_.pipeline().options();
-  const int element_bytes = o.output == OutputType::kFloat32 ? 4 : 2;
+  const int element_bytes = static_cast<int>(dtype_size(o.output));
   std::vector<bool> failed(sample_count);
   for (uint32_t first = 0; first < sample_count;) {
     uint64_t bytes = 0;
