@@ -24,9 +24,14 @@ ScratchBuffer& pixel_buffer() {
   return buffer;
 }
 
-TjHandle& thread_compressor() {
-  thread_local TjHandle handle(TjHandle::Kind::kCompress);
-  return handle;
+// One compressor per thread for baseline and one for progressive encodes: libjpeg-turbo 2.1's
+// tjCompress2 leaves a handle in progressive mode after a TJFLAG_PROGRESSIVE call, so the next
+// baseline encode on it came out progressive and, for some images, undecodable ("bad Huffman
+// code" from libjpeg).
+TjHandle& thread_compressor(bool progressive) {
+  thread_local TjHandle baseline(TjHandle::Kind::kCompress);
+  thread_local TjHandle progressive_handle(TjHandle::Kind::kCompress);
+  return progressive ? progressive_handle : baseline;
 }
 
 TjHandle& thread_decompressor() {
@@ -293,7 +298,7 @@ RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& 
 
 std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, size_t stride,
                                  bool gray, int quality, int subsampling, int flags) {
-  TjHandle& compressor = thread_compressor();
+  TjHandle& compressor = thread_compressor((flags & TJFLAG_PROGRESSIVE) != 0);
   TjBuffer buffer;
   unsigned long size = 0;
   if (tjCompress2(compressor.get(), pixels, width, static_cast<int>(stride), height,

@@ -148,6 +148,16 @@ TEST(ImagePipeline, ChoosesLargestReductionKeepingCropAboveOutput) {
   EXPECT_LT(g.scale(1000), 2 * 224);
 }
 
+// make_dataset, the benchmarks and the tests encode on the same thread: a progressive encode
+// must not change what the next baseline encode writes (libjpeg-turbo 2.1 keeps a handle in
+// progressive mode).
+TEST(JpegEncode, BaselineAfterProgressiveIsUnchanged) {
+  cv::Mat photo = photo_rgb(640, 480, 1);
+  std::vector<uint8_t> before = encode_jpeg(photo, 90, TJSAMP_420, 0);
+  encode_jpeg(photo_rgb(401, 333, 2), 85, TJSAMP_420, TJFLAG_PROGRESSIVE);
+  EXPECT_EQ(encode_jpeg(photo, 90, TJSAMP_420, 0), before);
+}
+
 TEST(JpegDecode, RegionEqualsFullTurboDecode) {
   struct Case {
     int subsampling;
