@@ -84,7 +84,7 @@ void bandwidth() {
 
   for (bool normalise : {false, true}) {
     std::vector<TensorConversion> conv(2);
-    if (normalise) conv[0].normalize = OutputType::kFloat32;
+    if (normalise) conv[0].normalize = DType::kFloat32;
     auto staged = image_tensors();
     uint64_t slot_bytes =
         (SlotLayout::plan(CudaStage::converted(staged, conv), kBatch).bytes + 4095) / 4096 * 4096;
@@ -142,7 +142,7 @@ int consumer_main(const std::string& endpoint) {
 
 void latency(const char* self, bool normalise) {
   std::vector<TensorConversion> conv(2);
-  if (normalise) conv[0].normalize = OutputType::kFloat32;
+  if (normalise) conv[0].normalize = DType::kFloat32;
   auto slot_tensors = CudaStage::converted(image_tensors(), conv);
   auto slot_layout = SlotLayout::plan(slot_tensors, kBatch);
   const uint32_t chunks = 1000;

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     batchcast::PipelineOptions options;
     options.image_size = size;
     options.train = train;
-    options.output = batchcast::parse_output_type(output);
+    options.output = batchcast::parse_dtype(output, batchcast::kOutputDTypes);
     batchcast::ImagePipeline pipeline(options);
     std::vector<uint8_t> out(pipeline.sample_bytes());
     // Warm-up pass: page cache, thread_local buffers.

@@ -18,8 +18,8 @@ int round_half_even(double x) {
 
 }  // namespace
 
-CropRect random_resized_crop_params(int width, int height, SampleRng& rng,
-                                    std::array<double, 2> scale, std::array<double, 2> ratio) {
+PixelRect random_resized_crop_params(int width, int height, SampleRng& rng,
+                                     std::array<double, 2> scale, std::array<double, 2> ratio) {
   const double area = static_cast<double>(height) * width;
   const double log_ratio_lo = std::log(ratio[0]);
   const double log_ratio_hi = std::log(ratio[1]);
@@ -31,7 +31,7 @@ CropRect random_resized_crop_params(int width, int height, SampleRng& rng,
     if (0 < w && w <= width && 0 < h && h <= height) {
       int top = static_cast<int>(rng.below(static_cast<uint64_t>(height - h + 1)));
       int left = static_cast<int>(rng.below(static_cast<uint64_t>(width - w + 1)));
-      return CropRect{top, left, h, w};
+      return PixelRect{left, top, w, h};
     }
   }
   // Central fallback.
@@ -48,7 +48,7 @@ CropRect random_resized_crop_params(int width, int height, SampleRng& rng,
   // A 1-pixel-wide image can round h to 0; a crop must keep at least one pixel.
   w = std::clamp(w, 1, width);
   h = std::clamp(h, 1, height);
-  return CropRect{(height - h) / 2, (width - w) / 2, h, w};
+  return PixelRect{(width - w) / 2, (height - h) / 2, w, h};
 }
 
 int eval_resize_size(int image_size) { return image_size * 256 / 224; }

@@ -8,24 +8,17 @@
 #include <array>
 
 #include "common/random.h"
+#include "decoders/pixel_rect.h"
 
 namespace batchcast {
-
-// Source rectangle in torchvision's (i, j, h, w) order: top, left, height, width.
-struct CropRect {
-  int top = 0;
-  int left = 0;
-  int height = 0;
-  int width = 0;
-};
 
 // torchvision.transforms.RandomResizedCrop.get_params, draw for draw: up to 10 attempts of
 // area = uniform(scale) * H * W and aspect = exp(uniform(log ratio)), w/h rounded half-to-even as
 // Python's round(); the first that fits is placed uniformly; otherwise the central fallback that
 // clamps the aspect to the ratio range. Only the random source differs from torch's.
-CropRect random_resized_crop_params(int width, int height, SampleRng& rng,
-                                    std::array<double, 2> scale = {0.08, 1.0},
-                                    std::array<double, 2> ratio = {3.0 / 4.0, 4.0 / 3.0});
+PixelRect random_resized_crop_params(int width, int height, SampleRng& rng,
+                                     std::array<double, 2> scale = {0.08, 1.0},
+                                     std::array<double, 2> ratio = {3.0 / 4.0, 4.0 / 3.0});
 
 // Eval geometry: the shorter side resized to resize_to (= int(image_size * 256 / 224)), the longer
 // to int(resize_to * long / short) (torchvision's Resize with an int size), then a centred

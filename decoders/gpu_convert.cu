@@ -138,10 +138,10 @@ ResizeJob make_resize_job(const SampleGeometry& g, int source_width, int source_
   j.source_height = source_height;
   j.factor_num = g.factor.num;
   j.factor_denom = g.factor.denom;
-  j.rect_x = g.scaled.x;
-  j.rect_y = g.scaled.y;
-  j.rect_w = g.scaled.w;
-  j.rect_h = g.scaled.h;
+  j.rect_x = g.scaled.left;
+  j.rect_y = g.scaled.top;
+  j.rect_w = g.scaled.width;
+  j.rect_h = g.scaled.height;
   j.resize_w = g.resize_w;
   j.resize_h = g.resize_h;
   j.final_left = g.final_left;
@@ -172,22 +172,24 @@ void launch_crop_resize(const uint8_t* decoded, const ResizeJob* jobs, uint32_t 
   check_launch("crop_resize");
 }
 
-ConvertTable make_convert_table(OutputType output, const std::array<float, 3>& mean,
+ConvertTable make_convert_table(DType output, const std::array<float, 3>& mean,
                                 const std::array<float, 3>& std) {
-  if (output == OutputType::kUInt8) throw Error("uint8 output needs no conversion table");
+  if (output != DType::kFloat32 && output != DType::kFloat16 && output != DType::kBFloat16)
+    throw Error(std::string("no conversion table for ") + dtype_name(output) +
+                ": the GPU normalises to float32, float16 or bfloat16 (uint8 is copied as it is)");
   ConvertTable t;
-  t.element_bytes = output == OutputType::kFloat32 ? 4 : 2;
+  t.element_bytes = output == DType::kFloat32 ? 4 : 2;
   t.bytes.resize(3 * 256 * t.element_bytes);
   for (int c = 0; c < 3; ++c) {
     for (int v = 0; v < 256; ++v) {
       // The CPU pipeline's arithmetic (image_pipeline.cpp), so results match bit for bit.
       float value = (static_cast<float>(v) / 255.0f - mean[c]) / std[c];
       uint8_t* dst = t.bytes.data() + (c * 256 + v) * t.element_bytes;
-      if (output == OutputType::kFloat32) {
+      if (output == DType::kFloat32) {
         std::memcpy(dst, &value, 4);
       } else {
-        uint16_t bits = output == OutputType::kBFloat16 ? float_to_bfloat16_bits(value)
-                                                        : float_to_half_bits(value);
+        uint16_t bits =
+            output == DType::kBFloat16 ? float_to_bfloat16_bits(value) : float_to_half_bits(value);
         std::memcpy(dst, &bits, 2);
       }
     }

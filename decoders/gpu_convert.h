@@ -21,13 +21,14 @@
 
 namespace batchcast {
 
-// The per-channel lookup table for `output` (not kUInt8): 3 x 256 entries in the output type's
+// The per-channel lookup table for `output` (kFloat32, kFloat16 or kBFloat16; others throw
+// Error): 3 x 256 entries in the output type's
 // bit pattern (4 bytes for float32, 2 for float16/bfloat16), channel-major.
 struct ConvertTable {
   int element_bytes = 4;
   std::vector<uint8_t> bytes;  // 3 * 256 * element_bytes
 };
-ConvertTable make_convert_table(OutputType output, const std::array<float, 3>& mean,
+ConvertTable make_convert_table(DType output, const std::array<float, 3>& mean,
                                 const std::array<float, 3>& std);
 
 // in: n images of height x width x 3 uint8 (device memory, packed). out: n x 3 x height x width

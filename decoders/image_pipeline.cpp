@@ -19,6 +19,7 @@
 #include "decoders/crop_params.h"
 #include "decoders/image_header.h"
 #include "decoders/jpeg_decode.h"
+#include "decoders/sample_check.h"
 #include "decoders/scratch_buffer.h"
 
 namespace batchcast {
@@ -87,24 +88,10 @@ ScratchBuffer& resized_buffer() {
 
 }  // namespace
 
-void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name) {
-  // Division, not width * height: header fields of crafted files can overflow the product.
-  if (width > 0 && height > 0 && height <= limit / width) return;
-  if (width <= 0 || height <= 0) {
-    throw SampleError(name, "image header declares " + std::to_string(width) + "x" +
-                                std::to_string(height) + " pixels");
-  }
-  // Callers pass 32-bit header fields, so the product fits in 64 unsigned bits.
-  const uint64_t pixels = static_cast<uint64_t>(width) * static_cast<uint64_t>(height);
-  throw SampleError(name, "image is " + std::to_string(width) + "x" + std::to_string(height) +
-                              " = " + std::to_string(pixels) + " pixels, above max_image_pixels=" +
-                              std::to_string(limit) + " (decompression-bomb guard)");
-}
-
 namespace {
 
 // The scaled-image rectangle that covers source rectangle `crop` after DCT scaling by `factor`.
-PixelRect scale_rect(const CropRect& crop, ScalingFactor factor, int scaled_w, int scaled_h) {
+PixelRect scale_rect(const PixelRect& crop, ScalingFactor factor, int scaled_w, int scaled_h) {
   auto floor_scale = [&](int v) {
     return static_cast<int>(int64_t{v} * factor.num / factor.denom);
   };
@@ -147,34 +134,6 @@ void flip_rows_in_place(uint8_t* rgb, int size) {
 
 }  // namespace
 
-OutputType parse_output_type(const std::string& name) {
-  if (name == "float32") return OutputType::kFloat32;
-  if (name == "float16") return OutputType::kFloat16;
-  if (name == "bfloat16") return OutputType::kBFloat16;
-  if (name == "uint8") return OutputType::kUInt8;
-  throw Error("unknown output type '" + name + "'; valid: float32, float16, bfloat16, uint8");
-}
-
-const char* output_type_name(OutputType type) {
-  switch (type) {
-    case OutputType::kFloat32:
-      return "float32";
-    case OutputType::kFloat16:
-      return "float16";
-    case OutputType::kBFloat16:
-      return "bfloat16";
-    case OutputType::kUInt8:
-      return "uint8";
-  }
-  return "invalid";
-}
-
-OnError parse_on_error(const std::string& name) {
-  if (name == "raise") return OnError::kRaise;
-  if (name == "skip") return OnError::kSkip;
-  throw Error("unknown on_error '" + name + "'; valid: raise, skip");
-}
-
 uint16_t float_to_half_bits(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
@@ -214,6 +173,9 @@ ImagePipeline::ImagePipeline(PipelineOptions options) : options_(options) {
     throw Error("image_size must be in 1..16384, got " + std::to_string(options_.image_size));
   }
   if (options_.max_image_pixels < 1) throw Error("max_image_pixels must be positive");
+  if (std::find(kOutputDTypes.begin(), kOutputDTypes.end(), options_.output) == kOutputDTypes.end())
+    throw Error(std::string("the image pipeline cannot write ") + dtype_name(options_.output) +
+                "; valid outputs: " + dtype_names(kOutputDTypes));
   for (int c = 0; c < 3; ++c) {
     if (!(options_.std[c] != 0.0f) || !std::isfinite(options_.std[c])) {
       throw Error("normalisation std must be finite and non-zero (channel " + std::to_string(c) +
@@ -223,8 +185,8 @@ ImagePipeline::ImagePipeline(PipelineOptions options) : options_(options) {
       // Same float32 operations as ToTensor (v / 255) followed by Normalize ((x - mean) / std).
       float value = (static_cast<float>(v) / 255.0f - options_.mean[c]) / options_.std[c];
       float_lut_[c][v] = value;
-      half_lut_[c][v] = options_.output == OutputType::kBFloat16 ? float_to_bfloat16_bits(value)
-                                                                 : float_to_half_bits(value);
+      half_lut_[c][v] = options_.output == DType::kBFloat16 ? float_to_bfloat16_bits(value)
+                                                            : float_to_half_bits(value);
     }
   }
   // Samples run in parallel across worker threads; OpenCV's own per-call thread pool would only
@@ -232,23 +194,9 @@ ImagePipeline::ImagePipeline(PipelineOptions options) : options_(options) {
   cv::setNumThreads(1);
 }
 
-DType ImagePipeline::dtype() const {
-  switch (options_.output) {
-    case OutputType::kFloat32:
-      return DType::kFloat32;
-    case OutputType::kFloat16:
-      return DType::kFloat16;
-    case OutputType::kBFloat16:
-      return DType::kBFloat16;
-    case OutputType::kUInt8:
-      return DType::kUInt8;
-  }
-  return DType::kFloat32;
-}
-
 std::vector<int64_t> ImagePipeline::sample_shape() const {
   const int64_t s = options_.image_size;
-  if (options_.output == OutputType::kUInt8) return {s, s, 3};
+  if (options_.output == DType::kUInt8) return {s, s, 3};
   return {3, s, s};
 }
 
@@ -270,7 +218,7 @@ SampleGeometry ImagePipeline::geometry(int width, int height, bool jpeg, uint64_
     g.flip = flip_rng.uniform() < 0.5;
   } else {
     EvalGeometry e = eval_geometry(width, height, out_size);
-    g.crop = CropRect{0, 0, height, width};
+    g.crop = PixelRect{0, 0, width, height};
     g.resize_w = e.resized_width;
     g.resize_h = e.resized_height;
     g.final_left = e.crop_left;
@@ -278,7 +226,7 @@ SampleGeometry ImagePipeline::geometry(int width, int height, bool jpeg, uint64_
     // A sliver (1 x 100000) would resize to a gigantic strip; the bomb guard covers that too.
     check_pixel_count(g.resize_w, g.resize_h, options_.max_image_pixels, name);
   }
-  g.scaled = PixelRect{g.crop.left, g.crop.top, g.crop.width, g.crop.height};
+  g.scaled = g.crop;
   if (jpeg) {
     g.factor = choose_scaling(g.crop.width, g.crop.height, g.resize_w, g.resize_h);
     g.scaled = scale_rect(g.crop, g.factor, g.factor.scale(width), g.factor.scale(height));
@@ -295,35 +243,20 @@ void ImagePipeline::process(const std::string& path, uint64_t epoch, uint64_t in
 
 void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::string& name,
                                   uint64_t epoch, uint64_t index, void* out) const {
-  if (size == 0) throw SampleError(name, "empty file (0 bytes)");
   const int out_size = options_.image_size;
-  const ImageFormat format = sniff_image_format(data, size);
 
-  // 1. Geometry from the header, and the decoded source pixels it needs.
-  int width = 0;
-  int height = 0;
-  JpegHeader jpeg_header;
+  // 1. The checks every decoder runs, then the decoded source pixels (other formats than JPEG
+  // are decoded whole by OpenCV; JPEG decodes only the crop, below).
+  const SampleHeader header = check_sample(data, size, name, options_.max_image_pixels);
+  const ImageFormat format = header.format;
+  int width = static_cast<int>(header.width);
+  int height = static_cast<int>(header.height);
 #ifdef BATCHCAST_HAVE_IMGCODECS
   thread_local cv::Mat decoded_bgr;
   thread_local cv::Mat decoded_rgb;
 #endif
-  if (format == ImageFormat::kJpeg) {
-    jpeg_header = read_jpeg_header(data, size, name);
-    width = jpeg_header.width;
-    height = jpeg_header.height;
-    check_pixel_count(width, height, options_.max_image_pixels, name);
-  } else if (format == ImageFormat::kUnknown) {
-    throw SampleError(name, "not an image (unrecognised file signature)");
-  } else {
+  if (format != ImageFormat::kJpeg) {
 #ifdef BATCHCAST_HAVE_IMGCODECS
-    // OpenCV allocates from the header's claim: check it first.
-    int64_t claimed_width = 0;
-    int64_t claimed_height = 0;
-    if (!read_image_dimensions(format, data, size, &claimed_width, &claimed_height)) {
-      throw SampleError(
-          name, std::string("corrupt or truncated ") + image_format_name(format) + " header");
-    }
-    check_pixel_count(claimed_width, claimed_height, options_.max_image_pixels, name);
     try {
       cv::Mat encoded(1, static_cast<int>(std::min<size_t>(size, INT32_MAX)), CV_8UC1,
                       const_cast<uint8_t*>(data));
@@ -333,6 +266,7 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
       throw SampleError(name, std::string("corrupt image: ") + e.what());
     }
     if (decoded_bgr.empty()) throw SampleError(name, "corrupt or truncated image (decode failed)");
+    // OpenCV may decode another size than the header claimed: guard what it allocated too.
     width = decoded_bgr.cols;
     height = decoded_bgr.rows;
     check_pixel_count(width, height, options_.max_image_pixels, name);
@@ -352,7 +286,7 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   const int resize_h = g.resize_h;
   RgbView source;
   if (format == ImageFormat::kJpeg) {
-    source = decode_jpeg_region(data, size, name, jpeg_header, g.factor, g.scaled);
+    source = decode_jpeg_region(data, size, name, header.jpeg, g.factor, g.scaled);
   } else {
 #ifdef BATCHCAST_HAVE_IMGCODECS
     source.stride = decoded_rgb.step[0];
@@ -365,7 +299,7 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   // 4. Resize (bilinear, no antialias), then flip and normalise straight into `out`.
   cv::Mat source_mat(source.height, source.width, CV_8UC3, const_cast<uint8_t*>(source.pixels),
                      source.stride);
-  const bool direct_uint8 = options_.output == OutputType::kUInt8 && options_.train;
+  const bool direct_uint8 = options_.output == DType::kUInt8 && options_.train;
   uint8_t* resized = direct_uint8
                          ? static_cast<uint8_t*>(out)
                          : resized_buffer().get(static_cast<size_t>(resize_w) * resize_h * 3);
@@ -380,14 +314,14 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
                           static_cast<size_t>(g.final_left) * 3;
 
   switch (options_.output) {
-    case OutputType::kFloat32:
+    default:  // kFloat32: the constructor admits kOutputDTypes only
       write_planar(square, resized_stride, out_size, g.flip, float_lut_, out);
       break;
-    case OutputType::kFloat16:
-    case OutputType::kBFloat16:
+    case DType::kFloat16:
+    case DType::kBFloat16:
       write_planar(square, resized_stride, out_size, g.flip, half_lut_, out);
       break;
-    case OutputType::kUInt8:
+    case DType::kUInt8:
       if (!direct_uint8) {
         uint8_t* dst = static_cast<uint8_t*>(out);
         for (int y = 0; y < out_size; ++y) {

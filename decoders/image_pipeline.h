@@ -22,14 +22,10 @@
 
 namespace batchcast {
 
-enum class OutputType { kFloat32, kFloat16, kBFloat16, kUInt8 };
-enum class OnError { kRaise, kSkip };
-
-// "float32" | "float16" | "bfloat16" | "uint8"; anything else throws Error listing these.
-OutputType parse_output_type(const std::string& name);
-const char* output_type_name(OutputType type);
-// "raise" | "skip"; anything else throws Error listing these.
-OnError parse_on_error(const std::string& name);
+// The dtypes the pipeline writes (PipelineOptions::output); parse_dtype(name, kOutputDTypes) reads
+// one from its name.
+inline const std::vector<DType> kOutputDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                                 DType::kUInt8};
 
 struct PipelineOptions {
   // Side of the square output. Default 224: the ImageNet training resolution of torchvision's
@@ -41,8 +37,8 @@ struct PipelineOptions {
   bool train = true;
   // Float types: normalised (x/255 - mean)/std, planar (3, S, S) per sample, as ToTensor +
   // Normalize produce. uint8: (S, S, 3) HWC, not normalised (normalise on the GPU). Default
-  // float32: what a torchvision pipeline hands the model.
-  OutputType output = OutputType::kFloat32;
+  // float32: what a torchvision pipeline hands the model. One of kOutputDTypes.
+  DType output = DType::kFloat32;
   // Per-channel RGB mean and std of Normalize. Default: the ImageNet statistics every torchvision
   // model was trained with.
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
@@ -58,7 +54,7 @@ struct PipelineOptions {
 // (seed, epoch, index). Shared by the CPU pipeline and the GPU decode path (server/nvjpeg_stage.h)
 // so that both draw the same crops and flips.
 struct SampleGeometry {
-  CropRect crop;         // source rectangle in full-resolution pixels
+  PixelRect crop;        // source rectangle in full-resolution pixels
   ScalingFactor factor;  // DCT-domain reduction the CPU decodes `crop` with (JPEG only)
   PixelRect scaled;      // `crop` in the coordinates of the image scaled by `factor`
   int resize_w = 0;      // the scaled rectangle is resized (bilinear) to resize_w x resize_h,
@@ -73,7 +69,7 @@ class ImagePipeline {
   explicit ImagePipeline(PipelineOptions options);
 
   const PipelineOptions& options() const { return options_; }
-  DType dtype() const;
+  DType dtype() const { return options_.output; }
   // {3, S, S} for float outputs, {S, S, 3} for uint8.
   std::vector<int64_t> sample_shape() const;
   size_t sample_bytes() const;
@@ -101,9 +97,6 @@ class ImagePipeline {
 // Reads the whole file at `path` into `buffer`; returns its size. Throws SampleError(path, reason)
 // for a missing, unreadable, empty, non-regular file or a directory.
 size_t read_image_file(const std::string& path, ScratchBuffer& buffer);
-
-// The decompression-bomb guard: throws SampleError(name, ...) unless 0 < width * height <= limit.
-void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name);
 
 // float32 -> IEEE half / bfloat16 bits, round to nearest even (NaN stays NaN). Exposed for tests.
 uint16_t float_to_half_bits(float value);

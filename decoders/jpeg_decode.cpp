@@ -24,9 +24,14 @@ ScratchBuffer& pixel_buffer() {
   return buffer;
 }
 
-TjHandle& thread_compressor() {
-  thread_local TjHandle handle(TjHandle::Kind::kCompress);
-  return handle;
+// One compressor per thread for baseline and one for progressive encodes: libjpeg-turbo 2.1's
+// tjCompress2 leaves a handle in progressive mode after a TJFLAG_PROGRESSIVE call, so the next
+// baseline encode on it came out progressive and, for some images, undecodable ("bad Huffman
+// code" from libjpeg).
+TjHandle& thread_compressor(bool progressive) {
+  thread_local TjHandle baseline(TjHandle::Kind::kCompress);
+  thread_local TjHandle progressive_handle(TjHandle::Kind::kCompress);
+  return progressive ? progressive_handle : baseline;
 }
 
 TjHandle& thread_decompressor() {
@@ -120,13 +125,13 @@ class LibjpegDecompressor {
     cinfo_.dct_method = JDCT_ISLOW;     // TurboJPEG's default: accurate integer IDCT
     cinfo_.do_fancy_upsampling = TRUE;  // ditto (PIL decodes the same way)
     jpeg_start_decompress(&cinfo_);
-    if (rect.x < 0 || rect.y < 0 || rect.w <= 0 || rect.h <= 0 ||
-        static_cast<JDIMENSION>(rect.x + rect.w) > cinfo_.output_width ||
-        static_cast<JDIMENSION>(rect.y + rect.h) > cinfo_.output_height ||
+    if (rect.left < 0 || rect.top < 0 || rect.width <= 0 || rect.height <= 0 ||
+        static_cast<JDIMENSION>(rect.left + rect.width) > cinfo_.output_width ||
+        static_cast<JDIMENSION>(rect.top + rect.height) > cinfo_.output_height ||
         cinfo_.output_components != 3) {
       std::snprintf(errors_.message, sizeof(errors_.message),
-                    "crop %dx%d+%d+%d outside the %ux%u decoded image", rect.w, rect.h, rect.x,
-                    rect.y, cinfo_.output_width, cinfo_.output_height);
+                    "crop %dx%d+%d+%d outside the %ux%u decoded image", rect.width, rect.height,
+                    rect.left, rect.top, cinfo_.output_width, cinfo_.output_height);
       std::longjmp(errors_.jump, 1);
     }
     // jpeg_crop_scanline aligns the columns to iMCU boundaries (x_offset down, width up) and then
@@ -134,26 +139,26 @@ class LibjpegDecompressor {
     // cropped edges as image edges, so the outermost column on each side differs from a full
     // decode; ask for kEdgeMargin extra columns each side so the rectangle's own pixels are exact.
     constexpr int kEdgeMargin = 2;
-    const int padded_left = rect.x > kEdgeMargin ? rect.x - kEdgeMargin : 0;
+    const int padded_left = rect.left > kEdgeMargin ? rect.left - kEdgeMargin : 0;
     const int padded_right = static_cast<int>(std::min<JDIMENSION>(
-        cinfo_.output_width, static_cast<JDIMENSION>(rect.x + rect.w + kEdgeMargin)));
+        cinfo_.output_width, static_cast<JDIMENSION>(rect.left + rect.width + kEdgeMargin)));
     JDIMENSION x_offset = static_cast<JDIMENSION>(padded_left);
     JDIMENSION width = static_cast<JDIMENSION>(padded_right - padded_left);
     if (width < cinfo_.output_width) jpeg_crop_scanline(&cinfo_, &x_offset, &width);
     size_t stride = size_t{width} * 3;
-    uint8_t* rows = buffer.get(stride * static_cast<size_t>(rect.h));
-    if (rect.y > 0 && jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(rect.y)) !=
-                          static_cast<JDIMENSION>(rect.y)) {
-      std::snprintf(errors_.message, sizeof(errors_.message), "cannot skip to row %d", rect.y);
+    uint8_t* rows = buffer.get(stride * static_cast<size_t>(rect.height));
+    if (rect.top > 0 && jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(rect.top)) !=
+                            static_cast<JDIMENSION>(rect.top)) {
+      std::snprintf(errors_.message, sizeof(errors_.message), "cannot skip to row %d", rect.top);
       std::longjmp(errors_.jump, 1);
     }
-    const JDIMENSION end_row = static_cast<JDIMENSION>(rect.y + rect.h);
+    const JDIMENSION end_row = static_cast<JDIMENSION>(rect.top + rect.height);
     while (cinfo_.output_scanline < end_row) {
       JSAMPROW row_pointers[16];
       JDIMENSION wanted = end_row - cinfo_.output_scanline;
       if (wanted > 16) wanted = 16;
       for (JDIMENSION r = 0; r < wanted; ++r) {
-        row_pointers[r] = rows + (cinfo_.output_scanline - rect.y + r) * stride;
+        row_pointers[r] = rows + (cinfo_.output_scanline - rect.top + r) * stride;
       }
       if (jpeg_read_scanlines(&cinfo_, row_pointers, wanted) == 0) {
         std::snprintf(errors_.message, sizeof(errors_.message), "decoder stalled at row %u",
@@ -163,9 +168,9 @@ class LibjpegDecompressor {
     }
     // Rows below the crop are never decoded: stop here rather than jpeg_finish_decompress.
     jpeg_abort_decompress(&cinfo_);
-    view->pixels = rows + (static_cast<size_t>(rect.x) - x_offset) * 3;
-    view->width = rect.w;
-    view->height = rect.h;
+    view->pixels = rows + (static_cast<size_t>(rect.left) - x_offset) * 3;
+    view->width = rect.width;
+    view->height = rect.height;
     view->stride = stride;
     return true;
   }
@@ -271,18 +276,16 @@ RgbView decode_jpeg_full_turbo(const uint8_t* data, size_t size, const std::stri
 
 RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name,
                            const JpegHeader& header, ScalingFactor factor, PixelRect rect) {
-  if (!has_end_marker(data, size)) {
-    throw SampleError(name, "truncated JPEG (no end-of-image marker)");
-  }
   if (header.cmyk()) {
     // libjpeg cannot convert CMYK to RGB, so these rare files take a full decode.
     RgbView full = decode_jpeg_full_turbo(data, size, name, factor);
-    if (rect.x < 0 || rect.y < 0 || rect.x + rect.w > full.width || rect.y + rect.h > full.height) {
+    if (rect.left < 0 || rect.top < 0 || rect.left + rect.width > full.width ||
+        rect.top + rect.height > full.height) {
       throw SampleError(name, "crop outside the decoded image");
     }
-    full.pixels += static_cast<size_t>(rect.y) * full.stride + static_cast<size_t>(rect.x) * 3;
-    full.width = rect.w;
-    full.height = rect.h;
+    full.pixels += static_cast<size_t>(rect.top) * full.stride + static_cast<size_t>(rect.left) * 3;
+    full.width = rect.width;
+    full.height = rect.height;
     return full;
   }
   RgbView view;
@@ -295,7 +298,7 @@ RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& 
 
 std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, size_t stride,
                                  bool gray, int quality, int subsampling, int flags) {
-  TjHandle& compressor = thread_compressor();
+  TjHandle& compressor = thread_compressor((flags & TJFLAG_PROGRESSIVE) != 0);
   TjBuffer buffer;
   unsigned long size = 0;
   if (tjCompress2(compressor.get(), pixels, width, static_cast<int>(stride), height,

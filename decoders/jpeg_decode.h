@@ -13,14 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "decoders/pixel_rect.h"
+
 namespace batchcast {
 
 // True when the bytes start with a JPEG SOI marker followed by another marker.
 bool looks_like_jpeg(const uint8_t* data, size_t size);
 
 // True when an EOI marker (FF D9) ends the data, possibly followed by a little padding: a JPEG
-// without it is truncated. Rows below a crop are never decoded, so truncation is checked this way,
-// the same way for every crop (and for GPU decoding, which does not report it).
+// without it is truncated. check_sample (sample_check.h) runs it for every decoder.
 bool has_end_marker(const uint8_t* data, size_t size);
 
 struct JpegHeader {
@@ -41,7 +42,6 @@ struct ScalingFactor {
   int num = 1;
   int denom = 1;
   int scale(int dim) const { return static_cast<int>((int64_t{dim} * num + denom - 1) / denom); }
-  bool is_identity() const { return num == denom; }
 };
 
 // The largest reduction worth doing for a crop of crop_w x crop_h source pixels that will be
@@ -49,14 +49,6 @@ struct ScalingFactor {
 // otherwise the smallest factor whose scaled crop is still >= the output in both dimensions (so the
 // final resize still only shrinks, and quality stays that of a bilinear downscale).
 ScalingFactor choose_scaling(int crop_w, int crop_h, int out_w, int out_h);
-
-// A rectangle in pixel coordinates.
-struct PixelRect {
-  int x = 0;
-  int y = 0;
-  int w = 0;
-  int h = 0;
-};
 
 // Decoded RGB8 pixels: `height` rows of `width` pixels, `stride` bytes apart.
 struct RgbView {
@@ -70,7 +62,8 @@ struct RgbView {
 // files are decoded with libjpeg's jpeg_crop_scanline/jpeg_skip_scanlines so only the rows down to
 // the rectangle's bottom are entropy-decoded and only its columns are inverse-transformed; CMYK and
 // YCCK files take a full TurboJPEG decode (converted to RGB here) and are cropped after.
-// Truncated or corrupt data in the decoded part throws SampleError.
+// Corrupt data in the decoded part throws SampleError; truncation below the rectangle is not
+// seen here: run check_sample (sample_check.h, the end-of-image marker) on the bytes first.
 RgbView decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name,
                            const JpegHeader& header, ScalingFactor factor, PixelRect rect);
 

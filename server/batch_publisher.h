@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "server/sample_producer.h"
 #include "server/server_core.h"
+#include "server/slot_layout.h"
 
 namespace batchcast {
 

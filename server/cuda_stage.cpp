@@ -14,20 +14,12 @@ std::vector<SampleTensor> CudaStage::converted(const std::vector<SampleTensor>& 
     if (s.dtype != DType::kUInt8 || s.shape.size() != 3 || s.shape[2] != 3)
       throw Error("tensor '" + s.name +
                   "' cannot be normalised on the GPU: it is not uint8 HWC RGB");
+    const DType to = *c.normalize;
+    if (to != DType::kFloat32 && to != DType::kFloat16 && to != DType::kBFloat16)
+      throw Error("tensor '" + s.name + "' cannot be normalised to " + dtype_name(to) +
+                  " on the GPU; use float32, float16 or bfloat16 (uint8 is copied as it is)");
     out[t].shape = {3, s.shape[0], s.shape[1]};
-    switch (*c.normalize) {
-      case OutputType::kFloat32:
-        out[t].dtype = DType::kFloat32;
-        break;
-      case OutputType::kFloat16:
-        out[t].dtype = DType::kFloat16;
-        break;
-      case OutputType::kBFloat16:
-        out[t].dtype = DType::kBFloat16;
-        break;
-      case OutputType::kUInt8:
-        throw Error("tensor '" + s.name + "': uint8 output is copied, not normalised");
-    }
+    out[t].dtype = to;
   }
   return out;
 }
@@ -99,7 +91,7 @@ void CudaStage::upload(const FillLease& lease, uint32_t sample_count) {
       continue;
     }
     cuda_check(cudaMemcpyAsync(scratch_.data(), from, bytes, cudaMemcpyHostToDevice, s), what);
-    int element = *conversions_[t].normalize == OutputType::kFloat32 ? 4 : 2;
+    int element = static_cast<int>(dtype_size(*conversions_[t].normalize));
     launch_hwc_to_chw(scratch_.data(), to, sample_count, static_cast<uint32_t>(staged_[t].shape[0]),
                       static_cast<uint32_t>(staged_[t].shape[1]), tables_[t].data(), element, s);
   }

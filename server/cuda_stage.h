@@ -1,4 +1,4 @@
-// CudaStage: the ChunkStage of a GPU pool with CPU decoding (sample_producer.h). fill() has the
+// CudaStage: the ChunkStage of a GPU pool with CPU decoding (chunk_stage.h). fill() has the
 // source decode each sample on the CPU into pinned staging memory, one staging area per slot laid
 // out like the source's tensors; upload() then, on the stage's own stream, copies the chunk to the
 // device with cudaMemcpyAsync, converts image tensors (uint8 HWC -> normalised CHW,
@@ -24,7 +24,8 @@
 #include <vector>
 
 #include "decoders/gpu_convert.h"
-#include "server/sample_producer.h"
+#include "server/chunk_stage.h"
+#include "server/slot_layout.h"
 #include "shm/cuda_pool.h"
 
 namespace batchcast {
@@ -33,7 +34,7 @@ namespace batchcast {
 struct TensorConversion {
   // Set: the tensor is uint8 {H, W, 3} in staging and becomes normalised {3, H, W} of this type
   // (kFloat32/kFloat16/kBFloat16) in the slot. Empty: copied unchanged.
-  std::optional<OutputType> normalize;
+  std::optional<DType> normalize;
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
   std::array<float, 3> std{0.229f, 0.224f, 0.225f};
 };

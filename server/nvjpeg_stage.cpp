@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "decoders/jpeg_decode.h"
+#include "decoders/sample_check.h"
 
 namespace batchcast {
 namespace {
@@ -41,7 +42,7 @@ NvjpegStage::NvjpegStage(const DeviceArena& arena, const ImageSource& source, ui
   stream_ = CudaStream::create();
   device_jobs_ = DeviceBuffer::allocate(batch_size * sizeof(ResizeJob));
   const PipelineOptions& o = source_.pipeline().options();
-  if (o.output != OutputType::kUInt8) {
+  if (o.output != DType::kUInt8) {
     ConvertTable table = make_convert_table(o.output, o.mean, o.std);
     table_ = DeviceBuffer::allocate(table.bytes.size());
     cuda_check(
@@ -67,19 +68,15 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   s.path = entry.path;
   s.size = read_image_file(entry.path, s.bytes);
   const uint8_t* data = s.bytes.data();
-  if (!looks_like_jpeg(data, s.size))
-    throw SampleError(entry.path,
-                      "not a JPEG: --decoder nvjpeg reads JPEG files only (serve "
-                      "other formats with --decoder cpu)");
-  JpegHeader header = read_jpeg_header(data, s.size, entry.path);
-  check_pixel_count(header.width, header.height, source_.pipeline().options().max_image_pixels,
-                    entry.path);
-  if (!has_end_marker(data, s.size))
-    throw SampleError(entry.path, "truncated JPEG (no end-of-image marker)");
-  s.width = header.width;
-  s.height = header.height;
-  s.geometry = source_.pipeline().geometry(s.width, s.height, true, epoch, index, entry.path);
-  s.decoded_on_cpu = header.cmyk();
+  const ImagePipeline& pipeline = source_.pipeline();
+  const SampleHeader header =
+      check_sample(data, s.size, entry.path, pipeline.options().max_image_pixels,
+                   "not a JPEG: --decoder nvjpeg reads JPEG files only (serve other formats "
+                   "with --decoder cpu)");
+  s.width = header.jpeg.width;
+  s.height = header.jpeg.height;
+  s.geometry = pipeline.geometry(s.width, s.height, true, epoch, index, entry.path);
+  s.decoded_on_cpu = header.jpeg.cmyk();
   if (s.decoded_on_cpu) {
     RgbView rgb = decode_jpeg_full_turbo(data, s.size, entry.path, ScalingFactor{});
     const size_t row = static_cast<size_t>(rgb.width) * 3;
@@ -151,7 +148,7 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
   ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
   int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
   const PipelineOptions& o = source_.pipeline().options();
-  const int element_bytes = o.output == OutputType::kFloat32 ? 4 : 2;
+  const int element_bytes = static_cast<int>(dtype_size(o.output));
   std::vector<bool> failed(sample_count);
   for (uint32_t first = 0; first < sample_count;) {
     uint64_t bytes = 0;

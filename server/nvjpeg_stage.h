@@ -1,9 +1,10 @@
 // NvjpegStage: the ChunkStage of a GPU pool that decodes on the GPU (`serve --decoder nvjpeg`).
 //
 // fill() runs on the producer's worker threads and does the CPU's small share: it reads the file,
-// checks it (JPEG signature, header, EOI marker, decompression-bomb guard: the same SampleErrors
-// as the CPU pipeline, so on_error=skip replaces such samples the usual way) and draws the
-// sample's geometry with ImagePipeline::geometry, i.e. the CPU pipeline's own SampleRng draws.
+// checks it with the CPU pipeline's own check sequence (decoders/sample_check.h: JPEG signature,
+// header, decompression-bomb guard, EOI marker; so on_error=skip replaces such samples the usual
+// way) and draws the sample's geometry with ImagePipeline::geometry, i.e. the CPU pipeline's own
+// SampleRng draws.
 // CMYK/YCCK JPEGs, which nvJPEG cannot convert to RGB, are decoded to RGB on the CPU right there.
 // upload() then, on the stage's stream: nvJPEG decodes the chunk's images to full-size RGB in a
 // device buffer (hardware engine for baseline JPEGs where the GPU has one, hybrid otherwise), a
@@ -33,8 +34,10 @@
 #include "decoders/gpu_convert.h"
 #include "decoders/nvjpeg_decode.h"
 #include "decoders/scratch_buffer.h"
+#include "server/chunk_stage.h"
 #include "server/image_source.h"
 #include "server/sample_producer.h"
+#include "server/slot_layout.h"
 #include "shm/cuda_pool.h"
 
 namespace batchcast {

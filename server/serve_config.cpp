@@ -13,11 +13,12 @@ const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
 const std::map<std::string, StallPolicy> ServeConfig::kStallPolicies = {
     {"wait", StallPolicy::kWait}, {"skip", StallPolicy::kSkip}};
-const std::map<std::string, OutputType> ServeConfig::kOutputs = {
-    {"float32", OutputType::kFloat32},
-    {"float16", OutputType::kFloat16},
-    {"bfloat16", OutputType::kBFloat16},
-    {"uint8", OutputType::kUInt8}};
+// The pipeline's own list of output dtypes (decoders/image_pipeline.h), by dtype_name().
+const std::map<std::string, DType> ServeConfig::kOutputs = [] {
+  std::map<std::string, DType> names;
+  for (DType t : kOutputDTypes) names[dtype_name(t)] = t;
+  return names;
+}();
 
 namespace {
 
@@ -61,13 +62,13 @@ PipelineOptions ServeConfig::pipeline_options() const {
   p.train = !eval;
   p.output = output;
   p.seed = seed;
-  if (cuda_device_ >= 0 && !gpu_decoding()) p.output = OutputType::kUInt8;
+  if (cuda_device_ >= 0 && !gpu_decoding()) p.output = DType::kUInt8;
   return p;
 }
 
 #ifdef BATCHCAST_HAVE_CUDA
 std::vector<TensorConversion> ServeConfig::conversions() const {
-  if (cuda_device_ < 0 || gpu_decoding() || synthetic || output == OutputType::kUInt8) return {};
+  if (cuda_device_ < 0 || gpu_decoding() || synthetic || output == DType::kUInt8) return {};
   const PipelineOptions pipeline = pipeline_options();
   TensorConversion images;  // tensor #0; the labels (#1) are copied unchanged
   images.normalize = output;

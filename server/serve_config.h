@@ -43,7 +43,7 @@ struct ServeConfig {
 
   int image_size = 224;
   bool eval = false;
-  OutputType output = OutputType::kFloat32;
+  DType output = DType::kFloat32;
   OnErrorPolicy on_error = OnErrorPolicy::kRaise;
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:K" (the command line checks the form)
   DecoderKind decoder = DecoderKind::kCpu;
@@ -64,7 +64,7 @@ struct ServeConfig {
   static const std::map<std::string, DecoderKind> kDecoders;
   static const std::map<std::string, OnErrorPolicy> kOnError;
   static const std::map<std::string, StallPolicy> kStallPolicies;
-  static const std::map<std::string, OutputType> kOutputs;
+  static const std::map<std::string, DType> kOutputs;
 
   // Checks the options against each other; throws Error naming the options and the fix. With a
   // CUDA device, also checks the GPU exists (fails at once, before any dataset is scanned).

@@ -22,7 +22,6 @@ from . import _batchcast
 
 __all__ = ["Producer"]
 
-_ALIGN = 256  # tensor offsets inside a slot (server/sample_producer.h, SlotLayout)
 _SLOT_HEADROOM = 1.25  # slots sized from the first batch leave room for larger later ones
 _SLOT_ROUND = 4096
 
@@ -98,12 +97,9 @@ def _flatten(batch: Any) -> Tuple[List[str], List[Any]]:
     return names, [_as_tensor(n, v) for n, v in zip(names, values)]
 
 
-def _batch_bytes(tensors: List[Any]) -> int:
-    """Bytes a batch takes in a slot (SlotLayout::plan: offsets 256-byte aligned)."""
-    total = 0
-    for t in tensors:
-        total = (total + _ALIGN - 1) // _ALIGN * _ALIGN + t.numel() * t.element_size()
-    return total
+def _describe(names: List[str], tensors: List[Any]) -> List[Tuple[str, str, List[int], int]]:
+    """The native side's view of a batch: (name, dtype, shape, data_ptr) per tensor."""
+    return [(n, _dtype_name(t), list(t.shape), t.data_ptr()) for n, t in zip(names, tensors)]
 
 
 def _known_epoch_samples(iterable: Any, first_batch_rows: int) -> Optional[int]:
@@ -272,7 +268,7 @@ class Producer:
         epoch_samples: Optional[int],
     ) -> None:
         names, tensors = first
-        need = _batch_bytes(tensors)
+        need = int(_batchcast.batch_bytes(_describe(names, tensors)))
         slot_bytes = self._slot_bytes
         if slot_bytes is None:
             slot_bytes = -(-int(need * _SLOT_HEADROOM) // _SLOT_ROUND) * _SLOT_ROUND
@@ -308,7 +304,8 @@ class Producer:
                 f"batch {index} of epoch {self._epoch} has tensors {names} but the first batch "
                 f"had {self._names}; every batch must have the same structure"
             )
-        need = _batch_bytes(tensors)
+        described = _describe(names, tensors)
+        need = int(_batchcast.batch_bytes(described))
         slot_bytes = int(self._core.slot_bytes)
         if need > slot_bytes:
             raise ValueError(
@@ -316,9 +313,6 @@ class Producer:
                 f"{slot_bytes} (sized from the first batch); pass Producer(slot_bytes={need}) "
                 "or more"
             )
-        described = [
-            (n, _dtype_name(t), list(t.shape), t.data_ptr()) for n, t in zip(names, tensors)
-        ]
         return bool(
             self._core.publish_batch(
                 described, self._epoch, index, position, epoch_samples or 0, epoch_end

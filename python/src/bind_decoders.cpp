@@ -20,18 +20,17 @@ namespace {
 
 // NumPy has no bfloat16: bfloat16 samples come back as uint16 bit patterns
 // (torch.from_numpy(a).view(torch.bfloat16) reinterprets them).
-py::dtype numpy_dtype(OutputType type) {
+py::dtype numpy_dtype(DType type) {
   switch (type) {
-    case OutputType::kFloat32:
-      return py::dtype::of<float>();
-    case OutputType::kFloat16:
+    case DType::kFloat16:
       return py::dtype("float16");
-    case OutputType::kBFloat16:
+    case DType::kBFloat16:
       return py::dtype::of<uint16_t>();
-    case OutputType::kUInt8:
+    case DType::kUInt8:
       return py::dtype::of<uint8_t>();
+    default:  // kFloat32: the pipeline writes nothing else (kOutputDTypes)
+      return py::dtype::of<float>();
   }
-  return py::dtype::of<float>();
 }
 
 py::array new_sample(const ImagePipeline& pipeline) {
@@ -102,7 +101,7 @@ void bind_decoders(py::module_& m) {
              PipelineOptions options;
              options.image_size = image_size;
              options.train = train;
-             options.output = parse_output_type(output);
+             options.output = parse_dtype(output, kOutputDTypes);
              options.mean = mean;
              options.std = std;
              options.seed = seed;
@@ -113,10 +112,6 @@ void bind_decoders(py::module_& m) {
            py::arg("output") = "float32", py::arg("mean") = defaults.mean,
            py::arg("std") = defaults.std, py::arg("seed") = defaults.seed,
            py::arg("max_image_pixels") = defaults.max_image_pixels)
-      .def_property_readonly("sample_shape", &ImagePipeline::sample_shape)
-      .def_property_readonly("sample_bytes", &ImagePipeline::sample_bytes)
-      .def_property_readonly(
-          "output", [](const ImagePipeline& p) { return output_type_name(p.options().output); })
       .def(
           "process",
           [](const ImagePipeline& p, const std::string& path, uint64_t epoch, uint64_t index) {
@@ -127,7 +122,7 @@ void bind_decoders(py::module_& m) {
             return out;
           },
           py::arg("path"), py::arg("epoch") = 0, py::arg("index") = 0,
-          "Decode and augment `path`; returns a new array of sample_shape.")
+          "Decode and augment `path`; returns a new array of the sample's shape.")
       .def(
           "process_into",
           [](const ImagePipeline& p, const std::string& path, uint64_t epoch, uint64_t index,

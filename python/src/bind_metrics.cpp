@@ -129,9 +129,7 @@ void bind_metrics(py::module_& m) {
              return to_python(j);
            })
       .def_property_readonly("samples", &ProcessTracker::samples)
-      .def_property_readonly("wait_s", &ProcessTracker::wait_s)
-      .def_property_readonly("has_gpu",
-                             [](const ProcessTracker& t) { return t.collector().has_gpu(); });
+      .def_property_readonly("wait_s", &ProcessTracker::wait_s);
 
   py::class_<PyCollector>(m, "MetricsCollector",
                           "A collector whose snapshot comes from a Python callable returning a "
@@ -152,16 +150,14 @@ void bind_metrics(py::module_& m) {
       .def(
           "stop", [](PyCollector& c) { c.collector().stop(); },
           py::call_guard<py::gil_scoped_release>())
-      .def("summary",
-           [](PyCollector& c) {
-             nlohmann::json j;
-             {
-               py::gil_scoped_release nogil;
-               j = c.collector().summary();
-             }
-             return to_python(j);
-           })
-      .def_property_readonly("has_gpu", [](PyCollector& c) { return c.collector().has_gpu(); });
+      .def("summary", [](PyCollector& c) {
+        nlohmann::json j;
+        {
+          py::gil_scoped_release nogil;
+          j = c.collector().summary();
+        }
+        return to_python(j);
+      });
 }
 
 }  // namespace batchcast::python

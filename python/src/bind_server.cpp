@@ -23,13 +23,6 @@ namespace py = pybind11;
 namespace batchcast::python {
 namespace {
 
-DType parse_dtype(const std::string& name) {
-  for (uint8_t i = 0; i < kDTypeCount; ++i)
-    if (name == dtype_name(static_cast<DType>(i))) return static_cast<DType>(i);
-  throw Error("dtype '" + name + "' cannot be shared; use one of uint8, int8, int16, int32, " +
-              "int64, float16, bfloat16, float32, float64, bool");
-}
-
 std::vector<HostTensor> host_tensors(const py::list& tensors) {
   std::vector<HostTensor> out;
   out.reserve(tensors.size());

@@ -11,7 +11,7 @@
 
 namespace {
 
-batchcast::PipelineOptions fuzz_options(bool train, batchcast::OutputType output) {
+batchcast::PipelineOptions fuzz_options(bool train, batchcast::DType output) {
   batchcast::PipelineOptions options;
   options.image_size = 48;  // small output: time goes into the decoder, not the resize
   options.train = train;
@@ -25,8 +25,8 @@ batchcast::PipelineOptions fuzz_options(bool train, batchcast::OutputType output
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const batchcast::ImagePipeline train(fuzz_options(true, batchcast::OutputType::kFloat16));
-  static const batchcast::ImagePipeline eval(fuzz_options(false, batchcast::OutputType::kUInt8));
+  static const batchcast::ImagePipeline train(fuzz_options(true, batchcast::DType::kFloat16));
+  static const batchcast::ImagePipeline eval(fuzz_options(false, batchcast::DType::kUInt8));
   static std::vector<uint8_t> out(train.sample_bytes() + eval.sample_bytes());
   // The input length picks the random crop, so the corpus explores different crops per file.
   const uint64_t index = size;

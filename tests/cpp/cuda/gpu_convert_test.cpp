@@ -28,13 +28,12 @@ std::vector<uint8_t> read_corpus(const std::string& name) {
 }
 
 TEST(GpuConvert, TableMatchesPipelineArithmetic) {
-  auto t =
-      make_convert_table(OutputType::kFloat32, {0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f});
+  auto t = make_convert_table(DType::kFloat32, {0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f});
   ASSERT_EQ(t.bytes.size(), 3u * 256 * 4);
   float v;
   std::memcpy(&v, t.bytes.data() + (1 * 256 + 200) * 4, 4);
   EXPECT_EQ(v, (200.0f / 255.0f - 0.456f) / 0.224f);
-  EXPECT_THROW(make_convert_table(OutputType::kUInt8, {}, {1, 1, 1}), Error);
+  EXPECT_THROW(make_convert_table(DType::kUInt8, {}, {1, 1, 1}), Error);
 }
 
 TEST(GpuConvert, MatchesCpuPipelineBitForBit) {
@@ -42,11 +41,11 @@ TEST(GpuConvert, MatchesCpuPipelineBitForBit) {
   const int size = 96;
   const std::vector<std::string> files = {"baseline_420.jpg", "q95_444.jpg", "progressive.jpg",
                                           "gray.jpg"};
-  for (OutputType out : {OutputType::kFloat32, OutputType::kFloat16, OutputType::kBFloat16}) {
+  for (DType out : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     PipelineOptions po;
     po.image_size = size;
     po.seed = 11;
-    po.output = OutputType::kUInt8;
+    po.output = DType::kUInt8;
     ImagePipeline u8(po);
     po.output = out;
     ImagePipeline reference(po);
@@ -76,7 +75,7 @@ TEST(GpuConvert, MatchesCpuPipelineBitForBit) {
         cudaMemcpyAsync(got.data(), d_out.data(), got.size(), cudaMemcpyDeviceToHost, stream.get()),
         "out");
     cuda_check(cudaStreamSynchronize(stream.get()), "sync");
-    EXPECT_EQ(got, expected) << "output " << output_type_name(out);
+    EXPECT_EQ(got, expected) << "output " << dtype_name(out);
   }
 }
 
@@ -110,7 +109,7 @@ TEST(GpuConvert, CropResizeFollowsTheCpuPipeline) {
     po.image_size = size;
     po.seed = 4;
     po.train = train;
-    po.output = OutputType::kUInt8;
+    po.output = DType::kUInt8;
     ImagePipeline pipeline(po);
     std::vector<uint8_t> expected(n * pipeline.sample_bytes());
     std::vector<ResizeJob> jobs;

@@ -15,7 +15,7 @@ TEST(RandomResizedCrop, ParamsWithinTorchvisionRanges) {
   const int n = 4000;
   for (int i = 0; i < n; ++i) {
     SampleRng rng(5, 0, i);
-    CropRect c = random_resized_crop_params(500, 375, rng);
+    PixelRect c = random_resized_crop_params(500, 375, rng);
     ASSERT_GT(c.width, 0);
     ASSERT_GT(c.height, 0);
     ASSERT_GE(c.top, 0);
@@ -42,8 +42,8 @@ TEST(RandomResizedCrop, ParamsWithinTorchvisionRanges) {
 
 TEST(RandomResizedCrop, DeterministicPerSeedEpochIndex) {
   SampleRng a(1, 2, 3), b(1, 2, 3), c(1, 2, 4);
-  CropRect x = random_resized_crop_params(640, 480, a);
-  CropRect y = random_resized_crop_params(640, 480, b);
+  PixelRect x = random_resized_crop_params(640, 480, a);
+  PixelRect y = random_resized_crop_params(640, 480, b);
   EXPECT_EQ(x.top, y.top);
   EXPECT_EQ(x.left, y.left);
   EXPECT_EQ(x.width, y.width);
@@ -51,7 +51,7 @@ TEST(RandomResizedCrop, DeterministicPerSeedEpochIndex) {
   bool differs = false;
   for (int i = 0; i < 5 && !differs; ++i) {
     SampleRng d(1, 2, 10 + i);
-    CropRect z = random_resized_crop_params(640, 480, d);
+    PixelRect z = random_resized_crop_params(640, 480, d);
     differs = z.width != x.width || z.left != x.left;
   }
   EXPECT_TRUE(differs);
@@ -64,7 +64,7 @@ TEST(RandomResizedCrop, CentralFallbackClampsRatio) {
   int fallback_hits = 0;
   for (int i = 0; i < 50; ++i) {
     SampleRng rng(0, 0, i);
-    CropRect c = random_resized_crop_params(1000, 10, rng);
+    PixelRect c = random_resized_crop_params(1000, 10, rng);
     if (c.height == 10 && c.width == 13) {
       ++fallback_hits;
       EXPECT_EQ(c.top, 0);
@@ -74,7 +74,7 @@ TEST(RandomResizedCrop, CentralFallbackClampsRatio) {
   EXPECT_GT(fallback_hits, 40);
   // Tall strip: w = width, h = round(10 / (3/4)) = round(13.33) = 13.
   SampleRng rng(0, 0, 0);
-  CropRect tall = random_resized_crop_params(10, 1000, rng);
+  PixelRect tall = random_resized_crop_params(10, 1000, rng);
   EXPECT_LE(tall.height, 1000);
   EXPECT_GT(tall.width, 0);
 }

@@ -31,7 +31,7 @@ PipelineOptions uint8_options(int size, bool train) {
   PipelineOptions options;
   options.image_size = size;
   options.train = train;
-  options.output = OutputType::kUInt8;
+  options.output = DType::kUInt8;
   options.seed = 7;
   return options;
 }
@@ -44,7 +44,7 @@ cv::Mat reference_train(const std::vector<uint8_t>& jpeg, const PipelineOptions&
   cv::Mat rgb;
   cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
   SampleRng rng(options.seed, epoch, index);
-  CropRect crop = random_resized_crop_params(rgb.cols, rgb.rows, rng);
+  PixelRect crop = random_resized_crop_params(rgb.cols, rgb.rows, rng);
   cv::Mat resized;
   cv::resize(rgb(cv::Rect(crop.left, crop.top, crop.width, crop.height)), resized,
              cv::Size(options.image_size, options.image_size), 0, 0, cv::INTER_LINEAR);
@@ -80,9 +80,18 @@ TEST(ImagePipeline, ShapesAndTypes) {
   ImagePipeline u8(uint8_options(96, true));
   EXPECT_EQ(u8.sample_shape(), (std::vector<int64_t>{96, 96, 3}));
   EXPECT_EQ(u8.sample_bytes(), 96u * 96 * 3);
-  EXPECT_EQ(parse_output_type("bfloat16"), OutputType::kBFloat16);
+  EXPECT_EQ(parse_dtype("bfloat16", kOutputDTypes), DType::kBFloat16);
   try {
-    parse_output_type("fp8");
+    parse_dtype("fp8", kOutputDTypes);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("float32, float16, bfloat16, uint8"), std::string::npos);
+  }
+  // A dtype the pipeline does not write is refused when it is built, with the valid ones.
+  PipelineOptions int8;
+  int8.output = DType::kInt8;
+  try {
+    ImagePipeline bad(int8);
     FAIL() << "no throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("float32, float16, bfloat16, uint8"), std::string::npos);
@@ -117,8 +126,9 @@ TEST(ImagePipeline, ScaledDecodeCloseToFullResolution) {
   int scaled = 0;
   for (uint64_t index = 0; index < 24; ++index) {
     SampleRng rng(options.seed, 0, index);
-    CropRect crop = random_resized_crop_params(1600, 1200, rng);
-    if (!choose_scaling(crop.width, crop.height, 160, 160).is_identity()) ++scaled;
+    PixelRect crop = random_resized_crop_params(1600, 1200, rng);
+    ScalingFactor f = choose_scaling(crop.width, crop.height, 160, 160);
+    if (f.num != f.denom) ++scaled;
     pipeline.process_bytes(jpeg.data(), jpeg.size(), "big.jpg", 0, index, out.data());
     Difference d = compare(reference_train(jpeg, options, 0, index), out.data());
     EXPECT_LT(d.mean, 4.0) << "index " << index;
@@ -127,7 +137,8 @@ TEST(ImagePipeline, ScaledDecodeCloseToFullResolution) {
 }
 
 TEST(ImagePipeline, ChoosesLargestReductionKeepingCropAboveOutput) {
-  EXPECT_TRUE(choose_scaling(447, 1000, 224, 224).is_identity());  // < 2x in one dim
+  ScalingFactor none = choose_scaling(447, 1000, 224, 224);  // < 2x in one dim
+  EXPECT_EQ(none.num, none.denom);
   ScalingFactor half = choose_scaling(448, 448, 224, 224);
   EXPECT_EQ(half.num * 2, half.denom);
   ScalingFactor f = choose_scaling(2000, 1800, 224, 224);
@@ -135,6 +146,16 @@ TEST(ImagePipeline, ChoosesLargestReductionKeepingCropAboveOutput) {
   ScalingFactor g = choose_scaling(1000, 1000, 224, 224);
   EXPECT_GE(g.scale(1000), 224);
   EXPECT_LT(g.scale(1000), 2 * 224);
+}
+
+// make_dataset, the benchmarks and the tests encode on the same thread: a progressive encode
+// must not change what the next baseline encode writes (libjpeg-turbo 2.1 keeps a handle in
+// progressive mode).
+TEST(JpegEncode, BaselineAfterProgressiveIsUnchanged) {
+  cv::Mat photo = photo_rgb(640, 480, 1);
+  std::vector<uint8_t> before = encode_jpeg(photo, 90, TJSAMP_420, 0);
+  encode_jpeg(photo_rgb(401, 333, 2), 85, TJSAMP_420, TJFLAG_PROGRESSIVE);
+  EXPECT_EQ(encode_jpeg(photo, 90, TJSAMP_420, 0), before);
 }
 
 TEST(JpegDecode, RegionEqualsFullTurboDecode) {
@@ -153,24 +174,25 @@ TEST(JpegDecode, RegionEqualsFullTurboDecode) {
       SampleRng rng(1, 2, 3);
       for (int trial = 0; trial < 12; ++trial) {
         PixelRect rect;
-        rect.w = 1 + static_cast<int>(rng.below(static_cast<uint64_t>(full.cols)));
-        rect.h = 1 + static_cast<int>(rng.below(static_cast<uint64_t>(full.rows)));
-        rect.x = static_cast<int>(rng.below(static_cast<uint64_t>(full.cols - rect.w + 1)));
-        rect.y = static_cast<int>(rng.below(static_cast<uint64_t>(full.rows - rect.h + 1)));
+        rect.width = 1 + static_cast<int>(rng.below(static_cast<uint64_t>(full.cols)));
+        rect.height = 1 + static_cast<int>(rng.below(static_cast<uint64_t>(full.rows)));
+        rect.left = static_cast<int>(rng.below(static_cast<uint64_t>(full.cols - rect.width + 1)));
+        rect.top = static_cast<int>(rng.below(static_cast<uint64_t>(full.rows - rect.height + 1)));
         RgbView view = decode_jpeg_region(jpeg.data(), jpeg.size(), "x.jpg", header, factor, rect);
-        ASSERT_EQ(view.width, rect.w);
-        ASSERT_EQ(view.height, rect.h);
+        ASSERT_EQ(view.width, rect.width);
+        ASSERT_EQ(view.height, rect.height);
         int max_diff = 0;
-        for (int y = 0; y < rect.h; ++y) {
+        for (int y = 0; y < rect.height; ++y) {
           const uint8_t* got = view.pixels + y * view.stride;
-          const uint8_t* want = full.ptr<uint8_t>(rect.y + y) + rect.x * 3;
-          for (int i = 0; i < rect.w * 3; ++i) {
+          const uint8_t* want = full.ptr<uint8_t>(rect.top + y) + rect.left * 3;
+          for (int i = 0; i < rect.width * 3; ++i) {
             max_diff = std::max(max_diff, std::abs(int{got[i]} - int{want[i]}));
           }
         }
         EXPECT_EQ(max_diff, 0) << "subsampling " << c.subsampling << " flags " << c.flags
                                << " factor " << factor.num << "/" << factor.denom << " rect "
-                               << rect.w << "x" << rect.h << "+" << rect.x << "+" << rect.y;
+                               << rect.width << "x" << rect.height << "+" << rect.left << "+"
+                               << rect.top;
       }
     }
   }
@@ -223,7 +245,7 @@ TEST(ImagePipeline, PngMatchesOpenCvDecode) {
   for (uint64_t index = 0; index < 5; ++index) {
     pipeline.process(dir.file("a.png"), 1, index, out.data());
     SampleRng rng(options.seed, 1, index);
-    CropRect crop = random_resized_crop_params(300, 200, rng);
+    PixelRect crop = random_resized_crop_params(300, 200, rng);
     cv::Mat expected;
     cv::resize(rgb(cv::Rect(crop.left, crop.top, crop.width, crop.height)), expected,
                cv::Size(128, 128), 0, 0, cv::INTER_LINEAR);
@@ -273,13 +295,13 @@ TEST(ImagePipeline, FloatOutputsAreNormalisedPlanar) {
   PipelineOptions options;
   options.image_size = 64;
   options.seed = 3;
-  options.output = OutputType::kUInt8;
+  options.output = DType::kUInt8;
   ImagePipeline u8(options);
-  options.output = OutputType::kFloat32;
+  options.output = DType::kFloat32;
   ImagePipeline f32(options);
-  options.output = OutputType::kFloat16;
+  options.output = DType::kFloat16;
   ImagePipeline f16(options);
-  options.output = OutputType::kBFloat16;
+  options.output = DType::kBFloat16;
   ImagePipeline bf16(options);
   std::vector<uint8_t> hwc(u8.sample_bytes());
   std::vector<float> chw(3 * 64 * 64);
@@ -330,7 +352,7 @@ TEST(ImagePipeline, IdenticalAcrossThreadCounts) {
     cv::Mat rgb = photo_rgb(300 + 97 * i, 280 + 61 * i, i);
     write_file(files.back(), i % 3 == 2 ? encode_png(rgb) : encode_jpeg(rgb, 80 + i));
   }
-  for (OutputType type : {OutputType::kFloat32, OutputType::kUInt8}) {
+  for (DType type : {DType::kFloat32, DType::kUInt8}) {
     PipelineOptions options;
     options.image_size = 96;
     options.output = type;
