@@ -515,8 +515,8 @@ std::shared_ptr<Batch> Consumer::next() {
   uint32_t total = 0;
   bool epoch_over = false;
   while (total < batch_size_) {
-    if (!cur_ || pos_ == cur_->desc.sample_count) {
-      bool ended_epoch = cur_ && (cur_->desc.flags & protocol::kFlagEpochEnd);
+    if (!cur_ || pos_ == cur_->desc.position.sample_count) {
+      bool ended_epoch = cur_ && cur_->desc.position.epoch_end;
       cur_.reset();
       if (ended_epoch) {
         epoch_over = true;
@@ -534,26 +534,26 @@ std::shared_ptr<Batch> Consumer::next() {
         // chunks reused before it was sent them (left behind under stall_policy=skip). Counted
         // now, so the epoch they cut short already reports them.
         if (!have_expected_)
-          stats_.skipped += d.sample_start;
+          stats_.skipped += d.position.sample_start;
         else if (d.stream_position > expected_position_)
           stats_.skipped += d.stream_position - expected_position_;
         have_expected_ = true;
-        expected_position_ = d.stream_position + d.sample_count;
-        if (d.epoch_samples) epoch_samples_ = d.epoch_samples;  // learnt once a producer knows it
+        expected_position_ = d.stream_position + d.position.sample_count;
+        if (d.position.epoch_samples) epoch_samples_ = d.position.epoch_samples;  // learnt once a producer knows it
       }
-      if (epoch_open_ && d.epoch != epoch_) {  // new epoch without its predecessor's end
+      if (epoch_open_ && d.position.epoch != epoch_) {  // new epoch without its predecessor's end
         stash_ = std::move(next);
         epoch_over = true;
         break;
       }
       if (!epoch_open_) {
         epoch_open_ = true;
-        epoch_ = d.epoch;
+        epoch_ = d.position.epoch;
       }
       cur_ = std::move(next);
       pos_ = 0;
     }
-    uint32_t k = std::min(batch_size_ - total, cur_->desc.sample_count - pos_);
+    uint32_t k = std::min(batch_size_ - total, cur_->desc.position.sample_count - pos_);
     pieces.list.push_back({cur_, pos_, k});
     pos_ += k;
     total += k;
@@ -663,11 +663,11 @@ std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
   std::shared_ptr<Batch> batch(new Batch());
   batch->size = total;
   if (pieces.first) {
-    batch->epoch = pieces.first->epoch;
-    batch->sample_start = pieces.first->sample_start + pieces.first_start;
+    batch->epoch = pieces.first->position.epoch;
+    batch->sample_start = pieces.first->position.sample_start + pieces.first_start;
   } else {
-    batch->epoch = pieces.list.front().chunk->desc.epoch;
-    batch->sample_start = pieces.list.front().chunk->desc.sample_start + pieces.list.front().start;
+    batch->epoch = pieces.list.front().chunk->desc.position.epoch;
+    batch->sample_start = pieces.list.front().chunk->desc.position.sample_start + pieces.list.front().start;
   }
 #ifdef BATCHCAST_HAVE_CUDA
   const ArenaMapping* arena = session_->arena();
