@@ -306,6 +306,24 @@ TEST(StreamState, ALoneNextEpochJoinerPassesUnsentChunksInsteadOfWaitingForever)
   EXPECT_EQ(s.seqs("late"), Seqs{4}) << "epoch 1's first chunk";
 }
 
+TEST(StreamState, AChunkPassedByChoiceStaysReusableAfterItsPasserLeft) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.credit("a", 1);
+  s.produce(2, /*per_epoch=*/4);
+  s.tick();
+  EXPECT_EQ(s.consume("a"), Seqs{0});
+  s.send("a", protocol::Goodbye{});
+  s.produce(1, 4);  // chunk 2 replaces chunk 0
+  s.hello("late", protocol::LateJoin::kNextEpoch);
+  s.credit("late", 100);
+  s.tick();  // passes chunks 1 (never sent to anyone) and 2
+  EXPECT_EQ(s.seqs("late"), Seqs{});
+  s.send("late", protocol::Goodbye{});
+  EXPECT_TRUE(s.fill()) << "chunk 1 was passed: as good as delivered";
+  EXPECT_TRUE(s.fill());
+}
+
 // Two consumers on a ring of 2: "a" takes everything, "b" took chunk 0 then stopped asking.
 void stall_b(Stream& s) {
   s.hello("a");
