@@ -187,14 +187,16 @@ uint8_t* ServerCore::slot_memory(uint32_t slot) const {
 
 void ServerCore::publish(const FillLease& lease, const protocol::ChunkPosition& position,
                          std::vector<protocol::TensorSpec> tensors) {
+  bool failed;
   {
     std::lock_guard lk(mu_);
     // The slot's sequence word is written while the chunk is complete and before any consumer
     // can be sent its descriptor (the state publishes it, in order, at the earliest now).
     pool_.set_slot_seq(lease.slot, lease.seq);
     state_->publish(lease.seq, lease.slot, position, std::move(tensors));
+    failed = state_->failed();
   }
-  slot_freed_.notify_all();  // an invalid chunk failed the stream: acquire() returns
+  if (failed) slot_freed_.notify_all();  // an invalid chunk failed the stream: acquire() returns
   wake();
 }
 

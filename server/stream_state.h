@@ -6,8 +6,9 @@
 // no I/O, reads no clock, starts no thread and takes no lock. Time comes in as `now` (seconds on
 // any monotonic clock), events come in as calls, and the two things it needs from the world are
 // injected: `send` (a refused send stops delivery to that consumer until the next tick) and
-// `alive` (is this local pid still running). ServerCore is the I/O shell around it; tests drive
-// it directly with their own clock, liveness and outbox.
+// `alive` (is this local pid still running). Its only other output is the spdlog lines that
+// name attaches, departures and dropped messages. ServerCore is the I/O shell around it; tests
+// drive it directly with their own clock, liveness and outbox.
 //
 // Rules (each is unit-tested in tests/cpp/server/stream_state_test.cpp):
 // - Chunks are published in seq order whatever the order of publish() calls.
