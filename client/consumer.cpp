@@ -539,7 +539,8 @@ std::shared_ptr<Batch> Consumer::next() {
           stats_.skipped += d.stream_position - expected_position_;
         have_expected_ = true;
         expected_position_ = d.stream_position + d.position.sample_count;
-        if (d.position.epoch_samples) epoch_samples_ = d.position.epoch_samples;  // learnt once a producer knows it
+        if (d.position.epoch_samples)
+          epoch_samples_ = d.position.epoch_samples;  // learnt once a producer knows it
       }
       if (epoch_open_ && d.position.epoch != epoch_) {  // new epoch without its predecessor's end
         stash_ = std::move(next);
@@ -667,7 +668,8 @@ std::shared_ptr<Batch> Consumer::assemble(Pieces& pieces, uint32_t total) {
     batch->sample_start = pieces.first->position.sample_start + pieces.first_start;
   } else {
     batch->epoch = pieces.list.front().chunk->desc.position.epoch;
-    batch->sample_start = pieces.list.front().chunk->desc.position.sample_start + pieces.list.front().start;
+    batch->sample_start =
+        pieces.list.front().chunk->desc.position.sample_start + pieces.list.front().start;
   }
 #ifdef BATCHCAST_HAVE_CUDA
   const ArenaMapping* arena = session_->arena();
