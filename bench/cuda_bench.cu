@@ -156,7 +156,7 @@ void latency(const char* self, bool normalise) {
   so.device = protocol::DeviceKind::kCuda;
   ServerCore core(so);
   StampSource source;
-  CudaStage stage(*core.device_arena(), source, conv, kBatch);
+  CudaStage stage(*core.memory().device_arena(), source, conv, kBatch);
   std::string ep = core.endpoint();
   int pipe_fd[2];
   if (::pipe(pipe_fd) != 0) throw Error("pipe");
@@ -171,17 +171,18 @@ void latency(const char* self, bool normalise) {
     auto lease = core.acquire();
     if (!lease) break;
     stage.begin(lease->slot);
-    ChunkInfo info;
-    info.index_in_epoch = c;
-    info.sample_start = uint64_t{c} * kBatch;
-    info.sample_count = kBatch;
-    info.epoch_samples = uint64_t{chunks} * kBatch;
-    info.epoch_end = c + 1 == chunks;
-    info.tensors = slot_layout.specs(slot_tensors, kBatch);
+    protocol::ChunkPosition position;
+    std::vector<protocol::TensorSpec> tensors;
+    position.index_in_epoch = c;
+    position.sample_start = uint64_t{c} * kBatch;
+    position.sample_count = kBatch;
+    position.epoch_samples = uint64_t{chunks} * kBatch;
+    position.epoch_end = c + 1 == chunks;
+    tensors = slot_layout.specs(slot_tensors, kBatch);
     // The clock starts when the chunk's last sample is "decoded" (sample 0's label is read).
     for (uint32_t p = kBatch; p-- > 0;) stage.fill(lease->slot, p, c * kBatch + p, 0);
     stage.upload(*lease, kBatch);
-    core.publish(*lease, std::move(info));
+    core.publish(*lease, position, std::move(tensors));
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // paced: no queueing
   }
   core.finish();

@@ -61,16 +61,17 @@ void produce(ServerCore& core, uint64_t chunks, bool paced) {
   for (uint64_t c = 0; c < chunks; ++c) {
     auto lease = core.acquire();
     if (!lease) return;
-    ChunkInfo info;
-    info.index_in_epoch = c;
-    info.sample_start = c;
-    info.sample_count = 1;
-    info.epoch_samples = chunks;
-    info.epoch_end = c + 1 == chunks;
-    info.tensors.push_back({"#", DType::kFloat64, {1}, {1}, 0});
+    protocol::ChunkPosition position;
+    std::vector<protocol::TensorSpec> tensors;
+    position.index_in_epoch = c;
+    position.sample_start = c;
+    position.sample_count = 1;
+    position.epoch_samples = chunks;
+    position.epoch_end = c + 1 == chunks;
+    tensors.push_back({"#", DType::kFloat64, {1}, {1}, 0});
     double stamp = monotonic_seconds();
     std::memcpy(lease->data, &stamp, sizeof(stamp));
-    core.publish(*lease, info);
+    core.publish(*lease, position, std::move(tensors));
     if (paced) {  // wait until the consumer released it: one chunk in flight
       while (core.stats().ring_occupied > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

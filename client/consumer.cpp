@@ -102,7 +102,7 @@ std::shared_ptr<Batch> Consumer::next() {
     switch (step.kind) {
       case Rebatcher::Step::kNeedChunk:
         if ((chunk_ = pop_chunk()))
-          rebatcher_.push(ChunkSpan::of(chunk_->desc));
+          rebatcher_.push(chunk_->desc.position);
         else
           rebatcher_.end_of_stream();
         break;

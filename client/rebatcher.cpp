@@ -14,17 +14,6 @@ Rebatcher::Step step_of(Rebatcher::Step::Kind kind) {
 
 }  // namespace
 
-ChunkSpan ChunkSpan::of(const protocol::BatchDescriptor& d) {
-  ChunkSpan c;
-  c.epoch = d.epoch;
-  c.sample_start = d.sample_start;
-  c.sample_count = d.sample_count;
-  c.epoch_samples = d.epoch_samples;
-  c.stream_position = d.stream_position;
-  c.epoch_end = (d.flags & protocol::kFlagEpochEnd) != 0;
-  return c;
-}
-
 Rebatcher::Rebatcher(uint32_t batch_size, bool drop_last, uint64_t first_epoch,
                      uint64_t announced_epoch_samples)
     : batch_size_(batch_size),
@@ -71,7 +60,7 @@ Rebatcher::Step Rebatcher::step() {
   return s;
 }
 
-void Rebatcher::push(const ChunkSpan& c) {
+void Rebatcher::push(const protocol::ChunkPosition& c) {
   // Samples this consumer will never see: the part of the epoch before a late join, or chunks
   // reused before it was sent them (left behind under stall_policy=skip). Counted now, so the
   // epoch they cut short already reports them.

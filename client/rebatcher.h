@@ -1,7 +1,7 @@
 // Rebatcher: cuts the server's stream of chunks into batches of the consumer's batch size.
 //
-// Pure bookkeeping: it sees only where each chunk sits in the stream (ChunkSpan) and answers
-// which rows form the next batch; it never touches memory, sockets or time, so every stream
+// Pure bookkeeping: it sees only where each chunk sits in the stream (protocol::ChunkPosition) and
+// answers which rows form the next batch; it never touches memory, sockets or time, so every stream
 // shape is unit-tested alone (tests/cpp/client/rebatcher_test.cpp).
 //
 // Semantics (shared/DESIGN.md): a batch is batch_size consecutive samples of one epoch, never
@@ -28,19 +28,6 @@
 
 namespace batchcast {
 
-// Where one chunk sits in the stream: all the rebatcher knows of it.
-struct ChunkSpan {
-  uint64_t epoch = 0;
-  uint64_t sample_start = 0;  // first sample's position inside the epoch
-  uint32_t sample_count = 0;
-  uint64_t epoch_samples = 0;    // samples in the epoch; 0 while unknown
-  uint64_t stream_position = 0;  // samples before this chunk since the stream began
-  bool epoch_end = false;        // the epoch's last chunk
-
-  // The only place that reads a descriptor's position fields.
-  static ChunkSpan of(const protocol::BatchDescriptor& d);
-};
-
 // One batch, once its pieces are known.
 struct BatchSpan {
   uint64_t epoch = 0;
@@ -62,8 +49,8 @@ class Rebatcher {
             uint64_t announced_epoch_samples);
 
   Step step();
-  void push(const ChunkSpan& chunk);  // answers kNeedChunk
-  void end_of_stream();               // answers kNeedChunk: no chunk follows
+  void push(const protocol::ChunkPosition& chunk);  // answers kNeedChunk
+  void end_of_stream();                             // answers kNeedChunk: no chunk follows
 
   bool holds_chunk() const { return current_.has_value() || stash_.has_value(); }
   // The stream ended and every chunk was cut: step() only ever returns kEpochEnd now.
@@ -83,9 +70,10 @@ class Rebatcher {
   bool drop_last_;
   uint64_t epoch_;
   uint64_t epoch_samples_;
-  std::optional<ChunkSpan> current_;  // the chunk being cut
-  uint32_t pos_ = 0;                  // rows of current_ already cut
-  std::optional<ChunkSpan> stash_;    // first chunk of a new epoch, pushed while closing the last
+  std::optional<protocol::ChunkPosition> current_;  // the chunk being cut
+  uint32_t pos_ = 0;                                // rows of current_ already cut
+  std::optional<protocol::ChunkPosition>
+      stash_;  // first chunk of a new epoch, pushed while closing the last
   bool epoch_open_ = false;
   bool pending_epoch_end_ = false;  // a short last batch went out; the epoch end follows
   bool stream_ended_ = false;

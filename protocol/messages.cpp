@@ -23,7 +23,9 @@ class Writer {
     put<uint16_t>(static_cast<uint16_t>(s.size()));
     out_.append(s);
   }
-  void put_bytes(const uint8_t* data, size_t n) { out_.append(reinterpret_cast<const char*>(data), n); }
+  void put_bytes(const uint8_t* data, size_t n) {
+    out_.append(reinterpret_cast<const char*>(data), n);
+  }
   std::string take() { return std::move(out_); }
 
  private:
@@ -142,8 +144,8 @@ void read_body(Reader& r, Welcome& m) {
   }
   m.heartbeat_interval_s = r.get<double>();
   m.heartbeat_timeout_s = r.get<double>();
-  if (!(m.heartbeat_interval_s > 0 && m.heartbeat_interval_s < 3600 &&
-        m.heartbeat_timeout_s > 0 && m.heartbeat_timeout_s < 36000))
+  if (!(m.heartbeat_interval_s > 0 && m.heartbeat_interval_s < 3600 && m.heartbeat_timeout_s > 0 &&
+        m.heartbeat_timeout_s < 36000))
     r.fail("heartbeat interval/timeout out of range");
   if (m.slot_count == 0 || m.slot_bytes == 0) r.fail("empty pool");
   size_t expected_events = m.device == DeviceKind::kCuda ? m.slot_count : 0;
@@ -154,13 +156,13 @@ void read_body(Reader& r, Welcome& m) {
 
 void write_body(Writer& w, const BatchDescriptor& m) {
   w.put(m.seq);
-  w.put(m.epoch);
-  w.put(m.index_in_epoch);
-  w.put(m.sample_start);
-  w.put(m.sample_count);
-  w.put(m.epoch_samples);
-  w.put(m.stream_position);
-  w.put(m.flags);
+  w.put(m.position.epoch);
+  w.put(m.position.index_in_epoch);
+  w.put(m.position.sample_start);
+  w.put(m.position.sample_count);
+  w.put(m.position.epoch_samples);
+  w.put(m.position.stream_position);
+  w.put(static_cast<uint8_t>(m.position.epoch_end ? kFlagEpochEnd : 0));
   w.put(m.slot);
   w.put(static_cast<uint8_t>(m.tensors.size()));
   for (const auto& t : m.tensors) {
@@ -174,18 +176,19 @@ void write_body(Writer& w, const BatchDescriptor& m) {
 }
 void read_body(Reader& r, BatchDescriptor& m) {
   m.seq = r.get<uint64_t>();
-  m.epoch = r.get<uint64_t>();
-  m.index_in_epoch = r.get<uint64_t>();
-  m.sample_start = r.get<uint64_t>();
-  m.sample_count = r.get<uint32_t>();
-  m.epoch_samples = r.get<uint64_t>();
-  m.stream_position = r.get<uint64_t>();
-  m.flags = r.get<uint8_t>();
-  if (m.flags & ~kFlagAllFlags) r.fail("unknown descriptor flags");
+  m.position.epoch = r.get<uint64_t>();
+  m.position.index_in_epoch = r.get<uint64_t>();
+  m.position.sample_start = r.get<uint64_t>();
+  m.position.sample_count = r.get<uint32_t>();
+  m.position.epoch_samples = r.get<uint64_t>();
+  m.position.stream_position = r.get<uint64_t>();
+  auto flags = r.get<uint8_t>();
+  if (flags & ~kFlagAllFlags) r.fail("unknown descriptor flags");
+  m.position.epoch_end = (flags & kFlagEpochEnd) != 0;
   m.slot = r.get<uint32_t>();
   auto n = r.get<uint8_t>();
-  if (n == 0 || n > kMaxTensors) r.fail("tensor count " + std::to_string(n) + " not in 1.." +
-                                        std::to_string(kMaxTensors));
+  if (n == 0 || n > kMaxTensors)
+    r.fail("tensor count " + std::to_string(n) + " not in 1.." + std::to_string(kMaxTensors));
   for (size_t i = 0; i < n && r.ok(); ++i) {
     TensorSpec t;
     t.name = r.get_string();
@@ -321,13 +324,15 @@ std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count,
                                 uint64_t slot_bytes) {
   if (d.slot >= slot_count)
     return "slot " + std::to_string(d.slot) + " outside the pool of " + std::to_string(slot_count);
-  if (d.sample_count == 0) return "empty chunk";
-  if (d.epoch_samples != 0 && (d.sample_count > d.epoch_samples ||
-                               d.sample_start > d.epoch_samples - d.sample_count))  // no wrap
+  const ChunkPosition& p = d.position;
+  if (p.sample_count == 0) return "empty chunk";
+  if (p.epoch_samples != 0 && (p.sample_count > p.epoch_samples ||
+                               p.sample_start > p.epoch_samples - p.sample_count))  // no wrap
     return "chunk samples beyond the epoch's end";
   for (const auto& t : d.tensors) {
-    if (t.shape.size() != t.strides.size() || t.shape.empty()) return "tensor " + t.name + ": bad rank";
-    if (t.shape[0] != static_cast<int64_t>(d.sample_count))
+    if (t.shape.size() != t.strides.size() || t.shape.empty())
+      return "tensor " + t.name + ": bad rank";
+    if (t.shape[0] != static_cast<int64_t>(p.sample_count))
       return "tensor " + t.name + ": dimension 0 is not the chunk's sample count";
     auto extent = tensor_extent_bytes(t);
     if (!extent) return "tensor " + t.name + ": negative or overflowing shape/strides";

@@ -87,19 +87,27 @@ struct Welcome {
   double heartbeat_timeout_s = 3.0;
 };
 
-constexpr uint8_t kFlagEpochEnd = 1;   // last chunk of its epoch
+// Where a chunk sits in its epoch. The one name for it from the producer to the consumer: the
+// server's publish(), the Python Producer's batches and BatchDescriptor all carry it.
+struct ChunkPosition {
+  uint64_t epoch = 0;
+  uint64_t index_in_epoch = 0;  // chunk number inside the epoch
+  uint64_t sample_start = 0;    // first sample's position inside the epoch
+  uint32_t sample_count = 0;
+  uint64_t epoch_samples = 0;  // samples in this epoch; 0 when unknown
+  bool epoch_end = false;      // last chunk of its epoch (on the wire: flag bit kFlagEpochEnd)
+  // Samples before this chunk since the stream began; set by the server when it publishes the
+  // chunk (what a producer passes is ignored). Consumers count what they missed from it.
+  uint64_t stream_position = 0;
+};
+
+constexpr uint8_t kFlagEpochEnd = 1;
 constexpr uint8_t kFlagAllFlags = 1;
 
 // server -> consumer: one chunk of the stream, decoded once into one slot.
 struct BatchDescriptor {
-  uint64_t seq = 0;              // position of the chunk in the stream (0, 1, 2, ...)
-  uint64_t epoch = 0;
-  uint64_t index_in_epoch = 0;   // chunk number inside the epoch
-  uint64_t sample_start = 0;     // first sample's position inside the epoch
-  uint32_t sample_count = 0;
-  uint64_t epoch_samples = 0;    // samples in this epoch; 0 when unknown
-  uint64_t stream_position = 0;  // samples before this chunk since the stream began
-  uint8_t flags = 0;
+  uint64_t seq = 0;  // position of the chunk in the stream (0, 1, 2, ...)
+  ChunkPosition position;
   uint32_t slot = 0;
   std::vector<TensorSpec> tensors;
 };
@@ -119,12 +127,13 @@ struct Goodbye {};  // consumer -> server: leaving; release everything I hold
 struct End {        // server -> consumer: no chunk follows
   uint64_t epochs = 0;
 };
-struct ErrorMessage {  // server -> consumer: the stream failed (e.g. a bad sample with on_error=raise)
+struct ErrorMessage {  // server -> consumer: the stream failed (e.g. a bad sample with
+                       // on_error=raise)
   std::string message;
 };
 
-using Message = std::variant<Hello, Welcome, BatchDescriptor, Credit, Release, Heartbeat,
-                             Goodbye, End, ErrorMessage>;
+using Message = std::variant<Hello, Welcome, BatchDescriptor, Credit, Release, Heartbeat, Goodbye,
+                             End, ErrorMessage>;
 
 std::string encode(const Message& message);
 

@@ -57,22 +57,17 @@ SlotLayout plan_batch(const std::vector<HostTensor>& tensors) {
 }
 
 bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
-                   const BatchPosition& position) {
+                   protocol::ChunkPosition position) {
   SlotLayout layout = plan_batch(tensors);
-  if (layout.bytes > core.pool().slot_bytes())
+  if (layout.bytes > core.memory().pool().slot_bytes())
     throw Error("a batch of " + std::to_string(layout.bytes) + " bytes does not fit the " +
-                std::to_string(core.pool().slot_bytes()) + "-byte slots; give larger slots");
-  ChunkInfo info;
-  info.epoch = position.epoch;
-  info.index_in_epoch = position.index_in_epoch;
-  info.sample_start = position.sample_start;
-  info.sample_count = static_cast<uint32_t>(tensors[0].shape[0]);
-  info.epoch_samples = position.epoch_samples;
-  info.epoch_end = position.epoch_end;
+                std::to_string(core.memory().pool().slot_bytes()) +
+                "-byte slots; give larger slots");
+  position.sample_count = static_cast<uint32_t>(tensors[0].shape[0]);
+  std::vector<protocol::TensorSpec> specs;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
-    info.tensors.push_back(
-        {t.name, t.dtype, t.shape, contiguous_strides(t.shape), layout.offsets[i]});
+    specs.push_back({t.name, t.dtype, t.shape, contiguous_strides(t.shape), layout.offsets[i]});
   }
   auto lease = core.acquire();
   if (!lease) return false;
@@ -81,7 +76,7 @@ bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
     for (auto d : tensors[i].shape) bytes *= static_cast<uint64_t>(d);
     if (bytes) std::memcpy(lease->data + layout.offsets[i], tensors[i].data, bytes);
   }
-  core.publish(*lease, std::move(info));
+  core.publish(*lease, position, std::move(specs));
   return true;
 }
 

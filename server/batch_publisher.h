@@ -32,24 +32,16 @@ struct HostTensor {
   const void* data = nullptr;
 };
 
-// Where a batch sits in the stream.
-struct BatchPosition {
-  uint64_t epoch = 0;
-  uint64_t index_in_epoch = 0;  // chunk number inside the epoch
-  uint64_t sample_start = 0;    // first sample's position inside the epoch
-  uint64_t epoch_samples = 0;   // 0: unknown (the server's current value is announced)
-  bool epoch_end = false;       // last batch of its epoch
-};
-
 // The slot layout of a batch. Throws Error naming the tensor when the batch is malformed
 // (no tensors, too many, a scalar, disagreeing sample counts, duplicate or empty names,
 // non-contiguous strides).
 SlotLayout plan_batch(const std::vector<HostTensor>& tensors);
 
-// Acquires a slot, copies the batch into it and publishes it. Returns false (nothing
-// published) once the core was stopped or failed. Throws Error, before acquiring, when the
+// Acquires a slot, copies the batch into it and publishes it at `position` (its sample_count is
+// taken from the tensors; epoch_samples 0: the server's current value is announced). Returns false
+// (nothing published) once the core was stopped or failed. Throws Error, before acquiring, when the
 // batch is malformed or larger than the core's slots.
 bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
-                   const BatchPosition& position);
+                   protocol::ChunkPosition position);
 
 }  // namespace batchcast

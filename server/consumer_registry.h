@@ -5,7 +5,7 @@
 // chunk at or after its cursor is pinned in the ring (stall_policy "wait"); a consumer that has
 // asked for nothing for stall_timeout no longer pins under "skip". Records are created on Hello
 // and erased on Goodbye or death; nothing here outlives the server.
-// Thread-safety: none; the ServerCore serialises access under its mutex.
+// Thread-safety: none; the owner (StreamState) serialises access.
 #pragma once
 
 #include <sys/types.h>
@@ -22,14 +22,14 @@ struct ConsumerRecord {
   uint64_t id = 0;
   std::string identity;  // ZeroMQ ROUTER routing id
   pid_t pid = 0;
-  bool local = false;    // same host: liveness by pid; otherwise by heartbeats
+  bool local = false;  // same host: liveness by pid; otherwise by heartbeats
   std::string name;
   uint64_t next_seq = 0;
   bool waiting_epoch_start = false;  // late_join=next_epoch, until it reaches an epoch start
   uint32_t credits = 0;
   bool end_sent = false;
   bool error_sent = false;
-  bool closing = false;  // said Goodbye; kept until its last hold is released
+  bool closing = false;      // said Goodbye; kept until its last hold is released
   double last_seen = 0;      // any message
   double last_activity = 0;  // last credit or release: "has taken something"
   uint64_t samples = 0;      // reported by its heartbeats
@@ -43,7 +43,6 @@ class ConsumerRegistry {
   void erase(uint64_t id);
   size_t size() const { return by_id_.size(); }
   uint64_t ever() const { return next_id_ - 1; }
-  uint64_t next_id() const { return next_id_; }
   std::map<uint64_t, ConsumerRecord>& all() { return by_id_; }
   const std::map<uint64_t, ConsumerRecord>& all() const { return by_id_; }
 

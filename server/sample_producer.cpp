@@ -17,7 +17,8 @@ namespace {
 // publishes it.
 struct ChunkJob {
   FillLease lease;
-  ChunkInfo info;
+  protocol::ChunkPosition position;
+  std::vector<protocol::TensorSpec> tensors;
   std::shared_ptr<const std::vector<uint64_t>> order;  // the epoch's sample order
   std::atomic<uint32_t> remaining{0};
 };
@@ -73,9 +74,9 @@ SampleProducer::SampleProducer(ServerCore& core, const SampleSource& source, con
       slot_tensors_(options.stage ? options.stage->slot_tensors() : tensors_),
       slot_layout_(SlotLayout::plan(slot_tensors_, options.batch_size)) {
   if (options_.batch_size == 0) throw Error("batch size must be >= 1");
-  if (slot_layout_.bytes > core_.pool().slot_bytes())
+  if (slot_layout_.bytes > core_.memory().pool().slot_bytes())
     throw Error("a chunk needs " + std::to_string(slot_layout_.bytes) + " bytes but slots hold " +
-                std::to_string(core_.pool().slot_bytes()));
+                std::to_string(core_.memory().pool().slot_bytes()));
 }
 
 bool SampleProducer::run() {
@@ -84,14 +85,14 @@ bool SampleProducer::run() {
   auto fill_one = [&](const SampleTask& task) {
     auto& job = *task.job;
     const auto& order = *job.order;
-    uint64_t p = job.info.sample_start + task.position;
+    uint64_t p = job.position.sample_start + task.position;
     for (uint64_t attempt = 0; attempt < order.size(); ++attempt) {
       try {
         uint64_t index = order[(p + attempt) % order.size()];
         if (options_.stage)
-          options_.stage->fill(job.lease.slot, task.position, index, job.info.epoch);
+          options_.stage->fill(job.lease.slot, task.position, index, job.position.epoch);
         else
-          source_.fill(index, job.info.epoch,
+          source_.fill(index, job.position.epoch,
                        layout_.sample_outs(job.lease.data, tensors_, task.position));
         return;
       } catch (const SampleError& e) {
@@ -99,7 +100,8 @@ bool SampleProducer::run() {
         if (skipped_++ < 20) spdlog::warn("skipped bad sample {} (on_error=skip)", e.what());
       }
     }
-    throw Error("every sample of epoch " + std::to_string(job.info.epoch) + " failed to decode");
+    throw Error("every sample of epoch " + std::to_string(job.position.epoch) +
+                " failed to decode");
   };
   std::vector<std::thread> workers;
   for (uint32_t w = 0; w < std::max<uint32_t>(options_.workers, 1); ++w) {
@@ -111,8 +113,8 @@ bool SampleProducer::run() {
           fill_one(task);
           if (--task.job->remaining == 0) {
             if (options_.stage)
-              options_.stage->upload(task.job->lease, task.job->info.sample_count);
-            core_.publish(task.job->lease, task.job->info);
+              options_.stage->upload(task.job->lease, task.job->position.sample_count);
+            core_.publish(task.job->lease, task.job->position, std::move(task.job->tensors));
           }
         } catch (const std::exception& e) {
           failed = true;
@@ -145,17 +147,17 @@ bool SampleProducer::run() {
         break;
       }
       job->order = order;
-      auto& info = job->info;
-      info.epoch = e;
-      info.index_in_epoch = c;
-      info.sample_start = c * options_.batch_size;
-      info.sample_count = static_cast<uint32_t>(
-          std::min<uint64_t>(options_.batch_size, epoch_samples - info.sample_start));
-      info.epoch_samples = epoch_samples;
-      info.epoch_end = c + 1 == chunks;
-      info.tensors = slot_layout_.specs(slot_tensors_, info.sample_count);
-      job->remaining = info.sample_count;
-      for (uint32_t p = 0; p < info.sample_count; ++p) queue.push({job, p});
+      auto& pos = job->position;
+      pos.epoch = e;
+      pos.index_in_epoch = c;
+      pos.sample_start = c * options_.batch_size;
+      pos.sample_count = static_cast<uint32_t>(
+          std::min<uint64_t>(options_.batch_size, epoch_samples - pos.sample_start));
+      pos.epoch_samples = epoch_samples;
+      pos.epoch_end = c + 1 == chunks;
+      job->tensors = slot_layout_.specs(slot_tensors_, pos.sample_count);
+      job->remaining = pos.sample_count;
+      for (uint32_t p = 0; p < pos.sample_count; ++p) queue.push({job, p});
     }
   }
   queue.close();

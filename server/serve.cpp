@@ -77,12 +77,13 @@ int serve(const ServeConfig& c) {
   std::unique_ptr<ChunkStage> stage;  // destroyed before the core whose arena it borrows
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
-    stage = std::make_unique<NvjpegStage>(
-        *core.device_arena(), static_cast<const ImageSource&>(*source), c.batch_size, po.on_error);
+    stage = std::make_unique<NvjpegStage>(*core.memory().device_arena(),
+                                          static_cast<const ImageSource&>(*source), c.batch_size,
+                                          po.on_error);
 #endif
   if (c.cuda_device() >= 0 && !stage)
-    stage =
-        std::make_unique<CudaStage>(*core.device_arena(), *source, c.conversions(), c.batch_size);
+    stage = std::make_unique<CudaStage>(*core.memory().device_arena(), *source, c.conversions(),
+                                        c.batch_size);
   po.stage = stage.get();
 #endif
 

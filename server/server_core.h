@@ -1,8 +1,7 @@
-// ServerCore: the producer side of the transport. It owns the batch pool (SlotPool), the slot
-// book (SlotRing), the consumers (ConsumerRegistry) and a ZeroMQ ROUTER socket, and implements
-// the stream semantics of docs/stream.md: descriptors go out in stream order, a slot is
-// reused only when no consumer still needs it, late joiners replay what is retained, dead
-// consumers are dropped within two seconds, and the stream ends with End to everyone.
+// ServerCore: the producer side of the transport, the I/O shell around StreamState. It owns the
+// batch pool (SlotPool), a ZeroMQ ROUTER socket, the event-loop thread and the clock, and feeds
+// StreamState (which holds the stream semantics of docs/stream.md: ordering, reuse, late
+// join, stall policy, liveness, End) with every message, producer call and tick under its mutex.
 //
 // Producers (the native pipeline, the Python Producer, the synthetic source) talk to it through
 // acquire() / publish(): acquire() blocks until a slot may be (re)filled and hands it out with
@@ -23,7 +22,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,12 +30,8 @@
 #include <vector>
 
 #include "protocol/messages.h"
-#include "server/consumer_registry.h"
-#include "shm/slot_pool.h"
-#include "shm/slot_ring.h"
-#ifdef BATCHCAST_HAVE_CUDA
-#include "shm/cuda_pool.h"
-#endif
+#include "server/stream_state.h"
+#include "shm/slot_memory.h"
 
 namespace zmq {
 class context_t;
@@ -45,8 +39,6 @@ class socket_t;
 }  // namespace zmq
 
 namespace batchcast {
-
-enum class StallPolicy { kWait, kSkip };
 
 struct ServerOptions {
   // Where consumers connect. ipc://PATH (local; socket file made 0600) or tcp://HOST:PORT
@@ -56,8 +48,8 @@ struct ServerOptions {
   // Pool geometry: K slots of slot_bytes each. More slots = more lag allowed between consumers
   // and more retained chunks for late joiners, at slot_bytes each.
   uint32_t ring_slots = 8;
-  uint64_t slot_bytes = 0;  // required
-  uint32_t batch_size = 0;  // the chunk size, announced to consumers as their default batch size
+  uint64_t slot_bytes = 0;     // required
+  uint32_t batch_size = 0;     // the chunk size, announced to consumers as their default batch size
   uint64_t epoch_samples = 0;  // samples per epoch (0: unknown until the producer says)
   uint64_t epochs = 0;         // announced; 0 = unbounded
   uint64_t first_epoch = 0;
@@ -82,39 +74,6 @@ struct FillLease {
   uint64_t capacity = 0;
 };
 
-// What a producer says about a filled slot.
-struct ChunkInfo {
-  uint64_t epoch = 0;
-  uint64_t index_in_epoch = 0;
-  uint64_t sample_start = 0;
-  uint32_t sample_count = 0;
-  uint64_t epoch_samples = 0;
-  bool epoch_end = false;
-  std::vector<protocol::TensorSpec> tensors;
-};
-
-struct ServerStats {
-  uint64_t chunks_published = 0;
-  uint64_t samples_published = 0;
-  uint64_t descriptors_sent = 0;
-  uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
-  uint64_t consumers_now = 0;
-  uint64_t consumers_ever = 0;
-  uint64_t consumers_died = 0;
-  uint32_t ring_occupied = 0;
-  uint32_t ring_slots = 0;
-  double producer_blocked_s = 0;
-  struct Consumer {
-    uint64_t id;
-    pid_t pid;
-    std::string name;
-    uint64_t samples;
-    double wait_s;
-    bool attached;  // false: it left or died (kept so metrics can still count its CPU)
-  };
-  std::vector<Consumer> consumers;  // every consumer of this server, the last 1000 departed ones
-};
-
 class ServerCore {
  public:
   explicit ServerCore(ServerOptions options);
@@ -125,7 +84,8 @@ class ServerCore {
   // Blocks until a slot may take the next chunk; nullopt once stop() or fail() was called.
   std::optional<FillLease> acquire();
   // Hands a filled slot back; published to consumers in sequence order.
-  void publish(const FillLease& lease, ChunkInfo info);
+  void publish(const FillLease& lease, const protocol::ChunkPosition& position,
+               std::vector<protocol::TensorSpec> tensors);
   // No chunk follows the ones acquired so far; consumers get End after them.
   void finish();
   // The stream failed: every consumer (and any that joins later) gets `message` as an error.
@@ -139,34 +99,22 @@ class ServerCore {
   void set_epoch_samples(uint64_t samples);
   ServerStats stats() const;
   const std::string& endpoint() const { return endpoint_; }
-  const SlotPool& pool() const { return pool_; }
-#ifdef BATCHCAST_HAVE_CUDA
-  const DeviceArena* device_arena() const { return arena_.get(); }  // null for host pools
-#endif
+  const SlotMemory& memory() const { return memory_; }
   uint64_t consumers_now() const;
   uint64_t consumers_ever() const;
 
  private:
   void loop();
-  void handle(const std::string& identity, const void* data, size_t size, double now);
-  void on_hello(const std::string& identity, const protocol::Hello& hello, double now);
-  void deliver();
-  void check_liveness(double now);
-  void drop_consumer(uint64_t id, const char* why);
-  bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
+  void receive_all(double now);  // drains the socket into the state
   bool send(const std::string& identity, const protocol::Message& message);
   void wake();
-  void publish_ready();  // moves finished fills into the ring in sequence order
-  uint8_t* slot_memory(uint32_t slot) const;
+  protocol::Welcome welcome() const;  // what every consumer is told about the pool
 
   ServerOptions options_;
   std::string ipc_path_;  // declared before endpoint_: resolve_endpoint() fills it
   std::string endpoint_;
   std::string boot_id_;
-  SlotPool pool_;
-#ifdef BATCHCAST_HAVE_CUDA
-  std::unique_ptr<DeviceArena> arena_;
-#endif
+  SlotMemory memory_;  // the pool: host slots, or a header segment + a GPU arena
   std::unique_ptr<zmq::context_t> context_;
   std::unique_ptr<zmq::socket_t> router_;
   int wake_fd_ = -1;
@@ -174,20 +122,9 @@ class ServerCore {
   mutable std::mutex mu_;
   std::condition_variable slot_freed_;
   std::condition_variable finished_cv_;
-  SlotRing ring_;
-  ConsumerRegistry consumers_;
-  uint64_t next_acquire_seq_ = 0;
-  uint64_t next_publish_seq_ = 0;  // chunks below are published (or reused)
-  uint64_t stream_position_ = 0;   // samples in published chunks
-  std::map<uint64_t, std::pair<uint32_t, ChunkInfo>> ready_;  // filled, waiting for their turn
-  std::map<uint64_t, protocol::BatchDescriptor> descriptors_;  // by seq, for retained chunks
-  bool started_ = false;  // min_consumers reached
-  bool finished_ = false;
-  uint64_t end_seq_ = 0;
-  std::string failure_;
+  // Under mu_. Built once the pool (and GPU arena) exist: its Welcome names them.
+  std::optional<StreamState> state_;
   std::atomic<bool> stopping_{false};
-  ServerStats counters_;
-  std::vector<ServerStats::Consumer> departed_;
   std::thread loop_thread_;
 };
 

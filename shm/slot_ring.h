@@ -2,14 +2,14 @@
 //
 // Slot lifecycle: free -> filling (one producer writes chunk `seq`) -> published (consumers are
 // sent its descriptor and each becomes a holder until it releases) -> filling again, once it
-// has no holders and the server's reuse rule (ServerCore) agrees. A published slot with no
+// has no holders and the server's reuse rule (StreamState) agrees. A published slot with no
 // holders stays "retained" until it is reused, which is what late joiners replay. The ring
 // hands out the reusable slot whose content is oldest, so retention covers the newest chunks.
 //
 // Releases are checked against the holder list: a consumer can release only a (slot, seq) it
 // was sent, so a forged or repeated release is refused and cannot free another consumer's slot.
 //
-// Thread-safety: none; the ServerCore serialises every call under its mutex. Lives in the
+// Thread-safety: none; its owner (StreamState) serialises every call. Lives in the
 // server's private memory, never in the shared segment, so no client can corrupt it.
 #pragma once
 
@@ -39,7 +39,7 @@ class SlotRing {
 
   // Picks a free slot, or the published one with the oldest chunk that has no holders and that
   // `may_reuse(old_seq, delivered)` accepts, and marks it filling with `seq`. nullopt if there
-  // is none. The owner decides about chunks never delivered (see ServerCore's reuse rule).
+  // is none. The owner decides about chunks never delivered (see StreamState's reuse rule).
   using ReuseRule = std::function<bool(uint64_t old_seq, bool delivered)>;
   std::optional<uint32_t> begin_fill(uint64_t seq, const ReuseRule& may_reuse);
   // filling -> published.

@@ -55,7 +55,12 @@ class PyServer {
   bool publish(const py::list& tensors, uint64_t epoch, uint64_t index_in_epoch,
                uint64_t sample_start, uint64_t epoch_samples, bool epoch_end) {
     auto batch = host_tensors(tensors);
-    BatchPosition position{epoch, index_in_epoch, sample_start, epoch_samples, epoch_end};
+    protocol::ChunkPosition position;
+    position.epoch = epoch;
+    position.index_in_epoch = index_in_epoch;
+    position.sample_start = sample_start;
+    position.epoch_samples = epoch_samples;
+    position.epoch_end = epoch_end;
     auto ok = std::make_shared<bool>(false);
     worker_.run([core = core_, batch = std::move(batch), position,
                  ok] { *ok = publish_batch(*core, batch, position); },
@@ -172,7 +177,7 @@ void bind_server(py::module_& m) {
                              [](PyServer& s) { return s.core().consumers_ever(); })
       .def_property_readonly("endpoint", [](PyServer& s) { return s.core().endpoint(); })
       .def_property_readonly("slot_bytes",
-                             [](PyServer& s) { return s.core().pool().slot_bytes(); });
+                             [](PyServer& s) { return s.core().memory().pool().slot_bytes(); });
 
   m.def(
       "batch_bytes",

@@ -34,8 +34,9 @@ using batchcast::protocol::BatchDescriptor;
 bool oracle_inside(const BatchDescriptor& d, uint32_t slot_count, uint64_t slot_bytes) {
   using U = unsigned __int128;
   if (d.slot >= slot_count) return false;
-  if (d.epoch_samples != 0 &&
-      static_cast<U>(d.sample_start) + d.sample_count > static_cast<U>(d.epoch_samples))
+  const auto& p = d.position;
+  if (p.epoch_samples != 0 &&
+      static_cast<U>(p.sample_start) + p.sample_count > static_cast<U>(p.epoch_samples))
     return false;
   for (const auto& t : d.tensors) {
     if (t.shape.empty() || t.shape.size() != t.strides.size()) return false;

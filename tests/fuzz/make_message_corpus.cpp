@@ -42,19 +42,15 @@ int main(int argc, char** argv) {
 
   p::BatchDescriptor d;
   d.seq = 17;
-  d.epoch = 1;
-  d.index_in_epoch = 2;
-  d.sample_start = 128;
-  d.sample_count = 64;
-  d.epoch_samples = 1000;
-  d.stream_position = 1128;
+  d.position = {1, 2, 128, 64, 1000, false};
+  d.position.stream_position = 1128;
   d.slot = 3;
   d.tensors.push_back({"#0", batchcast::DType::kFloat32, {64, 3, 32, 32}, {3072, 1024, 32, 1}, 0});
   d.tensors.push_back({"#1", batchcast::DType::kInt64, {64}, {1}, 64 * 3072 * 4});
   write("descriptor_image", d);
-  d.flags = p::kFlagEpochEnd;
-  d.sample_count = 40;
-  d.sample_start = 960;
+  d.position.epoch_end = true;
+  d.position.sample_count = 40;
+  d.position.sample_start = 960;
   d.tensors = {{"#0", batchcast::DType::kUInt8, {40, 48}, {48, 1}, 0},
                {"#1", batchcast::DType::kInt64, {40}, {1}, 1920}};
   write("descriptor_synthetic_last", d);

@@ -27,7 +27,7 @@ struct Cut {
 // the batches next() would yield before it returns nullptr.
 class Driver {
  public:
-  Driver(Rebatcher& r, std::vector<ChunkSpan> chunks, bool open_ended = false)
+  Driver(Rebatcher& r, std::vector<protocol::ChunkPosition> chunks, bool open_ended = false)
       : r_(r), chunks_(chunks.begin(), chunks.end()), open_ended_(open_ended) {}
 
   // One consumer-level next(): a batch, or nullopt at an epoch end.
@@ -66,17 +66,17 @@ class Driver {
 
  private:
   Rebatcher& r_;
-  std::deque<ChunkSpan> chunks_;
+  std::deque<protocol::ChunkPosition> chunks_;
   bool open_ended_;
   size_t fed_ = 0;
 };
 
 // An epoch of `samples` cut into chunks of `chunk` samples, starting at stream position `pos`.
-std::vector<ChunkSpan> epoch_chunks(uint64_t epoch, uint64_t samples, uint32_t chunk,
-                                    uint64_t pos = 0, bool known_length = true) {
-  std::vector<ChunkSpan> out;
+std::vector<protocol::ChunkPosition> epoch_chunks(uint64_t epoch, uint64_t samples, uint32_t chunk,
+                                                  uint64_t pos = 0, bool known_length = true) {
+  std::vector<protocol::ChunkPosition> out;
   for (uint64_t s = 0; s < samples; s += chunk) {
-    ChunkSpan c;
+    protocol::ChunkPosition c;
     c.epoch = epoch;
     c.sample_start = s;
     c.sample_count = static_cast<uint32_t>(std::min<uint64_t>(chunk, samples - s));

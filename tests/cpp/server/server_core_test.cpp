@@ -38,14 +38,13 @@ void produce(ServerCore& core, int chunks) {
     ASSERT_TRUE(lease);
     auto* v = reinterpret_cast<int64_t*>(lease->data);
     for (int i = 0; i < 4; ++i) v[i] = c * 4 + i;
-    ChunkInfo info;
-    info.index_in_epoch = c;
-    info.sample_start = c * 4;
-    info.sample_count = 4;
-    info.epoch_samples = chunks * 4;
-    info.epoch_end = c + 1 == chunks;
-    info.tensors.push_back({"#", DType::kInt64, {4}, {1}, 0});
-    core.publish(*lease, info);
+    protocol::ChunkPosition position;
+    position.index_in_epoch = c;
+    position.sample_start = c * 4;
+    position.sample_count = 4;
+    position.epoch_samples = chunks * 4;
+    position.epoch_end = c + 1 == chunks;
+    core.publish(*lease, position, {{"#", DType::kInt64, {4}, {1}, 0}});
   }
   core.finish();
 }
@@ -66,9 +65,9 @@ TEST(ServerCore, HostileMessagesAreDroppedAndCountedAndNobodyIsDisturbed) {
   zmq::context_t ctx;
   zmq::socket_t evil(ctx, zmq::socket_type::dealer);
   evil.connect(ep);
-  send_raw(evil, "");                                      // empty frame
-  send_raw(evil, std::string(64, '\xff'));                 // garbage
-  send_raw(evil, protocol::encode(protocol::Release{0, 0}));  // before hello
+  send_raw(evil, "");                                                  // empty frame
+  send_raw(evil, std::string(64, '\xff'));                             // garbage
+  send_raw(evil, protocol::encode(protocol::Release{0, 0}));           // before hello
   send_raw(evil, protocol::encode(protocol::Credit{5}).substr(0, 9));  // truncated
   evil.send(zmq::buffer(std::string("a")), zmq::send_flags::sndmore);  // two frames
   evil.send(zmq::buffer(std::string("b")), zmq::send_flags::none);
@@ -90,7 +89,8 @@ TEST(ServerCore, HostileMessagesAreDroppedAndCountedAndNobodyIsDisturbed) {
   ASSERT_TRUE(evil.recv(welcome));
   uint64_t before = core.stats().messages_dropped;
   for (uint32_t slot = 0; slot < 4; ++slot)
-    for (uint64_t seq = 0; seq < 2; ++seq) send_raw(evil, protocol::encode(protocol::Release{seq, slot}));
+    for (uint64_t seq = 0; seq < 2; ++seq)
+      send_raw(evil, protocol::encode(protocol::Release{seq, slot}));
   send_raw(evil, protocol::encode(protocol::Goodbye{}));
   EXPECT_GE(wait_dropped(core, before + 8), before + 8) << "forged releases must be refused";
 

@@ -1,0 +1,266 @@
+#include "server/stream_state.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace batchcast {
+
+using protocol::BatchDescriptor;
+using protocol::Message;
+
+namespace {
+constexpr double kLivenessPeriodS = 0.2;
+constexpr uint32_t kMaxCredits = 1024;
+constexpr size_t kMaxDeparted = 1000;
+constexpr uint64_t kLoggedDrops = 20;
+}  // namespace
+
+StreamState::StreamState(StreamRules rules, Send send, Alive alive)
+    : rules_(std::move(rules)),
+      send_(std::move(send)),
+      alive_(std::move(alive)),
+      ring_(rules_.slot_count) {
+  counters_.ring_slots = rules_.slot_count;
+}
+
+std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
+  if (!failure_.empty()) return std::nullopt;
+  auto slot = ring_.begin_fill(next_acquire_seq_, [this, now](uint64_t seq, bool delivered) {
+    return may_reuse(seq, delivered, now);
+  });
+  if (!slot) {
+    if (!blocked_since_) blocked_since_ = now;
+    return std::nullopt;
+  }
+  for (auto it = descriptors_.begin(); it != descriptors_.end();)
+    it = ring_.find_published(it->first) ? std::next(it) : descriptors_.erase(it);
+  if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
+  blocked_since_.reset();
+  return Fill{next_acquire_seq_++, *slot};
+}
+
+void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
+                          std::vector<protocol::TensorSpec> tensors) {
+  ready_[seq] = {slot, position, std::move(tensors)};
+  for (auto it = ready_.find(next_publish_seq_); it != ready_.end();
+       it = ready_.find(next_publish_seq_)) {
+    Filled& f = it->second;
+    BatchDescriptor d;
+    d.seq = it->first;
+    d.position = f.position;
+    if (!d.position.epoch_samples) d.position.epoch_samples = rules_.epoch_samples;
+    d.position.stream_position = stream_position_;
+    d.slot = f.slot;
+    d.tensors = std::move(f.tensors);
+    auto invalid = protocol::validate_descriptor(d, rules_.slot_count, rules_.slot_bytes);
+    if (!invalid.empty()) {
+      // A producer bug, not a consumer's fault: fail loudly rather than send it.
+      failure_ = "producer published an invalid chunk " + std::to_string(d.seq) + ": " + invalid;
+      spdlog::error("{}", failure_);
+      return;
+    }
+    ring_.finish_fill(d.slot);
+    stream_position_ += d.position.sample_count;
+    counters_.chunks_published++;
+    counters_.samples_published += d.position.sample_count;
+    descriptors_[d.seq] = std::move(d);
+    ready_.erase(it);
+    ++next_publish_seq_;
+  }
+}
+
+void StreamState::finish() {
+  finished_ = true;
+  end_seq_ = next_acquire_seq_;
+}
+
+void StreamState::fail(const std::string& message) {
+  if (failure_.empty()) failure_ = message;
+}
+
+bool StreamState::all_ended() const {
+  if (!finished_ || !started_ || next_publish_seq_ < end_seq_) return false;
+  for (const auto& [id, c] : consumers_.all())
+    if (!c.end_sent && !c.closing) return false;
+  return true;
+}
+
+ServerStats StreamState::stats() const {
+  ServerStats s = counters_;
+  s.consumers_now = consumers_.size();
+  s.consumers_ever = consumers_.ever();
+  s.ring_occupied = ring_.occupied();
+  for (const auto& [id, c] : consumers_.all())
+    s.consumers.push_back({id, c.pid, c.name, c.samples, c.wait_s, true});
+  s.consumers.insert(s.consumers.end(), departed_.begin(), departed_.end());
+  return s;
+}
+
+// A chunk with no holders may be overwritten when no active consumer still has it ahead of
+// its cursor, and it was delivered to someone, or some consumer's cursor is already past it (a
+// consumer that joined after it and started later). A chunk nobody has seen or passed (before
+// the stream starts, or while nobody is attached) is never discarded.
+bool StreamState::may_reuse(uint64_t old_seq, bool delivered, double now) const {
+  bool passed = false;
+  for (const auto& [id, c] : consumers_.all()) {
+    if (c.next_seq > old_seq) passed = true;
+    if (c.end_sent || c.closing || c.waiting_epoch_start || c.next_seq > old_seq) continue;
+    bool stalled = c.credits == 0 && now - c.last_activity > rules_.stall_timeout_s;
+    if (rules_.stall_policy == StallPolicy::kSkip && stalled) continue;
+    return false;  // this consumer has not been sent the chunk yet
+  }
+  return delivered || (started_ && passed);
+}
+
+void StreamState::receive(const std::string& identity, const void* data, size_t size, double now) {
+  auto result = protocol::decode(data, size);
+  ConsumerRecord* c = consumers_.find_by_identity(identity);
+  auto drop = [&](const std::string& why) {
+    if (counters_.messages_dropped++ < kLoggedDrops)
+      spdlog::warn("dropped a message from {}: {}",
+                   c ? "consumer " + std::to_string(c->id) : std::string("an unknown peer"), why);
+  };
+  if (!result.message) return drop(result.error);
+  const Message& m = *result.message;
+  if (auto* hello = std::get_if<protocol::Hello>(&m)) {
+    if (c) return drop("second hello");
+    return on_hello(identity, *hello, now);
+  }
+  if (!c) return drop("message before hello");
+  c->last_seen = now;
+  if (auto* credit = std::get_if<protocol::Credit>(&m)) {
+    c->credits = std::min<uint32_t>(c->credits + credit->chunks, kMaxCredits);
+    c->last_activity = now;
+  } else if (auto* release = std::get_if<protocol::Release>(&m)) {
+    if (!ring_.release(release->slot, release->seq, c->id))
+      return drop("release of chunk " + std::to_string(release->seq) + " in slot " +
+                  std::to_string(release->slot) + " that it does not hold");
+    c->last_activity = now;
+    if (c->closing && ring_.held_by(c->id) == 0) drop_consumer(c->id, "left");
+  } else if (auto* hb = std::get_if<protocol::Heartbeat>(&m)) {
+    c->samples = hb->samples;
+    c->wait_s = hb->wait_s;
+  } else if (std::holds_alternative<protocol::Goodbye>(m)) {
+    // It wants no more chunks, but batches it handed out may still view slots it holds: keep
+    // those holds (and the record) until they are released or the process dies.
+    c->closing = true;
+    if (ring_.held_by(c->id) == 0) drop_consumer(c->id, "left");
+  } else {
+    drop("a server-to-consumer message type");
+  }
+}
+
+void StreamState::on_hello(const std::string& identity, const protocol::Hello& hello, double now) {
+  ConsumerRecord r;
+  r.identity = identity;
+  r.pid = static_cast<pid_t>(hello.pid);
+  r.local = !hello.boot_id.empty() && hello.boot_id == rules_.welcome.boot_id;
+  r.name = hello.name;
+  r.last_seen = r.last_activity = now;
+  // Start cursor, within the retained chunks that run without a gap up to the newest one (a
+  // chunk still held by someone can outlive its successors, and replaying across the hole
+  // would jump): the first epoch start there (a whole epoch), else the first chunk there (a
+  // partial first epoch; the consumer reports what it missed), else the next chunk to be
+  // published. next_epoch joiners then skip forward to an epoch start.
+  std::optional<uint64_t> start;
+  const auto& retained = ring_.published();
+  uint64_t tail = next_publish_seq_;
+  while (tail > 0 && retained.count(tail - 1)) --tail;
+  for (auto it = retained.lower_bound(tail); it != retained.end(); ++it) {
+    if (!start) start = it->first;
+    if (descriptors_.at(it->first).position.index_in_epoch == 0) {
+      start = it->first;
+      break;
+    }
+  }
+  r.next_seq = start.value_or(next_publish_seq_);
+  r.waiting_epoch_start = hello.late_join == protocol::LateJoin::kNextEpoch;
+  auto& added = consumers_.add(std::move(r));
+
+  protocol::Welcome w = rules_.welcome;
+  w.consumer_id = added.id;
+  w.epoch_samples = rules_.epoch_samples;
+  send_(identity, w);
+  spdlog::info("consumer {} attached ({}pid {}{}, starts at chunk {})", added.id,
+               added.name.empty() ? "" : added.name + ", ", added.pid,
+               added.local ? "" : ", remote", added.next_seq);
+}
+
+void StreamState::tick(double now) {
+  for (auto& [id, c] : consumers_.all()) {
+    if (!failure_.empty() && !c.error_sent)
+      c.error_sent =
+          send_(c.identity, protocol::ErrorMessage{failure_.substr(0, protocol::kMaxString)});
+  }
+  deliver();
+  if (now >= next_liveness_) {
+    check_liveness(now);
+    next_liveness_ = now + kLivenessPeriodS;
+  }
+  if (now >= next_heartbeat_) {
+    for (const auto& [id, c] : consumers_.all()) send_(c.identity, protocol::Heartbeat{});
+    next_heartbeat_ = now + rules_.heartbeat_interval_s;
+  }
+}
+
+void StreamState::deliver() {
+  if (!started_) {
+    if (consumers_.size() < std::max<uint32_t>(rules_.min_consumers, 1)) return;
+    started_ = true;
+    spdlog::info("{} consumer(s) attached: stream starts", consumers_.size());
+  }
+  for (auto& [id, c] : consumers_.all()) {
+    while (!c.end_sent && !c.closing) {
+      if (finished_ && c.next_seq >= end_seq_ && next_publish_seq_ >= end_seq_) {
+        c.end_sent = send_(c.identity, protocol::End{rules_.epochs});
+        break;
+      }
+      if (c.credits == 0 || c.next_seq >= next_publish_seq_) break;
+      auto slot = ring_.find_published(c.next_seq);
+      if (!slot) {  // reused before this consumer was sent it (late join, or left behind)
+        c.next_seq = ring_.oldest_published_from(c.next_seq).value_or(next_publish_seq_);
+        continue;
+      }
+      const auto& d = descriptors_.at(c.next_seq);
+      if (c.waiting_epoch_start) {
+        if (d.position.index_in_epoch != 0) {
+          // Passed, not discarded unseen: without this, a lone next_epoch joiner would wait
+          // forever for an epoch start that a full ring of unsent chunks holds back.
+          ring_.mark_passed(*slot);
+          ++c.next_seq;
+          continue;
+        }
+        c.waiting_epoch_start = false;
+      }
+      if (!send_(c.identity, d)) break;
+      ring_.add_holder(*slot, c.id);
+      --c.credits;
+      ++c.next_seq;
+      counters_.descriptors_sent++;
+    }
+  }
+}
+
+void StreamState::check_liveness(double now) {
+  std::vector<uint64_t> dead;
+  for (const auto& [id, c] : consumers_.all()) {
+    bool alive = c.local ? alive_(c.pid) : now - c.last_seen < rules_.heartbeat_timeout_s;
+    if (!alive) dead.push_back(id);
+  }
+  for (auto id : dead) {
+    counters_.consumers_died++;
+    drop_consumer(id, "died");
+  }
+}
+
+void StreamState::drop_consumer(uint64_t id, const char* why) {
+  auto& c = consumers_.all().at(id);
+  size_t held = ring_.release_all(id);
+  spdlog::info("consumer {} (pid {}) {}; released {} slot reference(s)", id, c.pid, why, held);
+  if (departed_.size() >= kMaxDeparted) departed_.erase(departed_.begin());
+  departed_.push_back({id, c.pid, c.name, c.samples, c.wait_s, false});
+  consumers_.erase(id);
+}
+
+}  // namespace batchcast

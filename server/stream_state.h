@@ -1,0 +1,152 @@
+// StreamState: the stream semantics of shared/DESIGN.md as a pure state machine: which chunk
+// each consumer is sent next, when a slot may be refilled, when the stream starts and ends.
+//
+// It owns the slot book (SlotRing), the consumers (ConsumerRegistry), the descriptors of the
+// retained chunks, the in-order publish queue, every consumer's cursor and the counters; it does
+// no I/O, reads no clock, starts no thread and takes no lock. Time comes in as `now` (seconds on
+// any monotonic clock), events come in as calls, and the two things it needs from the world are
+// injected: `send` (a refused send stops delivery to that consumer until the next tick) and
+// `alive` (is this local pid still running). Its only other output is the spdlog lines that
+// name attaches, departures and dropped messages. ServerCore is the I/O shell around it; tests
+// drive it directly with their own clock, liveness and outbox.
+//
+// Rules (each is unit-tested in tests/cpp/server/stream_state_test.cpp):
+// - Chunks are published in seq order whatever the order of publish() calls.
+// - Nothing is delivered before `min_consumers` attached; nothing undelivered is overwritten.
+// - Reuse: a slot is refilled only if nobody holds its chunk, no active consumer's cursor is at
+//   or before it, and it was delivered to someone or some consumer's cursor is past it. Under
+//   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
+// - Late join: within the retained chunks that run without a gap up to the newest, a new
+//   consumer starts at the first epoch start, else at the first chunk; late_join=next_epoch
+//   then skips to an epoch start.
+// - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
+// - End to every consumer after finish(); fail() sends the error to everyone, also later joiners.
+//
+// Thread-safety: none; the owner serialises every call. Lifetime: the injected functions must
+// outlive it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "protocol/messages.h"
+#include "server/consumer_registry.h"
+#include "shm/slot_ring.h"
+
+namespace batchcast {
+
+enum class StallPolicy { kWait, kSkip };
+
+struct StreamRules {
+  uint32_t slot_count = 8;
+  uint64_t slot_bytes = 0;  // descriptors are validated against it
+  uint32_t min_consumers = 1;
+  StallPolicy stall_policy = StallPolicy::kWait;
+  double stall_timeout_s = 10.0;
+  double heartbeat_interval_s = 0.25;
+  double heartbeat_timeout_s = 2.0;  // remote consumers silent this long are dropped
+  uint64_t epochs = 0;               // announced in End
+  uint64_t epoch_samples = 0;        // for chunks whose producer did not say
+  // Sent (with consumer_id and epoch_samples filled in) in answer to every Hello; its boot_id
+  // tells which consumers are local.
+  protocol::Welcome welcome;
+};
+
+struct ServerStats {
+  uint64_t chunks_published = 0;
+  uint64_t samples_published = 0;
+  uint64_t descriptors_sent = 0;
+  uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
+  uint64_t consumers_now = 0;
+  uint64_t consumers_ever = 0;
+  uint64_t consumers_died = 0;
+  uint32_t ring_occupied = 0;
+  uint32_t ring_slots = 0;
+  double producer_blocked_s = 0;
+  struct Consumer {
+    uint64_t id;
+    pid_t pid;
+    std::string name;
+    uint64_t samples;
+    double wait_s;
+    bool attached;  // false: it left or died (kept so metrics can still count its CPU)
+  };
+  std::vector<Consumer> consumers;  // every consumer of this server, the last 1000 departed ones
+};
+
+class StreamState {
+ public:
+  // False: the message was not taken (peer gone, queue full).
+  using Send = std::function<bool(const std::string& identity, const protocol::Message& message)>;
+  using Alive = std::function<bool(pid_t pid)>;
+
+  StreamState(StreamRules rules, Send send, Alive alive);
+
+  // Producer side. A slot for chunk `seq` to be filled, or nullopt while the reuse rule keeps
+  // every slot (time spent refused counts as producer_blocked_s).
+  struct Fill {
+    uint64_t seq;
+    uint32_t slot;
+  };
+  std::optional<Fill> try_acquire(double now);
+  // Chunk `seq` is filled; it goes out once every earlier chunk did. An invalid chunk (a
+  // producer bug) fails the stream.
+  void publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
+               std::vector<protocol::TensorSpec> tensors);
+  void finish();                          // no chunk follows the ones acquired so far
+  void fail(const std::string& message);  // the first failure wins
+  void set_epoch_samples(uint64_t samples) { rules_.epoch_samples = samples; }
+
+  // Consumer side: one frame from `identity` (malformed or unexpected ones are counted and
+  // dropped), or a frame the transport already rejected.
+  void receive(const std::string& identity, const void* data, size_t size, double now);
+  void drop_frame() { counters_.messages_dropped++; }
+  // Sends what is due: errors, descriptors, End, heartbeats; checks liveness.
+  void tick(double now);
+
+  bool failed() const { return !failure_.empty(); }
+  // finish() was called, min_consumers attached, and every consumer was sent End (or left).
+  bool all_ended() const;
+  ServerStats stats() const;
+  uint64_t consumers_now() const { return consumers_.size(); }
+  uint64_t consumers_ever() const { return consumers_.ever(); }
+
+ private:
+  void on_hello(const std::string& identity, const protocol::Hello& hello, double now);
+  void deliver();
+  void check_liveness(double now);
+  void drop_consumer(uint64_t id, const char* why);
+  bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
+
+  StreamRules rules_;
+  Send send_;
+  Alive alive_;
+  SlotRing ring_;
+  ConsumerRegistry consumers_;
+  uint64_t next_acquire_seq_ = 0;
+  uint64_t next_publish_seq_ = 0;  // chunks below are published (or reused)
+  uint64_t stream_position_ = 0;   // samples in published chunks
+  struct Filled {
+    uint32_t slot;
+    protocol::ChunkPosition position;
+    std::vector<protocol::TensorSpec> tensors;
+  };
+  std::map<uint64_t, Filled> ready_;                           // waiting for their turn
+  std::map<uint64_t, protocol::BatchDescriptor> descriptors_;  // by seq, for retained chunks
+  bool started_ = false;                                       // min_consumers reached
+  bool finished_ = false;
+  uint64_t end_seq_ = 0;
+  std::string failure_;
+  std::optional<double> blocked_since_;  // the producer's first refused acquire
+  double next_liveness_ = 0, next_heartbeat_ = 0;
+  ServerStats counters_;
+  std::vector<ServerStats::Consumer> departed_;
+};
+
+}  // namespace batchcast

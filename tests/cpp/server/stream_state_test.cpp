@@ -1,0 +1,613 @@
+// Every stream rule of shared/DESIGN.md, against StreamState alone: time, process liveness and
+// the consumers' sockets are the test's own (an injected clock, a set of dead pids, an outbox
+// per consumer), so each rule is checked exactly, in microseconds, with no process or sleep.
+#include "server/stream_state.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace batchcast {
+namespace {
+
+using protocol::BatchDescriptor;
+using protocol::Message;
+
+constexpr uint32_t kChunk = 4;  // samples per chunk
+constexpr const char* kBoot = "this-host";
+
+StreamRules rules(uint32_t slots, uint32_t min_consumers = 1) {
+  StreamRules r;
+  r.slot_count = slots;
+  r.slot_bytes = 4096;
+  r.min_consumers = min_consumers;
+  r.stall_timeout_s = 10;
+  r.heartbeat_interval_s = 0.25;
+  r.heartbeat_timeout_s = 2;
+  r.epochs = 2;
+  r.welcome.boot_id = kBoot;
+  return r;
+}
+
+// A StreamState with a hand-driven clock, liveness and outbox, and the consumer's side of the
+// protocol as one-line calls. Consumers are named by their identity; their pid is 1000 + n.
+class Stream {
+ public:
+  explicit Stream(StreamRules r)
+      : state(
+            std::move(r),
+            [this](const std::string& id, const Message& m) {
+              if (refusing.count(id)) return false;
+              inbox[id].push_back(m);
+              return true;
+            },
+            [this](pid_t pid) { return dead.count(pid) == 0; }) {}
+
+  void hello(const std::string& id, protocol::LateJoin late_join = protocol::LateJoin::kReplay,
+             bool local = true) {
+    protocol::Hello h;
+    h.pid = pid_of(id);
+    h.boot_id = local ? kBoot : "another-host";
+    h.late_join = late_join;
+    send(id, h);
+  }
+  void credit(const std::string& id, uint32_t n) { send(id, protocol::Credit{n}); }
+  void release(const std::string& id, const BatchDescriptor& d) {
+    send(id, protocol::Release{d.seq, d.slot});
+  }
+  void send(const std::string& id, const Message& m) {
+    auto bytes = protocol::encode(m);
+    state.receive(id, bytes.data(), bytes.size(), now);
+  }
+  pid_t pid_of(const std::string& id) {
+    auto [it, added] = pids.emplace(id, 1000 + static_cast<pid_t>(pids.size()));
+    return it->second;
+  }
+
+  // Acquires and publishes the next chunk: chunk `index` of `epoch`, `per_epoch` chunks an epoch.
+  std::optional<StreamState::Fill> fill() { return state.try_acquire(now); }
+  void publish(const StreamState::Fill& f, uint64_t per_epoch) {
+    protocol::ChunkPosition p;
+    p.epoch = f.seq / per_epoch;
+    p.index_in_epoch = f.seq % per_epoch;
+    p.sample_start = p.index_in_epoch * kChunk;
+    p.sample_count = kChunk;
+    p.epoch_samples = per_epoch * kChunk;
+    p.epoch_end = p.index_in_epoch + 1 == per_epoch;
+    state.publish(f.seq, f.slot, p, {{"#", DType::kUInt8, {kChunk}, {1}, 0}});
+  }
+  // Produces `n` chunks; fails the test if the ring refuses one.
+  void produce(int n, uint64_t per_epoch = 100) {
+    for (int i = 0; i < n; ++i) {
+      auto f = fill();
+      ASSERT_TRUE(f) << "the ring refused a chunk it should take";
+      publish(*f, per_epoch);
+    }
+  }
+  // Counts how many chunks the ring takes before refusing (publishing each).
+  int produce_until_refused(uint64_t per_epoch = 100) {
+    int n = 0;
+    for (auto f = fill(); f; f = fill(), ++n) publish(*f, per_epoch);
+    return n;
+  }
+  void tick() { state.tick(now); }
+
+  // Messages of type T sent to `id` since the last take, removed from its inbox.
+  template <typename T>
+  std::vector<T> take(const std::string& id) {
+    std::vector<T> out;
+    auto& box = inbox[id];
+    for (auto it = box.begin(); it != box.end();) {
+      if (auto* m = std::get_if<T>(&*it)) {
+        out.push_back(*m);
+        it = box.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+  std::vector<uint64_t> seqs(const std::string& id) {
+    std::vector<uint64_t> s;
+    for (const auto& d : take<BatchDescriptor>(id)) s.push_back(d.seq);
+    return s;
+  }
+  // Takes every descriptor sent to `id` and releases it.
+  std::vector<uint64_t> consume(const std::string& id) {
+    std::vector<uint64_t> s;
+    for (const auto& d : take<BatchDescriptor>(id)) {
+      s.push_back(d.seq);
+      release(id, d);
+    }
+    return s;
+  }
+
+  double now = 1000;
+  std::set<pid_t> dead;
+  std::set<std::string> refusing;
+  std::map<std::string, std::vector<Message>> inbox;
+  std::map<std::string, pid_t> pids;
+  StreamState state;
+};
+
+using Seqs = std::vector<uint64_t>;
+
+TEST(StreamState, ChunksGoOutInSeqOrderWhateverThePublishOrder) {
+  Stream s(rules(4));
+  s.hello("a");
+  s.credit("a", 10);
+  auto f0 = s.fill(), f1 = s.fill(), f2 = s.fill();
+  ASSERT_TRUE(f0 && f1 && f2);
+  s.publish(*f2, 100);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{}) << "chunk 2 must wait for 0 and 1";
+  s.publish(*f0, 100);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{0});
+  s.publish(*f1, 100);
+  s.tick();
+  auto ds = s.take<BatchDescriptor>("a");
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_EQ(ds[0].seq, 1u);
+  EXPECT_EQ(ds[1].seq, 2u);
+  EXPECT_EQ(ds[1].position.stream_position, 2 * kChunk) << "samples before it since the stream began";
+  EXPECT_EQ(ds[1].position.index_in_epoch, 2u);
+  EXPECT_EQ(s.state.stats().chunks_published, 3u);
+}
+
+TEST(StreamState, NothingIsDeliveredBeforeMinConsumersAndNothingUndeliveredIsOverwritten) {
+  Stream s(rules(3, /*min_consumers=*/2));
+  s.hello("a");
+  s.credit("a", 10);
+  EXPECT_EQ(s.produce_until_refused(), 3) << "the ring fills once";
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{}) << "one of two consumers: the stream has not started";
+  s.now += 3600;
+  s.tick();
+  EXPECT_FALSE(s.fill()) << "a chunk nobody received was overwritten";
+  s.hello("b");
+  s.credit("b", 10);
+  s.tick();
+  EXPECT_EQ(s.consume("a"), (Seqs{0, 1, 2}));
+  EXPECT_EQ(s.consume("b"), (Seqs{0, 1, 2})) << "both see the stream from its first chunk";
+}
+
+TEST(StreamState, ASlotIsReusedOnlyAfterEveryReceiverReleasedIt) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.hello("b");
+  s.credit("a", 10);
+  s.credit("b", 10);
+  s.produce(2);
+  s.tick();
+  auto a = s.take<BatchDescriptor>("a");
+  auto b = s.take<BatchDescriptor>("b");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  s.release("a", a[0]);
+  EXPECT_FALSE(s.fill()) << "b still holds chunk 0";
+  s.release("b", b[0]);
+  auto f = s.fill();
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->slot, a[0].slot) << "the released slot, and only it";
+  EXPECT_FALSE(s.fill()) << "chunk 1 is still held";
+}
+
+TEST(StreamState, TheProducerIsAtMostTheRingAheadOfTheSlowestConsumer) {
+  Stream s(rules(4));
+  s.hello("fast");
+  s.hello("slow");
+  s.credit("fast", 1000);
+  int produced = 0;
+  for (int round = 0; round < 10; ++round) {
+    produced += s.produce_until_refused();
+    s.tick();
+    s.consume("fast");
+  }
+  EXPECT_EQ(produced, 4) << "no active consumer's cursor may be overtaken";
+  s.credit("slow", 1);
+  s.tick();
+  EXPECT_EQ(s.consume("slow"), Seqs{0});
+  EXPECT_EQ(s.produce_until_refused(), 1) << "one slot passed by every cursor";
+}
+
+// Publishes chunks 0..n-1 (per_epoch chunks an epoch) while consumer "a" takes and releases
+// every one, so what the ring retains is decided by its size alone.
+void run_ahead(Stream& s, int n, uint64_t per_epoch) {
+  s.hello("a");
+  s.credit("a", 1000);
+  for (int i = 0; i < n; ++i) {
+    s.produce(1, per_epoch);
+    s.tick();
+    s.consume("a");
+  }
+}
+
+TEST(StreamState, ALateJoinerReplaysAWholeEpochFromTheRetainedEpochStart) {
+  Stream s(rules(4));
+  run_ahead(s, 6, /*per_epoch=*/4);  // retained: 2 3 | 4 5 (epoch 1 starts at 4)
+  s.hello("late");
+  s.credit("late", 100);
+  s.tick();
+  auto ds = s.take<BatchDescriptor>("late");
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_EQ(ds[0].seq, 4u);
+  EXPECT_EQ(ds[0].position.epoch, 1u);
+  EXPECT_EQ(ds[0].position.index_in_epoch, 0u);
+}
+
+TEST(StreamState, ALateJoinerWithNoRetainedEpochStartGetsThePartialEpochRetained) {
+  Stream s(rules(4));
+  run_ahead(s, 6, /*per_epoch=*/8);  // retained: 2 3 4 5 of epoch 0
+  s.hello("late");
+  s.credit("late", 100);
+  s.tick();
+  EXPECT_EQ(s.seqs("late"), (Seqs{2, 3, 4, 5})) << "the oldest retained chunk onwards";
+}
+
+TEST(StreamState, ALateJoinerStartsInsideTheGapFreeRetainedTail) {
+  Stream s(rules(3));
+  s.hello("a");
+  s.credit("a", 100);
+  s.produce(3, /*per_epoch=*/3);
+  s.tick();
+  auto a = s.take<BatchDescriptor>("a");
+  ASSERT_EQ(a.size(), 3u);
+  s.release("a", a[1]);
+  s.release("a", a[2]);  // chunk 0 (an epoch start) stays held
+  s.produce(1, 3);       // chunk 3, epoch 1's start, replaces chunk 1: retained 0 _ 2 3
+  s.hello("late");
+  s.credit("late", 100);
+  s.tick();
+  EXPECT_EQ(s.seqs("late"), Seqs{3}) << "replaying from chunk 0 would jump across the hole";
+}
+
+TEST(StreamState, ANextEpochJoinerStartsAtTheNextEpochStart) {
+  Stream s(rules(4));
+  run_ahead(s, 6, /*per_epoch=*/8);
+  s.hello("late", protocol::LateJoin::kNextEpoch);
+  s.credit("late", 100);
+  s.tick();
+  EXPECT_EQ(s.seqs("late"), Seqs{});
+  for (int i = 0; i < 3; ++i) {  // chunks 6, 7 and epoch 1's first
+    s.produce(1, 8);
+    s.tick();
+    s.consume("a");
+  }
+  auto ds = s.take<BatchDescriptor>("late");
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].seq, 8u);
+  EXPECT_EQ(ds[0].position.epoch, 1u);
+  EXPECT_EQ(ds[0].position.index_in_epoch, 0u);
+}
+
+TEST(StreamState, ALoneNextEpochJoinerPassesUnsentChunksInsteadOfWaitingForever) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.credit("a", 1);
+  s.produce(2, /*per_epoch=*/4);
+  s.tick();
+  EXPECT_EQ(s.consume("a"), Seqs{0});
+  s.send("a", protocol::Goodbye{});
+  s.produce(1, 4);  // chunk 2 replaces chunk 0
+  EXPECT_FALSE(s.fill()) << "chunk 1 was never sent to anyone";
+  s.hello("late", protocol::LateJoin::kNextEpoch);
+  s.credit("late", 100);
+  s.tick();
+  EXPECT_EQ(s.seqs("late"), Seqs{}) << "chunks 1 and 2 are passed, not sent";
+  s.produce(1, 4);  // chunk 3 ends epoch 0
+  s.tick();
+  EXPECT_EQ(s.seqs("late"), Seqs{});
+  s.produce(1, 4);
+  s.tick();
+  EXPECT_EQ(s.seqs("late"), Seqs{4}) << "epoch 1's first chunk";
+}
+
+TEST(StreamState, AChunkPassedByChoiceStaysReusableAfterItsPasserLeft) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.credit("a", 1);
+  s.produce(2, /*per_epoch=*/4);
+  s.tick();
+  EXPECT_EQ(s.consume("a"), Seqs{0});
+  s.send("a", protocol::Goodbye{});
+  s.produce(1, 4);  // chunk 2 replaces chunk 0
+  s.hello("late", protocol::LateJoin::kNextEpoch);
+  s.credit("late", 100);
+  s.tick();  // passes chunks 1 (never sent to anyone) and 2
+  EXPECT_EQ(s.seqs("late"), Seqs{});
+  s.send("late", protocol::Goodbye{});
+  EXPECT_TRUE(s.fill()) << "chunk 1 was passed: as good as delivered";
+  EXPECT_TRUE(s.fill());
+}
+
+// Two consumers on a ring of 2: "a" takes everything, "b" took chunk 0 then stopped asking.
+void stall_b(Stream& s) {
+  s.hello("a");
+  s.hello("b");
+  s.credit("a", 1000);
+  s.credit("b", 1);
+  s.produce(2);
+  s.tick();
+  s.consume("a");
+  EXPECT_EQ(s.consume("b"), Seqs{0});
+}
+
+TEST(StreamState, UnderStallPolicyWaitAStalledConsumerHoldsTheProducerForever) {
+  Stream s(rules(2));
+  stall_b(s);
+  EXPECT_TRUE(s.fill()) << "chunk 0 was passed by both";
+  s.now += 1e6;
+  EXPECT_FALSE(s.fill()) << "chunk 1 was never sent to b";
+}
+
+TEST(StreamState, UnderStallPolicySkipAStalledConsumerIsLeftBehindAfterTheTimeout) {
+  auto r = rules(2);
+  r.stall_policy = StallPolicy::kSkip;
+  Stream s(r);
+  stall_b(s);
+  ASSERT_TRUE(s.fill());  // chunk 2 into chunk 0's slot (not published yet)
+  s.now += 9.9;
+  EXPECT_FALSE(s.fill()) << "b has not been idle for stall_timeout yet";
+  s.now += 0.2;
+  ASSERT_TRUE(s.fill()) << "b stopped pinning cursors";
+  s.credit("b", 10);  // b comes back: it resumes from the oldest retained chunk
+  s.tick();
+  EXPECT_EQ(s.seqs("b"), Seqs{}) << "chunks 2 and 3 are being filled, 1 is gone";
+}
+
+TEST(StreamState, ASkippedConsumerResumesAtTheOldestRetainedChunkAndSeesTheGap) {
+  auto r = rules(2);
+  r.stall_policy = StallPolicy::kSkip;
+  Stream s(r);
+  stall_b(s);
+  s.now += 11;
+  s.produce(2);  // chunks 2 and 3 replace 0 and 1
+  s.tick();
+  s.consume("a");
+  s.credit("b", 10);
+  s.tick();
+  auto ds = s.take<BatchDescriptor>("b");
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_EQ(ds[0].seq, 2u);
+  EXPECT_EQ(ds[0].position.stream_position, 2 * kChunk) << "consumers count skips from stream positions";
+}
+
+TEST(StreamState, ALocalConsumerWhoseProcessDiedIsDroppedAndItsSlotsFreed) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.credit("a", 10);
+  s.produce(2);
+  s.tick();
+  EXPECT_EQ(s.take<BatchDescriptor>("a").size(), 2u);  // held, never released
+  EXPECT_FALSE(s.fill());
+  s.dead.insert(s.pid_of("a"));
+  s.now += 0.2;
+  s.tick();
+  EXPECT_EQ(s.state.consumers_now(), 0u);
+  EXPECT_EQ(s.state.stats().consumers_died, 1u);
+  EXPECT_TRUE(s.fill()) << "a dead consumer's holds are released";
+}
+
+TEST(StreamState, ALocalConsumerIsJudgedByItsPidNotByItsSilence) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.tick();
+  s.now += 3600;  // silent (e.g. SIGSTOPped), but its process exists
+  s.tick();
+  EXPECT_EQ(s.state.consumers_now(), 1u);
+}
+
+TEST(StreamState, ARemoteConsumerIsDroppedAfterTheHeartbeatTimeout) {
+  Stream s(rules(2));
+  s.hello("remote", protocol::LateJoin::kReplay, /*local=*/false);
+  s.dead.insert(s.pid_of("remote"));  // a pid of another host means nothing here
+  for (int i = 0; i < 10; ++i) {
+    s.now += 1.5;
+    s.send("remote", protocol::Heartbeat{});
+    s.tick();
+  }
+  EXPECT_EQ(s.state.consumers_now(), 1u) << "heartbeats keep it";
+  s.now += 1.9;
+  s.tick();
+  EXPECT_EQ(s.state.consumers_now(), 1u);
+  s.now += 0.2;
+  s.tick();
+  EXPECT_EQ(s.state.consumers_now(), 0u) << "silent past heartbeat_timeout";
+}
+
+TEST(StreamState, GoodbyeKeepsTheSlotsStillHeldUntilTheyAreReleased) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.credit("a", 1);
+  s.produce(2);
+  s.tick();
+  auto held = s.take<BatchDescriptor>("a");
+  ASSERT_EQ(held.size(), 1u);
+  s.send("a", protocol::Goodbye{});
+  s.credit("a", 10);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{}) << "nothing is sent after Goodbye";
+  EXPECT_EQ(s.state.consumers_now(), 1u) << "kept while it holds a slot";
+  EXPECT_FALSE(s.fill());
+  s.release("a", held[0]);
+  EXPECT_EQ(s.state.consumers_now(), 0u);
+  EXPECT_TRUE(s.fill());
+}
+
+TEST(StreamState, ForgedAndDuplicateReleasesAreDroppedAndCounted) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.hello("evil");
+  s.credit("a", 10);
+  s.produce(1);
+  s.tick();
+  auto a = s.take<BatchDescriptor>("a");
+  ASSERT_EQ(a.size(), 1u);
+  s.release("evil", a[0]);                         // never sent it
+  s.send("evil", protocol::Release{a[0].seq, 7});  // no such slot
+  s.release("a", a[0]);
+  s.release("a", a[0]);                     // twice
+  s.send("stranger", protocol::Credit{1});  // before hello
+  s.hello("a");                             // second hello
+  std::string garbage(32, '\xff');
+  s.state.receive("a", garbage.data(), garbage.size(), s.now);
+  EXPECT_EQ(s.state.stats().messages_dropped, 6u);
+  s.send("evil", protocol::Goodbye{});  // its cursor no longer pins chunk 0
+  EXPECT_TRUE(s.fill());
+  EXPECT_TRUE(s.fill()) << "a's one genuine release freed chunk 0";
+}
+
+TEST(StreamState, AForgedReleaseCannotFreeAnotherConsumersSlot) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.hello("evil");
+  s.credit("a", 10);
+  s.credit("evil", 10);
+  s.produce(2);
+  s.tick();
+  auto a = s.take<BatchDescriptor>("a");
+  for (const auto& d : s.take<BatchDescriptor>("evil")) {
+    s.release("evil", d);
+    s.release("evil", d);
+  }
+  EXPECT_FALSE(s.fill()) << "a still holds both chunks";
+  EXPECT_EQ(s.state.stats().messages_dropped, 2u);
+}
+
+TEST(StreamState, EveryConsumerIsSentEndAfterFinish) {
+  Stream s(rules(4));
+  s.hello("a");
+  s.hello("b");
+  s.credit("a", 10);
+  s.credit("b", 1);
+  s.produce(2, /*per_epoch=*/2);
+  s.state.finish();
+  s.tick();
+  EXPECT_EQ(s.take<protocol::End>("a").size(), 1u);
+  EXPECT_EQ(s.take<protocol::End>("b").size(), 0u) << "b has not been sent chunk 1 yet";
+  EXPECT_FALSE(s.state.all_ended());
+  s.credit("b", 1);
+  s.tick();
+  EXPECT_EQ(s.seqs("b"), (Seqs{0, 1}));
+  auto end = s.take<protocol::End>("b");
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].epochs, 2u);
+  EXPECT_TRUE(s.state.all_ended());
+}
+
+TEST(StreamState, FinishWaitsForChunksStillBeingFilled) {
+  Stream s(rules(4));
+  s.hello("a");
+  s.credit("a", 10);
+  auto f0 = s.fill();
+  ASSERT_TRUE(f0);
+  s.state.finish();
+  s.tick();
+  EXPECT_TRUE(s.take<protocol::End>("a").empty());
+  EXPECT_FALSE(s.state.all_ended());
+  s.publish(*f0, 1);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{0});
+  EXPECT_EQ(s.take<protocol::End>("a").size(), 1u);
+  EXPECT_TRUE(s.state.all_ended());
+}
+
+TEST(StreamState, FailTellsAttachedConsumersAndThoseThatAttachLater) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.state.fail("sample 7: bad JPEG");
+  s.state.fail("a second failure");
+  s.tick();
+  auto errors = s.take<protocol::ErrorMessage>("a");
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].message, "sample 7: bad JPEG") << "the first failure wins";
+  s.tick();
+  EXPECT_TRUE(s.take<protocol::ErrorMessage>("a").empty()) << "sent once";
+  s.hello("later");
+  s.tick();
+  ASSERT_EQ(s.take<protocol::ErrorMessage>("later").size(), 1u);
+  EXPECT_FALSE(s.fill()) << "a failed stream takes no more chunks";
+}
+
+TEST(StreamState, AnInvalidChunkFailsTheStreamInsteadOfReachingConsumers) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.credit("a", 10);
+  auto f = s.fill();
+  ASSERT_TRUE(f);
+  protocol::ChunkPosition p;
+  p.sample_count = kChunk;
+  s.state.publish(f->seq, f->slot, p, {{"#", DType::kUInt8, {kChunk}, {1}, 1 << 20}});
+  EXPECT_TRUE(s.state.failed());
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{});
+  EXPECT_EQ(s.take<protocol::ErrorMessage>("a").size(), 1u);
+}
+
+TEST(StreamState, CreditsBoundWhatIsSent) {
+  Stream s(rules(8));
+  s.hello("a");
+  s.produce(5);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{}) << "no credit, no descriptor";
+  s.credit("a", 2);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), (Seqs{0, 1}));
+  s.credit("a", 1);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{2});
+}
+
+TEST(StreamState, ARefusedSendStopsDeliveryToThatConsumerOnlyAndResumesInOrder) {
+  Stream s(rules(4));
+  s.hello("a");
+  s.hello("b");
+  s.credit("a", 10);
+  s.credit("b", 10);
+  s.refusing.insert("a");
+  s.produce(2);
+  s.tick();
+  EXPECT_EQ(s.seqs("b"), (Seqs{0, 1}));
+  EXPECT_EQ(s.state.stats().descriptors_sent, 2u);
+  s.refusing.clear();
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), (Seqs{0, 1})) << "nothing lost, nothing reordered";
+}
+
+TEST(StreamState, WelcomeAndHeartbeatsGoOutOnTheirSchedule) {
+  Stream s(rules(2));
+  s.hello("a");
+  auto w = s.take<protocol::Welcome>("a");
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].consumer_id, 1u);
+  EXPECT_EQ(w[0].boot_id, kBoot);
+  s.tick();
+  s.now += 0.1;
+  s.tick();
+  EXPECT_EQ(s.take<protocol::Heartbeat>("a").size(), 1u);
+  s.now += 0.2;
+  s.tick();
+  EXPECT_EQ(s.take<protocol::Heartbeat>("a").size(), 1u);
+}
+
+TEST(StreamState, ProducerBlockedTimeIsTheTimeAcquireWasRefused) {
+  Stream s(rules(2));
+  s.hello("a");
+  s.credit("a", 10);
+  s.produce(2);
+  s.tick();
+  auto ds = s.take<BatchDescriptor>("a");
+  EXPECT_FALSE(s.fill());
+  s.now += 1.5;
+  EXPECT_FALSE(s.fill());
+  s.release("a", ds[0]);
+  EXPECT_TRUE(s.fill());
+  EXPECT_DOUBLE_EQ(s.state.stats().producer_blocked_s, 1.5);
+}
+
+}  // namespace
+}  // namespace batchcast
