@@ -14,12 +14,6 @@ import sys
 from typing import List, Optional
 
 
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("batchcast")
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[0] if args else None
@@ -33,7 +27,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         bench(args[1:])
         return 0
     if command == "--version":
-        print(f"batchcast {_version()}")
+        from . import __version__
+
+        print(f"batchcast {__version__}")
         return 0
     from .server import find_binary
 

@@ -3,14 +3,12 @@ real trainer processes with their own DataLoaders, real metrics. Figures are not
 (speed is proven in bench/, not in tests); their presence and consistency are."""
 
 import json
-import os
 import subprocess
 
 
-def test_quick_bench_produces_results(tmp_path):
-    build = os.environ.get("BATCHCAST_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+def test_quick_bench_produces_results(tmp_path, batchcast_cli):
     out = tmp_path / "bench"
-    proc = subprocess.run([os.path.join(build, "server", "batchcast"), "bench", "--quick", "--out", str(out),
+    proc = subprocess.run([batchcast_cli, "bench", "--quick", "--out", str(out),
                            "--trainers", "2", "--models", "none"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
