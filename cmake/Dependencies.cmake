@@ -2,8 +2,8 @@
 # relocatable config (spdlog with its fmt, CLI11, nlohmann_json, dlpack, Boost, GTest,
 # pybind11), bc_find_library.cmake where it does not (ZeroMQ, TurboJPEG, libjpeg, OpenCV).
 # Both work with Debian's packages and with the GPU node's unpacked bundle
-# (scripts/make_gpu_bundle.sh; pass -DCMAKE_PREFIX_PATH=<prefix>/usr). BATCHCAST_STATIC_DEPS selects the archives of the
-# libraries a base image lacks, for the relocatable wheel (setup.py).
+# (scripts/make_gpu_bundle.sh; pass -DCMAKE_PREFIX_PATH=<prefix>/usr). BATCHCAST_STATIC_DEPS
+# selects the archives of the libraries a base image lacks, for the relocatable wheel (setup.py).
 include(bc_find_library)
 
 set(ZeroMQ_USE_STATIC_LIBS ${BATCHCAST_STATIC_DEPS})
