@@ -1,21 +1,20 @@
 # Finds batchcast's dependencies: find_package(CONFIG) where the Debian package ships a
 # relocatable config (spdlog with its fmt, CLI11, nlohmann_json, dlpack, Boost, GTest,
-# pybind11), bc_find_library.cmake where it does not (ZeroMQ, TurboJPEG, libjpeg, OpenCV).
+# pybind11), bc_find_library.cmake where it does not (ZeroMQ, TurboJPEG, OpenCV).
 # Both work with Debian's packages and with the GPU node's unpacked bundle
 # (scripts/make_gpu_bundle.sh; pass -DCMAKE_PREFIX_PATH=<prefix>/usr). BATCHCAST_STATIC_DEPS
-# selects the archives of the libraries a base image lacks, for the relocatable wheel (setup.py).
+# links OpenCV from its archives for the relocatable wheel (setup.py): the only position-
+# independent archive of the libraries a base image lacks (its shared build pulls in LAPACK,
+# BLAS and gfortran); the wheel bundles the other shared libraries.
 include(bc_find_library)
 
-set(ZeroMQ_USE_STATIC_LIBS ${BATCHCAST_STATIC_DEPS})
-set(LibJPEG_USE_STATIC_LIBS ${BATCHCAST_STATIC_DEPS})
 set(OpenCV_USE_STATIC_LIBS ${BATCHCAST_STATIC_DEPS})
 find_package(ZeroMQ MODULE REQUIRED)
-# libjpeg (jpeglib.h) backs the cropped decode path, TurboJPEG the whole-image one. Debian's
-# libturbojpeg.a is not position-independent (it cannot go into the Python module), so
-# TurboJPEG stays shared even in the static build: the wheel bundles libturbojpeg.so.0.
-bc_find_library(TurboJPEG HEADER turbojpeg.h LIBS turbojpeg)
-bc_find_library(LibJPEG HEADER jpeglib.h LIBS jpeg)
-if(NOT TurboJPEG_FOUND OR NOT LibJPEG_FOUND)
+# libjpeg (jpeglib.h) backs the cropped decode path, TurboJPEG the whole-image one: one
+# package (libjpeg-turbo), one target. Shared even for the wheel: Debian's libturbojpeg.a and
+# libjpeg.a are not position-independent, so setup.py bundles the shared libraries.
+bc_find_library(TurboJPEG HEADER turbojpeg.h LIBS turbojpeg jpeg)
+if(NOT TurboJPEG_FOUND)
   message(FATAL_ERROR "libjpeg-turbo not found: install libturbojpeg0-dev and libjpeg62-turbo-dev")
 endif()
 # OpenCV's static core calls TBB and GLX (interop it never uses here), which have no archive.
