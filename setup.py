@@ -101,7 +101,8 @@ class CMakeBuild(build_ext):
         shutil.rmtree(libs, ignore_errors=True)
         os.makedirs(libs)
         binaries = [os.path.join(package, "_bin", "batchcast")] + [
-            os.path.join(package, f) for f in os.listdir(package) if f.startswith("_batchcast")
+            os.path.join(package, f) for f in os.listdir(package)
+            if f.startswith("_batchcast.") and f.endswith(".so")
         ]
         for path in sorted({lib for b in binaries for lib in needed_libraries(b)}):
             shutil.copy2(path, os.path.join(libs, os.path.basename(path)))
