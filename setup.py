@@ -89,16 +89,19 @@ class CMakeBuild(build_ext):
             run("cmake", "-S", ROOT, "-B", build_dir, *args)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
         run("cmake", "--build", build_dir, "--target", "_batchcast", "batchcast", "-j", jobs)
-        package_parent = os.path.abspath(self.build_lib)
-        run("cmake", "--install", build_dir, "--component", "python", "--prefix", package_parent)
+        package = os.path.join(os.path.abspath(self.build_lib), "batchcast")
+        # setuptools' staging outlives a build: a relocatable build's libraries must not leak
+        # into a later development install.
+        shutil.rmtree(os.path.join(package, "_libs"), ignore_errors=True)
+        run("cmake", "--install", build_dir, "--component", "python", "--prefix",
+            os.path.dirname(package))
         if cache_value(build_dir, "BATCHCAST_STATIC_DEPS") == "ON":
-            self.bundle(os.path.join(package_parent, "batchcast"))
+            self.bundle(package)
 
     def bundle(self, package: str) -> None:
         """Copies the non-system shared libraries of the extension and the program (and, ldd
         being transitive, theirs) into batchcast/_libs, as auditwheel repair does."""
         libs = os.path.join(package, "_libs")
-        shutil.rmtree(libs, ignore_errors=True)
         os.makedirs(libs)
         binaries = [os.path.join(package, "_bin", "batchcast")] + [
             os.path.join(package, f) for f in os.listdir(package)
