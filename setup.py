@@ -87,6 +87,12 @@ class CMakeBuild(build_ext):
                 pass
             args += shlex.split(os.environ.get("BATCHCAST_CMAKE_ARGS", ""))
             run("cmake", "-S", ROOT, "-B", build_dir, *args)
+        built_for = cache_value(build_dir, "Python_EXECUTABLE")
+        if built_for and os.path.realpath(built_for) != os.path.realpath(sys.executable):
+            raise RuntimeError(
+                f"{build_dir} builds the extension for {built_for}, not for {sys.executable}: "
+                "remove that directory, or point BATCHCAST_BUILD_DIR at a build for this Python"
+            )
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
         run("cmake", "--build", build_dir, "--target", "_batchcast", "batchcast", "-j", jobs)
         package = os.path.join(os.path.abspath(self.build_lib), "batchcast")
