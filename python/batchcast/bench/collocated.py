@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from batchcast import metrics
