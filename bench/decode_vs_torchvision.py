@@ -6,7 +6,7 @@ ToTensor(), Normalize()]). batchcast: ImagePipeline.process_into() into a preall
 (as the server writes into a shared-memory slot). Measured in CPU-seconds of this process
 (resource.getrusage), so other load on the machine does not skew it.
 
-  PYTHONPATH=python /usr/bin/python3 bench/decode_vs_torchvision.py [--images 200] [--seconds 5]
+  .venv/bin/python bench/decode_vs_torchvision.py [--images 200] [--seconds 5]
 """
 import argparse
 import os

@@ -1,6 +1,6 @@
 """Per-batch overhead of batchcast.Loader versus iterating tensors already in memory.
 
-    PYTHONPATH=python /usr/bin/python3 bench/loader_overhead.py [--batches 20000]
+    .venv/bin/python bench/loader_overhead.py [--batches 20000]
 
 A native `batchcast serve --synthetic` server (in its own process) produces tiny batches, so
 the time per batch is the Loader's own cost: receiving a descriptor, building the DLPack

@@ -1,42 +1,43 @@
-# Finds batchcast's dependencies by header and library name rather than through package
-# configs, so the same lines work with Debian's packages and with an offline bundle unpacked
-# into a prefix (scripts/make_gpu_bundle.sh; pass -DCMAKE_PREFIX_PATH=<prefix>/usr).
+# Finds batchcast's dependencies: find_package(CONFIG) where the Debian package ships a
+# relocatable config (spdlog with its fmt, CLI11, nlohmann_json, dlpack, Boost, GTest,
+# pybind11), bc_find_library.cmake where it does not (ZeroMQ, TurboJPEG, OpenCV).
+# Both work with Debian's packages and with the GPU node's unpacked bundle
+# (scripts/make_gpu_bundle.sh; pass -DCMAKE_PREFIX_PATH=<prefix>/usr). BATCHCAST_STATIC_DEPS
+# links OpenCV from its archives for the relocatable wheel (setup.py): the only position-
+# independent archive of the libraries a base image lacks (its shared build pulls in LAPACK,
+# BLAS and gfortran); the wheel bundles the other shared libraries.
+include(bc_find_library)
 
-include(FindPackageHandleStandardArgs)
+set(OpenCV_USE_STATIC_LIBS ${BATCHCAST_STATIC_DEPS})
+find_package(ZeroMQ MODULE REQUIRED)
+# libjpeg (jpeglib.h) backs the cropped decode path, TurboJPEG the whole-image one: one
+# package (libjpeg-turbo), one target. Shared even for the wheel: Debian's libturbojpeg.a and
+# libjpeg.a are not position-independent, so setup.py bundles the shared libraries.
+bc_find_library(TurboJPEG HEADER turbojpeg.h LIBS turbojpeg jpeg)
+if(NOT TurboJPEG_FOUND)
+  message(FATAL_ERROR "libjpeg-turbo not found: install libturbojpeg0-dev and libjpeg62-turbo-dev")
+endif()
+# OpenCV's static core calls TBB and GLX (interop it never uses here), which have no archive.
+bc_find_library(OpenCV HEADER opencv2/core.hpp LIBS opencv_imgproc opencv_core
+  SHARED_WITH tbb GLX z ${CMAKE_DL_LIBS})
+if(NOT OpenCV_FOUND)
+  message(FATAL_ERROR "OpenCV not found: install libopencv-core-dev and libopencv-imgproc-dev")
+endif()
+# PNG and other non-JPEG formats go through OpenCV's imgcodecs where it is installed. The
+# static build leaves it out: its archive needs libpng, libtiff, libwebp, OpenEXR and GDAL.
+if(NOT BATCHCAST_STATIC_DEPS)
+  find_library(OPENCV_IMGCODECS_LIBRARY NAMES opencv_imgcodecs)
+endif()
+if(OPENCV_IMGCODECS_LIBRARY)
+  target_link_libraries(OpenCV::OpenCV INTERFACE ${OPENCV_IMGCODECS_LIBRARY})
+  target_compile_definitions(OpenCV::OpenCV INTERFACE BATCHCAST_HAVE_IMGCODECS=1)
+else()
+  message(STATUS "batchcast: no OpenCV imgcodecs; only JPEG files can be decoded")
+endif()
 
-# bc_find_library(<VAR> HEADER <h> LIBS <names...>): an imported target batchcast::<VAR>.
-function(bc_find_library var)
-  cmake_parse_arguments(ARG "" "HEADER" "LIBS" ${ARGN})
-  find_path(${var}_INCLUDE_DIR ${ARG_HEADER} PATH_SUFFIXES opencv4)
-  set(libs)
-  foreach(name ${ARG_LIBS})
-    find_library(${var}_${name}_LIBRARY NAMES ${name} PATH_SUFFIXES x86_64-linux-gnu)
-    list(APPEND libs ${${var}_${name}_LIBRARY})
-  endforeach()
-  find_package_handle_standard_args(${var} REQUIRED_VARS ${var}_INCLUDE_DIR)
-  add_library(batchcast::${var} INTERFACE IMPORTED GLOBAL)
-  target_include_directories(batchcast::${var} SYSTEM INTERFACE ${${var}_INCLUDE_DIR})
-  if(libs)
-    target_link_libraries(batchcast::${var} INTERFACE ${libs})
-  endif()
-endfunction()
-
-bc_find_library(zmq HEADER zmq.hpp LIBS zmq)
-bc_find_library(turbojpeg HEADER turbojpeg.h LIBS turbojpeg)
-bc_find_library(opencv HEADER opencv2/core.hpp LIBS opencv_imgproc opencv_core)
-bc_find_library(spdlog HEADER spdlog/spdlog.h LIBS spdlog fmt)
-target_compile_definitions(batchcast::spdlog INTERFACE SPDLOG_FMT_EXTERNAL SPDLOG_COMPILED_LIB)
-bc_find_library(cli11 HEADER CLI/CLI.hpp)
-bc_find_library(json HEADER nlohmann/json.hpp)
-bc_find_library(dlpack HEADER dlpack/dlpack.h)
+find_package(spdlog CONFIG REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(dlpack CONFIG REQUIRED)
 find_package(Boost REQUIRED)
 find_package(Threads REQUIRED)
-
-# PNG and other non-JPEG formats go through OpenCV's imgcodecs where it is installed.
-find_library(OPENCV_IMGCODECS_LIBRARY NAMES opencv_imgcodecs PATH_SUFFIXES x86_64-linux-gnu)
-if(OPENCV_IMGCODECS_LIBRARY)
-  target_link_libraries(batchcast::opencv INTERFACE ${OPENCV_IMGCODECS_LIBRARY})
-  target_compile_definitions(batchcast::opencv INTERFACE BATCHCAST_HAVE_IMGCODECS=1)
-else()
-  message(STATUS "batchcast: opencv_imgcodecs not found; only JPEG files can be decoded")
-endif()

@@ -273,8 +273,10 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
     cv::cvtColor(decoded_bgr, decoded_rgb, cv::COLOR_BGR2RGB);
 #else
     throw SampleError(name,
-                      "not a JPEG; decoding PNG and other formats needs OpenCV imgcodecs "
-                      "(install libopencv-imgcodecs-dev and rebuild)");
+                      "not a JPEG, and this build has no OpenCV imgcodecs for PNG and other "
+                      "formats (the pip wheel decodes JPEG only): convert the files to JPEG, or "
+                      "build batchcast where libopencv-imgcodecs-dev is installed "
+                      "(python/README.md, Install)");
 #endif
   }
 

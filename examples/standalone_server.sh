@@ -4,7 +4,8 @@
 # Without DATA_DIR a tiny ImageFolder is made with `batchcast make-dataset`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${BATCHCAST_BIN:-build/server/batchcast}
+VENV=${VENV:-.venv}  # where bash scripts/setup.sh installs the package
+BIN=$VENV/bin/batchcast
 EP=ipc:///tmp/batchcast-example-$$.sock
 DATA=${1:-}
 if [[ -z "$DATA" ]]; then
@@ -17,7 +18,7 @@ fi
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for lr in 0.01 0.05; do
-  PYTHONPATH=python /usr/bin/python3 examples/train_shared.py --endpoint "$EP" --lr $lr \
+  "$VENV/bin/python" examples/train_shared.py --endpoint "$EP" --lr $lr \
     --epochs 2 --batch-size 8 --classes 4 &
 done
 wait %2 %3

@@ -12,10 +12,13 @@ Public API (the design behind it: docs/README.md):
   :class:`SampleError`.
 
 Torch is imported only by what needs it: ``Loader(framework="numpy")`` works without it.
+``__version__`` is the installed distribution's, which setup.py takes from CMake's project
+VERSION: one number for the package, the program and the C++ library.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import version as _version
 from typing import Any
 
 from ._batchcast import BatchcastError, SampleError, ServerGoneError, TimeoutError
@@ -23,6 +26,8 @@ from . import metrics
 from .loader import Loader, LoaderStats
 from .producer import Producer
 from .server import Server, serve
+
+__version__ = _version("batchcast")
 
 __all__ = [
     "BatchcastError",

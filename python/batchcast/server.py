@@ -14,7 +14,6 @@ leaving the ``with`` block sends SIGTERM (clean shutdown: no leaked segment) and
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,23 +27,20 @@ __all__ = ["Server", "serve", "find_binary"]
 
 
 def find_binary() -> str:
-    """The ``batchcast`` executable: $BATCHCAST_BIN, else the build next to this package
-    (python/batchcast/../../build/server/batchcast), else the one on PATH."""
+    """The native ``batchcast`` program: $BATCHCAST_BIN, else the one installed in this package
+    (batchcast/_bin/batchcast). Never the ``batchcast`` on PATH: that is the console script,
+    which execs this one."""
     env = os.environ.get("BATCHCAST_BIN")
     if env:
         if not os.access(env, os.X_OK):
             raise FileNotFoundError(f"BATCHCAST_BIN={env} is not an executable file")
         return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    built = os.path.normpath(os.path.join(here, "..", "..", "build", "server", "batchcast"))
-    if os.access(built, os.X_OK):
-        return built
-    on_path = shutil.which("batchcast")
-    if on_path:
-        return on_path
+    packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bin", "batchcast")
+    if os.access(packaged, os.X_OK):
+        return packaged
     raise FileNotFoundError(
-        f"the batchcast binary was not found (looked at $BATCHCAST_BIN, {built} and PATH); "
-        "build it with bash scripts/setup.sh, or set BATCHCAST_BIN"
+        f"the native batchcast program is missing ({packaged}): install the package with "
+        "pip install . (python/README.md), or set BATCHCAST_BIN to a built server/batchcast"
     )
 
 

@@ -11,7 +11,7 @@ BUILD=build-fuzz
 FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 
 CC=${CC:-clang} CXX=${CXX:-clang++} cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DBATCHCAST_FUZZ=ON -DBATCHCAST_TESTS=ON -DBATCHCAST_PYTHON=OFF -DBATCHCAST_BENCH=OFF \
+  -DBATCHCAST_FUZZ=ON -DBUILD_TESTING=ON -DBATCHCAST_PYTHON=OFF -DBATCHCAST_BENCH=OFF \
   -DBATCHCAST_CUDA=OFF -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" --target fuzz_targets

@@ -1,9 +1,14 @@
 """Shared fixtures of the Python tests of the batchcast package (Loader, Producer, DataLoader).
 
+The tests run against the INSTALLED package (scripts/test.sh installs it into a venv and runs
+pytest with that venv's python; no PYTHONPATH).
+
 - ``endpoint``: a unique ipc endpoint per test.
-- ``batchcast_bin``: the built ``batchcast`` program ($BATCHCAST_BUILD_DIR, default build/ of
-  this checkout, then server/batchcast); a missing program fails the test (never a silent skip).
-- ``run_py``: runs a Python snippet in a subprocess with the package importable.
+- ``batchcast_bin``: the native ``batchcast`` program installed in the package
+  (batchcast/_bin/batchcast, or $BATCHCAST_BIN); a missing program fails the test.
+- ``batchcast_cli``: the ``batchcast`` console script of the running interpreter's
+  environment (what a user types).
+- ``run_py``: runs a Python snippet in a subprocess of the same interpreter.
 - autouse ``no_leaks``: after each test, no batchcast.<uid>.* segment (nor ipc socket file)
   of the test's endpoints is left, and no batchcast process it started is still alive.
   Only the test's own endpoints are checked: other runs on the machine may use batchcast.
@@ -19,11 +24,6 @@ import uuid
 from typing import Iterator, List
 
 import pytest
-
-PYTHON_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
-BUILD_DIR = os.environ.get(
-    "BATCHCAST_BUILD_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "build")))
-
 
 _WATCHED: List[str] = []  # endpoints used by the current test
 
@@ -97,24 +97,32 @@ def endpoint() -> str:
 
 @pytest.fixture(scope="session")
 def batchcast_bin() -> str:
-    path = os.path.join(BUILD_DIR, "server", "batchcast")
+    from batchcast.server import find_binary
+
+    try:
+        return find_binary()
+    except FileNotFoundError as e:
+        pytest.fail(str(e))
+
+
+@pytest.fixture(scope="session")
+def batchcast_cli() -> str:
+    path = os.path.join(os.path.dirname(sys.executable), "batchcast")
     if not os.access(path, os.X_OK):
-        pytest.fail(f"{path} not built (bash scripts/setup.sh, or set BATCHCAST_BUILD_DIR)")
-    os.environ["BATCHCAST_BIN"] = path  # batchcast.serve() finds the same binary
+        pytest.fail(f"{path} missing: run pytest with the python of a venv where batchcast is "
+                    "installed (bash scripts/test.sh does)")
     return path
 
 
 @pytest.fixture
 def run_py():
-    """Starts `python -c code args...` with the package on PYTHONPATH; returns the Popen."""
+    """Starts `python -c code args...` (the installed package importable); returns the Popen."""
     started: List[subprocess.Popen] = []
 
     def start(code: str, *args: str, **kwargs) -> subprocess.Popen:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, env.get("PYTHONPATH", "")])
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
-        p = subprocess.Popen([sys.executable, "-c", code, *args], env=env, **kwargs)
+        p = subprocess.Popen([sys.executable, "-c", code, *args], **kwargs)
         started.append(p)
         return p
 

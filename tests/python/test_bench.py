@@ -4,12 +4,11 @@ real trainer processes with their own DataLoaders, real metrics. Figures are not
 
 import json
 import subprocess
-import sys
 
 
-def test_quick_bench_produces_results(tmp_path):
+def test_quick_bench_produces_results(tmp_path, batchcast_cli):
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "batchcast", "bench", "--quick", "--out", str(out),
+    proc = subprocess.run([batchcast_cli, "bench", "--quick", "--out", str(out),
                            "--trainers", "2", "--models", "none"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -3,7 +3,7 @@ Loader consumer processes.
 
 GPU tests are skipped (with the reason) where torch sees no CUDA device or the build has no
 CUDA/nvJPEG support; the command-line errors of a machine without a GPU are tested everywhere.
-Run on the GPU machine: BATCHCAST_BUILD_DIR=build-gpu python3 -m pytest tests/python/test_cuda.py
+Run on the GPU machine (scripts/README.md): /tmp/v/bin/python -m pytest tests/python/test_cuda.py
 Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label i.
 """
 

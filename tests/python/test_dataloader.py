@@ -1,6 +1,6 @@
 """batchcast.DataLoader: plain torch without share; with share=KEY one detached producer.
 
-Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python/test_dataloader.py
+Run: .venv/bin/python -m pytest tests/python/test_dataloader.py
 """
 
 from __future__ import annotations

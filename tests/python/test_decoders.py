@@ -1,7 +1,7 @@
 """decoders/ through the Python module: Dataset against torchvision's ImageFolder, make_dataset,
 and decoded pixels against PIL + torchvision transforms.
 
-Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python/test_decoders.py
+Run: .venv/bin/python -m pytest tests/python/test_decoders.py
 """
 import io
 import os

@@ -1,6 +1,6 @@
 """batchcast.Loader against real `batchcast serve --synthetic` servers.
 
-Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python/test_loader.py
+Run: .venv/bin/python -m pytest tests/python/test_loader.py
 Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label i.
 """
 

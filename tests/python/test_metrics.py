@@ -1,6 +1,6 @@
 """batchcast.metrics (track, summarize) and batchcast.report on real run directories.
 
-Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python/test_metrics.py
+Run: .venv/bin/python -m pytest tests/python/test_metrics.py
 CPU assertions compare CPU time with CPU time (getrusage of the same processes), so a loaded
 machine makes the tests slower, not flaky.
 """

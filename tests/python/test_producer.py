@@ -1,6 +1,6 @@
 """batchcast.Producer serving Python iterables to batchcast.Loader consumers.
 
-Run: PYTHONPATH=python /usr/bin/python3 -m pytest tests/python/test_producer.py
+Run: .venv/bin/python -m pytest tests/python/test_producer.py
 The Producer runs in a thread of the test process (its native calls release the GIL).
 """
 

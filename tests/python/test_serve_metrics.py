@@ -5,13 +5,13 @@ directory."""
 import json
 import os
 import subprocess
-import sys
 import time
 
 import batchcast
 
 
-def test_serve_records_server_and_consumers_and_report_renders(tmp_path, endpoint, batchcast_bin):
+def test_serve_records_server_and_consumers_and_report_renders(tmp_path, endpoint, batchcast_bin,
+                                                               batchcast_cli):
     run = tmp_path / "run"
     with batchcast.serve(endpoint=endpoint, synthetic=3000, sample_bytes=4096, batch_size=50,
                          epochs=2, metrics_dir=str(run),
@@ -38,7 +38,7 @@ def test_serve_records_server_and_consumers_and_report_renders(tmp_path, endpoin
         assert (run / name).stat().st_size > 0
 
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "batchcast", "report", str(run), "--out", str(out)],
+    proc = subprocess.run([batchcast_cli, "report", str(run), "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     html = (out / "index.html").read_text()

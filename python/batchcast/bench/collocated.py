@@ -12,7 +12,7 @@ method), mean GPU utilisation where NVML exists, and the ratios shared/baseline;
 also the ceiling where trainers do no training. Writes results.json, results.png and a Markdown
 table (printed, and in results.md) into --out.
 
-Run: `batchcast bench --out runs/bench` (or `python3 bench/collocated.py ...`); `--quick` is the
+Run: `batchcast bench --out runs/bench` (or `python -m batchcast.bench.collocated ...`); `--quick` is the
 tiny configuration CI runs to prove the benchmark works (no timing is asserted anywhere).
 """
 
@@ -26,23 +26,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "python"))
-
-import batchcast  # noqa: E402
-from batchcast import metrics  # noqa: E402
-
-
-def batchcast_bin() -> str:
-    build = os.environ.get("BATCHCAST_BUILD_DIR", os.path.join(ROOT, "build"))
-    path = os.environ.get("BATCHCAST_BIN", os.path.join(build, "server", "batchcast"))
-    if not os.path.exists(path):
-        sys.exit(f"cannot find the batchcast program at {path}; build it with bash scripts/setup.sh")
-    return path
+from batchcast import metrics
+from batchcast.server import find_binary
 
 
 def cpu_model() -> str:
@@ -67,19 +54,19 @@ def gpu_name() -> str | None:
 def ensure_dataset(args: argparse.Namespace) -> None:
     if os.path.isdir(args.data) and os.listdir(args.data):
         return
-    subprocess.run([batchcast_bin(), "make-dataset", "--out", args.data, "--classes",
+    subprocess.run([find_binary(), "make-dataset", "--out", args.data, "--classes",
                     str(args.classes), "--per-class", str(args.per_class)], check=True)
 
 
 def trainer_cmd(args: argparse.Namespace, mode: str, model: str, extra: List[str]) -> List[str]:
-    return [sys.executable, os.path.join(HERE, "trainer.py"), "--mode", mode, "--data", args.data,
+    return [sys.executable, "-m", "batchcast.bench.trainer", "--mode", mode, "--data", args.data,
             "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
             "--steps", str(args.steps), "--model", model, "--classes", str(args.classes),
             "--device", args.device, "--warmup", str(args.warmup), *extra]
 
 
 def run_trainers(cmds: List[List[str]]) -> List[Dict[str, Any]]:
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for c in cmds]
     results = []
@@ -114,7 +101,7 @@ def run_shared(args: argparse.Namespace, n: int, model: str, out: str) -> Dict[s
     endpoint = f"ipc:///tmp/batchcast-bench-{os.getpid()}-{n}.sock"
     workers = min(n * args.workers, os.cpu_count() or 1)
     server = subprocess.Popen(
-        [batchcast_bin(), "serve", "--data", args.data, "--endpoint", endpoint, "--batch-size",
+        [find_binary(), "serve", "--data", args.data, "--endpoint", endpoint, "--batch-size",
          str(args.batch_size), "--image-size", str(args.image_size), "--workers", str(workers),
          "--epochs", "0", "--min-consumers", str(n), "--metrics-dir", out, "--status-interval", "0",
          # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
@@ -183,8 +170,9 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="batchcast bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--data", default="data/bench")
     p.add_argument("--classes", type=int, default=10)
@@ -203,7 +191,7 @@ def main() -> None:
                    help="the server's decoder (nvjpeg needs --device cuda)")
     p.add_argument("--interval", type=float, default=0.5, help="metrics sampling interval (s)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: proves the bench runs (CI)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:
         args.trainers = args.trainers or "1,2"
         args.steps, args.warmup = 3, 1

@@ -1,4 +1,4 @@
-"""One trainer process of the collocated benchmark (bench/collocated.py).
+"""One trainer process of the collocated benchmark (batchcast.bench.collocated).
 
 It trains `--model` for `--steps` steps of `--batch-size`, reading its data either from its own
 torch DataLoader (`--mode baseline`: torchvision ImageFolder + the same transforms as the
