@@ -21,8 +21,10 @@ SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_cou
   SlotMemory m(SlotPool::create(segment_name, slot_count, slot_bytes, /*host_slots=*/!on_gpu));
 #ifdef BATCHCAST_HAVE_CUDA
   if (on_gpu) {
-    m.arena_ =
-        std::make_unique<DeviceArena>(DeviceArena::create(cuda_device, slot_count, slot_bytes));
+    // The pool's slot size, not the one asked for: the pool rounds it up, the Welcome announces
+    // the rounded one, and consumers find slot k of the arena at k times that.
+    m.arena_ = std::make_unique<DeviceArena>(
+        DeviceArena::create(cuda_device, m.pool_.slot_count(), m.pool_.slot_bytes()));
     m.cuda_device_ = m.arena_->device();
   }
 #else

@@ -30,6 +30,21 @@ TEST(SlotMemory, AConsumerAttachedFromTheWelcomeSeesTheServersSlots) {
   EXPECT_EQ(consumer.pool().slot_seq(2), 5u);
 }
 
+// Consumers find slot k of a GPU arena at k * Welcome::slot_bytes, the pool's rounded size: the
+// server's arena must use the same stride even when the size asked for is not aligned.
+TEST(SlotMemory, AGpuArenaUsesTheSlotSizeTheWelcomeAnnounces) {
+#ifndef BATCHCAST_HAVE_CUDA
+  GTEST_SKIP() << "this build has no CUDA support";
+#else
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU";
+  auto server = SlotMemory::create(test_name("stride"), 3, 5000, protocol::DeviceKind::kCuda, 0);
+  protocol::Welcome w;
+  server.describe(w);
+  EXPECT_GT(w.slot_bytes, 5000u) << "the pool rounds slot sizes up";
+  EXPECT_EQ(static_cast<uint64_t>(server.slot_data(2) - server.slot_data(0)), 2 * w.slot_bytes);
+#endif
+}
+
 TEST(SlotMemory, ABuildWithoutCudaRefusesGpuPoolsByName) {
 #ifdef BATCHCAST_HAVE_CUDA
   GTEST_SKIP() << "this build has CUDA support";
