@@ -4,7 +4,7 @@
 // answers which rows form the next batch; it never touches memory, sockets or time, so every stream
 // shape is unit-tested alone (tests/cpp/client/rebatcher_test.cpp).
 //
-// Semantics (shared/DESIGN.md): a batch is batch_size consecutive samples of one epoch, never
+// Semantics (docs/stream.md): a batch is batch_size consecutive samples of one epoch, never
 // spanning two epochs; it may span chunks. An epoch ends at a chunk flagged epoch_end, or when a
 // chunk of another epoch arrives (that chunk is kept for the next epoch), or when the stream
 // ends. The last batch of an epoch is short unless drop_last, which drops it. Samples the

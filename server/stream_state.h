@@ -1,4 +1,4 @@
-// StreamState: the stream semantics of shared/DESIGN.md as a pure state machine: which chunk
+// StreamState: the stream semantics (docs/stream.md) as a pure state machine: which chunk
 // each consumer is sent next, when a slot may be refilled, when the stream starts and ends.
 //
 // It owns the slot book (SlotRing), the consumers (ConsumerRegistry), the descriptors of the

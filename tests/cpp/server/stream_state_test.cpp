@@ -1,4 +1,4 @@
-// Every stream rule of shared/DESIGN.md, against StreamState alone: time, process liveness and
+// Every stream rule (docs/stream.md), against StreamState alone: time, process liveness and
 // the consumers' sockets are the test's own (an injected clock, a set of dead pids, an outbox
 // per consumer), so each rule is checked exactly, in microseconds, with no process or sleep.
 #include "server/stream_state.h"
