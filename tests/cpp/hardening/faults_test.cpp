@@ -42,8 +42,11 @@ TEST(Faults, ServerRestartWhileConsumersWait) {
       EXPECT_LT(now_s() - t0, 3.5) << "consumers noticed the dead server too late";
       server.wait(10);
     }
-    EXPECT_EQ(file_exists("/dev/shm/" + segment), sig == SIGKILL)
-        << "SIGKILL leaves the segment (the next server removes it); SIGTERM removes it";
+    // SIGTERM removes the segment. SIGKILL leaves it until a server starts: the next one at this
+    // endpoint, or any other of this user, whose sweep of dead servers' segments
+    // (remove_stale_segments, tested in slot_pool_test) may run first; so only its absence
+    // after the restart below is asserted.
+    if (sig == SIGTERM) EXPECT_FALSE(file_exists("/dev/shm/" + segment)) << "SIGTERM removes it";
     ChildProcess again(
         serve_args(ep, {"--synthetic", "300", "--sample-bytes", "32", "--epochs", "1"}));
     ChildProcess c({probe_bin(), "--endpoint", ep, "--timeout", "30", "--batch-size", "10"});
@@ -52,9 +55,6 @@ TEST(Faults, ServerRestartWhileConsumersWait) {
     EXPECT_EQ(run.ended_epochs.size(), 1u);
     EXPECT_EQ(check_epochs(run, 300), "");
     EXPECT_EQ(again.wait(10), 0) << again.err();
-    if (sig == SIGKILL) {
-      EXPECT_NE(again.err().find("stale"), std::string::npos) << again.err();
-    }
     EXPECT_FALSE(file_exists("/dev/shm/" + segment));
     EXPECT_FALSE(file_exists(ipc_path(ep)));
   }
