@@ -12,9 +12,16 @@
 // Lifetime: a Batch keeps its slot (and the mapping) alive until it is destroyed, even after
 // the Consumer is gone; the slot is released to the server then. Destroying the Consumer tells
 // the server it wants no more chunks (Goodbye).
-// Errors: the constructor throws Error when no server answers; next() throws ServerGoneError
-// when the server dies (pid check on one host, heartbeats otherwise), TimeoutError when no data
-// comes within timeout_s, and Error with the server's message when the stream failed.
+// Errors, each message opening with words that say which case it is:
+//   "no server yet: ..."  TimeoutError from the constructor: nothing answered within timeout_s;
+//   "server gone: ..."    ServerGoneError from next(): the server answered, then died (pid check
+//                         on one host) or went silent (heartbeats otherwise);
+//   "server failed: REASON ..."  Error from next() (the server's error message), or from the
+//                         constructor when the server recorded a failure and exited (ipc
+//                         endpoints: protocol::failure_record_path);
+// and TimeoutError ("no data ...") from next() when a live server sends nothing in timeout_s.
+// While no server answers, the constructor calls options.on_waiting after 1 s and every 10 s
+// (spdlog info when it is empty).
 // Thread-safety: one thread at a time may call next(); Batches may be destroyed on any thread.
 //
 // GPU pools (server --device cuda:K, CUDA builds): the server's arena and its per-slot events are
@@ -32,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +65,8 @@ struct ConsumerOptions {
   // GPU pools: the CUDA device (this process's index) the consumer computes on; -1: the
   // server's. Any other GPU is refused with an Error naming the server's.
   int cuda_device = -1;
+  // Called on the constructing thread while no server has answered (see Errors above).
+  std::function<void(const std::string& endpoint, double waited_s)> on_waiting;
 };
 
 // One tensor of a batch: a strided view (element strides) of memory owned by its Batch.

@@ -4,6 +4,9 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
+
 #include "common/error.h"
 #include "common/process.h"
 
@@ -11,8 +14,20 @@ namespace batchcast {
 
 namespace {
 
+constexpr double kFirstWaitingNoteS = 1.0;  // a server that is up answers well within this
+constexpr double kWaitingNotePeriodS = 10.0;
+
 double deadline_from(double timeout_s) {
   return timeout_s > 0 ? monotonic_seconds() + timeout_s : 1e300;
+}
+
+// The failure a server recorded before it exited (protocol::failure_record_path), if any.
+std::optional<std::string> read_failure_record(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return text;
 }
 
 }  // namespace
@@ -54,7 +69,10 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
   hello.late_join = options.late_join;
   socket_.send(zmq::buffer(protocol::encode(hello)), zmq::send_flags::none);
 
-  double deadline = deadline_from(options.timeout_s);
+  const double start = monotonic_seconds();
+  const double deadline = deadline_from(options.timeout_s);
+  double next_waiting_note = start + kFirstWaitingNoteS;
+  const std::string failure_path = protocol::failure_record_path(endpoint_);
   while (true) {
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(100));
@@ -72,10 +90,23 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
                     "only between processes of one machine");
       return welcome;
     }
-    if (monotonic_seconds() > deadline)
-      throw TimeoutError("no batchcast server answered at " + endpoint_ + " within " +
-                         std::to_string(static_cast<int>(options.timeout_s)) +
+    if (auto failure = read_failure_record(failure_path))
+      throw Error("server failed: " + *failure + " (recorded in " + failure_path +
+                  " by the batchcast server at " + endpoint_ +
+                  ", which has exited; fix the cause and start it again)");
+    const double now = monotonic_seconds();
+    if (now > deadline)
+      throw TimeoutError("no server yet: no batchcast server answered at " + endpoint_ +
+                         " within " + std::to_string(static_cast<int>(options.timeout_s)) +
                          " s; start one with `batchcast serve --endpoint " + endpoint_ + "`");
+    if (now >= next_waiting_note) {
+      next_waiting_note = now + kWaitingNotePeriodS;
+      if (options.on_waiting)
+        options.on_waiting(endpoint_, now - start);
+      else
+        spdlog::info("waiting for a batchcast server at {} ({:.0f} s so far)", endpoint_,
+                     now - start);
+    }
   }
 }
 
@@ -122,7 +153,8 @@ std::optional<protocol::BatchDescriptor> Session::pop(double timeout_s, double* 
   double deadline = deadline_from(timeout_s);
   while (queue_.empty()) {
     if (!server_error_.empty())
-      throw Error("batchcast server at " + endpoint_ + " reported: " + server_error_);
+      throw Error("server failed: " + server_error_ + " (reported by the batchcast server at " +
+                  endpoint_ + ")");
     if (ended_) break;
     if (gone_) throw ServerGoneError(gone_reason_);
     if (monotonic_seconds() > deadline)
@@ -231,7 +263,7 @@ void Session::loop() {
       std::lock_guard lk(mu_);
       if (!ended_ && !gone_ && server_gone(now)) {
         gone_ = true;
-        gone_reason_ = "the batchcast server at " + endpoint_ + " (pid " +
+        gone_reason_ = "server gone: the batchcast server at " + endpoint_ + " (pid " +
                        std::to_string(welcome_.server_pid) + ") is gone: it " +
                        (server_local_ ? "exited or was killed" : "stopped answering heartbeats") +
                        " before the end of the stream";

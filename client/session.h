@@ -43,7 +43,9 @@ class ReleaseFence {
 
 class Session {
  public:
-  // Throws TimeoutError when no server answers within options.timeout_s, Error otherwise.
+  // Throws TimeoutError when no server answers within options.timeout_s, Error when the
+  // server at the endpoint recorded a failure and exited, or for any other failure. Reports
+  // the wait through options.on_waiting (client/consumer.h says when).
   explicit Session(const ConsumerOptions& options);
   ~Session();
   Session(const Session&) = delete;

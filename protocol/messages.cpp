@@ -303,6 +303,11 @@ std::string default_endpoint() {
   return "ipc:///tmp/batchcast-" + std::to_string(::getuid()) + ".sock";
 }
 
+std::string failure_record_path(const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) != 0 || endpoint.size() == 6 || endpoint[6] == '@') return "";
+  return endpoint.substr(6) + ".failed";
+}
+
 std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t) {
   // The view spans [offset, offset + (sum over dims of (shape-1)*stride + 1) * itemsize).
   // Every dimension is checked before an empty one returns 0 (a negative dimension after a zero

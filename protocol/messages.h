@@ -151,6 +151,10 @@ std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count, u
 // The endpoint used when none is given: ipc:///tmp/batchcast-<uid>.sock.
 std::string default_endpoint();
 
+// Where a server at `endpoint` records why its stream failed, for consumers that arrive after
+// it exited: "<socket path>.failed" for ipc://PATH; "" (no record) for tcp and abstract ipc.
+std::string failure_record_path(const std::string& endpoint);
+
 // Bytes spanned by a strided tensor view (0 for an empty one); nullopt on overflow.
 std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t);
 

@@ -121,6 +121,11 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   cmd->add_option("--status-interval", c.status_interval, "seconds between status lines (0: none)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--fail-linger", c.fail_linger,
+                  "after a stream failure, seconds to keep answering trainers with the error "
+                  "before exiting 1")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 }
 
 void add_make_dataset_options(CLI::App* cmd, MakeDatasetOptions& md) {

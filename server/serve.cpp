@@ -119,9 +119,16 @@ int serve(const ServeConfig& c) {
     }
   }
   if (!produced && !stop) core.wait_finished(-1);
-  bool finished = produced && produce_ok && core.wait_finished(0);
-  if (!finished && !stop)
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let errors reach consumers
+  const bool failed = !(produced && produce_ok && core.wait_finished(0)) && !stop;
+  if (failed && c.fail_linger > 0) {
+    // Trainers that attach now still get the error (and those after the exit read the failure
+    // record): without the linger they would wait out their timeout on a silent endpoint.
+    spdlog::info("still answering on {} for {} s with the error (--fail-linger)", core.endpoint(),
+                 c.fail_linger);
+    const double until = monotonic_seconds() + c.fail_linger;
+    while (!stop && monotonic_seconds() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   signals.stop();  // its callback uses `core`, which is destroyed before `signals`
   core.stop();
   producing.join();
@@ -131,8 +138,7 @@ int serve(const ServeConfig& c) {
       "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died",
       s.chunks_published, s.samples_published, producer.skipped_samples(), s.consumers_ever,
       s.consumers_died);
-  if (stop) return 0;
-  return finished ? 0 : 1;
+  return failed ? 1 : 0;  // a signal during the linger does not make a failure a success
 }
 
 }  // namespace batchcast

@@ -59,6 +59,8 @@ struct ServeConfig {
   std::string metrics_dir;  // empty: no metrics
   double metrics_interval = 1.0;
   double status_interval = 5.0;  // 0: no status lines
+  // After a stream failure: seconds the server keeps answering with the error before it exits.
+  double fail_linger = 30.0;
 
   // The command-line names of the enum settings (the one table each; main.cpp offers them).
   static const std::map<std::string, DecoderKind> kDecoders;

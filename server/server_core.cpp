@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <zmq.hpp>
 
 #include "common/error.h"
@@ -53,6 +55,22 @@ SlotMemory create_pool(const ServerOptions& o, const std::string& endpoint) {
                             static_cast<int>(o.device_index));
 }
 
+// Writes the failure record beside an ipc socket: owner-only, complete or absent (written to a
+// temporary name, then renamed), so a consumer never reads half a message.
+void record_failure(const std::string& path, const std::string& message) {
+  const std::string tmp = path + "." + std::to_string(::getpid());
+  mode_t old_umask = ::umask(077);
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  ::umask(old_umask);
+  if (!f) return spdlog::warn("cannot record the failure in {}: {}", path, std::strerror(errno));
+  bool ok = std::fwrite(message.data(), 1, message.size(), f) == message.size();
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    spdlog::warn("cannot record the failure in {}: {}", path, std::strerror(errno));
+    ::unlink(tmp.c_str());
+  }
+}
+
 }  // namespace
 
 ServerCore::ServerCore(ServerOptions options)
@@ -80,6 +98,9 @@ ServerCore::ServerCore(ServerOptions options)
   ::umask(old_umask);
   if (!ipc_path_.empty()) ::chmod(ipc_path_.c_str(), 0600);
   endpoint_ = router_->get(zmq::sockopt::last_endpoint);
+  failure_path_ = protocol::failure_record_path(endpoint_);
+  // This endpoint answers again: a failure recorded by an earlier server no longer applies.
+  if (!failure_path_.empty()) ::unlink(failure_path_.c_str());
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw Error("eventfd failed");
   StreamRules rules;
@@ -159,16 +180,20 @@ std::optional<FillLease> ServerCore::acquire() {
 
 void ServerCore::publish(const FillLease& lease, const protocol::ChunkPosition& position,
                          std::vector<protocol::TensorSpec> tensors) {
-  bool failed;
+  std::string failure;
   {
     std::lock_guard lk(mu_);
     // The slot's sequence word is written while the chunk is complete and before any consumer
     // can be sent its descriptor (the state publishes it, in order, at the earliest now).
     memory_.pool().set_slot_seq(lease.slot, lease.seq);
+    bool was_failed = state_->failed();
     state_->publish(lease.seq, lease.slot, position, std::move(tensors));
-    failed = state_->failed();
+    if (!was_failed && state_->failed()) failure = state_->failure();
   }
-  if (failed) slot_freed_.notify_all();  // an invalid chunk failed the stream: acquire() returns
+  if (!failure.empty()) {  // an invalid chunk failed the stream: acquire() returns
+    if (!failure_path_.empty()) record_failure(failure_path_, failure);
+    slot_freed_.notify_all();
+  }
   wake();
 }
 
@@ -181,11 +206,14 @@ void ServerCore::finish() {
 }
 
 void ServerCore::fail(const std::string& message) {
+  bool first;
   {
     std::lock_guard lk(mu_);
+    first = !state_->failed();
     state_->fail(message);
   }
   spdlog::error("stream failed: {}", message);
+  if (first && !failure_path_.empty()) record_failure(failure_path_, message);
   slot_freed_.notify_all();
   wake();
 }

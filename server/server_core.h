@@ -12,6 +12,10 @@
 // is thread-safe. Lifetime: the constructor removes stale segments of dead servers, creates the
 // pool (mode 0600) and binds the endpoint (an ipc socket file is made 0600); the destructor
 // stops the loop, closes the socket (removing the ipc file) and unlinks the pool.
+// Failure record (ipc endpoints): a failed stream's message is also written, 0600, to
+// protocol::failure_record_path(), so that a consumer arriving after this process exited still
+// learns why; it outlives the process on purpose and the next server binding the endpoint
+// removes it.
 // GPU pools (device = kCuda, CUDA builds only): the slots are a DeviceArena on cuda:device_index,
 // created before the endpoint is bound and freed after the loop stops; the shared segment keeps
 // the header and sequence words; FillLease::data is then device memory.
@@ -113,6 +117,7 @@ class ServerCore {
   ServerOptions options_;
   std::string ipc_path_;  // declared before endpoint_: resolve_endpoint() fills it
   std::string endpoint_;
+  std::string failure_path_;  // protocol::failure_record_path(endpoint_)
   std::string boot_id_;
   SlotMemory memory_;  // the pool: host slots, or a header segment + a GPU arena
   std::unique_ptr<zmq::context_t> context_;

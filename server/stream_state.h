@@ -111,6 +111,7 @@ class StreamState {
   void tick(double now);
 
   bool failed() const { return !failure_.empty(); }
+  const std::string& failure() const { return failure_; }  // empty unless failed()
   // finish() was called, min_consumers attached, and every consumer was sent End (or left).
   bool all_ended() const;
   ServerStats stats() const;

@@ -5,7 +5,9 @@ SPEC is a temp file holding a pickled header (key, file paths, the trainer's sys
 main script) followed by the pickled dataset and torch DataLoader arguments. It serves
 unbounded epochs of a torch DataLoader through a :class:`batchcast.Producer` and exits once
 the last Loader has left (after at least one attached) for GRACE_S seconds, or when no Loader
-attached within STARTUP_TIMEOUT_S, or on SIGTERM/SIGINT. It decides to exit while holding the
+attached within STARTUP_TIMEOUT_S, or on SIGTERM/SIGINT/SIGHUP (each removes the pool, the
+socket and the share's files; after SIGKILL the next producer of the key, or the stale-segment
+sweep of any batchcast server, removes them). It decides to exit while holding the
 share's lock file, and keeps it until its endpoint and files are gone, so a process attaching
 at that moment either is counted or starts a fresh producer. Output goes to the share's log.
 """
@@ -27,6 +29,7 @@ from typing import Any, Dict
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
 _POLL_S = 0.1
+_STOPPING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def _load_main(path: str) -> None:
@@ -78,7 +81,7 @@ def _watch(
         if done.is_set():  # run() ended by itself (an error in the dataset)
             held["lock"] = _lock(paths["lock"])
             break
-        sig = signal.sigtimedwait({signal.SIGINT, signal.SIGTERM}, _POLL_S)
+        sig = signal.sigtimedwait(_STOPPING_SIGNALS, _POLL_S)
         if sig is not None:
             print(f"batchcast share producer: signal {sig.si_signo}, stopping", flush=True)
             held["lock"] = _lock(paths["lock"])
@@ -109,7 +112,7 @@ def _watch(
 def main(argv: list) -> int:
     # Signals are taken by the watcher thread (sigtimedwait): the main thread spends its time
     # in native calls, where Python signal handlers would not run.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING_SIGNALS)
     header, payload = _read_spec(argv[1])
     paths = header["paths"]
 

@@ -10,15 +10,27 @@ Batches are tuples/lists of tensors (sent as "#0", "#1", ...), dicts of tensors 
 their string keys) or single tensors (sent as "#"); NumPy arrays are accepted too. Dimension 0
 is the sample dimension and all tensors of a batch must agree on it. Tensors must be on the
 CPU (CUDA batches are not supported yet).
+
+Cleanup: the pool (a /dev/shm segment) and the ipc socket file exist from the first batch
+until close(). run() closes them itself when it ends by an exception: KeyboardInterrupt
+(SIGINT), SystemExit (SIGTERM and SIGHUP become ``SystemExit(128 + signum)`` while the pool
+exists, in the main thread, where they still have their default action: _exit_guard.py),
+or an error of the iterable, which first fails the stream so that Loaders get its message
+(Loaders that attach during the next ``fail_linger`` seconds too, and for ipc endpoints,
+later ones through ``<socket path>.failed``). A pool still open at interpreter exit is closed
+then. SIGKILL cannot be caught: the next server on the endpoint, or any batchcast server's
+stale-segment sweep, removes what is left (docs/safety.md).
 """
 
 from __future__ import annotations
 
+import time
 from collections import abc
 from collections.abc import Mapping
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 from . import _batchcast
+from ._exit_guard import ExitGuard
 
 __all__ = ["Producer"]
 
@@ -134,6 +146,9 @@ class Producer:
             nothing for ``stall_timeout`` seconds.
         stall_timeout: see stall_policy.
         allow_remote: let a ``tcp://*:PORT`` endpoint listen on every interface.
+        fail_linger: when the iterable raises, seconds the stream stays up failed (Loaders
+            attaching then get the error) before run() closes it and re-raises; like
+            ``batchcast serve --fail-linger``.
     """
 
     def __init__(
@@ -146,6 +161,7 @@ class Producer:
         stall_policy: str = "wait",
         stall_timeout: float = 10.0,
         allow_remote: bool = False,
+        fail_linger: float = 30.0,
     ) -> None:
         if isinstance(iterable, abc.Iterator):
             raise TypeError(
@@ -160,7 +176,9 @@ class Producer:
         self._stall_policy = stall_policy
         self._stall_timeout = stall_timeout
         self._allow_remote = allow_remote
+        self._fail_linger = fail_linger
         self._core: Optional[Any] = None
+        self._guard: Optional[ExitGuard] = None
         self._epoch = 0
         self._stopped = False
 
@@ -168,9 +186,24 @@ class Producer:
 
     def run(self, epochs: Optional[int] = 1) -> bool:
         """Serves ``epochs`` passes (None: until :meth:`stop`), then tells the Loaders the
-        stream ended and returns once each got it. Returns False if stopped early."""
+        stream ended and returns once each got it. Returns False if stopped early. Ending by
+        an exception closes the Producer (see the module's Cleanup)."""
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs={epochs}: use an integer >= 1 or None")
+        served = False
+        try:
+            result = self._serve(epochs)
+            served = True
+            return result
+        except Exception as e:  # not KeyboardInterrupt/SystemExit (signals): no linger for those
+            if self._core is not None and not self._stopped:
+                self._fail(f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            if not served:
+                self.close()
+
+    def _serve(self, epochs: Optional[int]) -> bool:
         epoch_samples: Optional[int] = None
         served = 0
         while (epochs is None or served < epochs) and not self._stopped:
@@ -208,9 +241,12 @@ class Producer:
             self._core.stop()
 
     def close(self) -> None:
-        """Stops and removes the shared pool and the endpoint."""
+        """Stops and removes the shared pool and the endpoint (idempotent)."""
         self.stop()
         self._core = None
+        if self._guard is not None:
+            self._guard.release()
+            self._guard = None
 
     def __enter__(self) -> "Producer":
         return self
@@ -246,6 +282,13 @@ class Producer:
         return dict(self._core.stats()) if self._core is not None else {}
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _fail(self, message: str) -> None:
+        """Fails the stream with `message` and keeps answering for fail_linger seconds."""
+        self._core.fail(message)
+        deadline = time.monotonic() + self._fail_linger
+        while not self._stopped and time.monotonic() < deadline:
+            time.sleep(0.1)  # signals interrupt it (their exception ends the linger)
 
     def _first(self, iterator: Iterator[Any]) -> Tuple[List[str], List[Any]]:
         try:
@@ -287,6 +330,7 @@ class Producer:
             stall_timeout=self._stall_timeout,
             allow_remote=self._allow_remote,
         )
+        self._guard = ExitGuard(self.close)
         if self._stopped:  # stop() raced with the start
             self._core.stop()
 

@@ -8,7 +8,10 @@
             ...
 
 serve() returns once the endpoint answers (or raises with the server's log tail if it died);
-leaving the ``with`` block sends SIGTERM (clean shutdown: no leaked segment) and waits.
+leaving the ``with`` block sends SIGTERM (clean shutdown: no leaked segment) and waits. While
+the server runs, SIGTERM and SIGHUP to this process unwind the ``with`` block as SystemExit, and
+a server still running at interpreter exit is stopped too (_exit_guard.py): the child never
+outlives its parent's clean exit. (SIGKILL of the parent leaves the child running.)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from . import _batchcast
+from ._exit_guard import ExitGuard
 
 __all__ = ["Server", "serve", "find_binary"]
 
@@ -70,6 +74,7 @@ class Server:
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
         self._before = before
+        self._guard = ExitGuard(self.stop)
 
     @property
     def pid(self) -> int:
@@ -134,6 +139,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self._guard.release()
         return self.process.returncode
 
     def __enter__(self) -> "Server":

@@ -309,6 +309,13 @@ void bind_consumer(py::module_& m) {
              o.late_join = parse_late_join(late_join);
              o.name = name;
              o.cuda_device = cuda_device;
+             o.on_waiting = [](const std::string& at, double waited_s) {
+               py::gil_scoped_acquire gil;  // the handshake runs with the GIL released
+               py::module_::import("logging")
+                   .attr("getLogger")("batchcast")
+                   .attr("info")("waiting for a batchcast server at %s (%.0f s so far)", at,
+                                 waited_s);
+             };
              return std::make_unique<PyConsumer>(std::move(o));
            }),
            py::arg("endpoint") = "", py::arg("batch_size") = 0, py::arg("drop_last") = false,

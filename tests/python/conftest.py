@@ -12,6 +12,7 @@ pytest with that venv's python; no PYTHONPATH).
 - autouse ``no_leaks``: after each test, no batchcast.<uid>.* segment (nor ipc socket file)
   of the test's endpoints is left, and no batchcast process it started is still alive.
   Only the test's own endpoints are checked: other runs on the machine may use batchcast.
+  A failure record (``<socket path>.failed``) outlives its server by design: it is removed.
 """
 
 from __future__ import annotations
@@ -133,11 +134,21 @@ def run_py():
         p.wait()
 
 
+def _remove_failure_records() -> None:
+    for ep in _WATCHED:
+        if ep.startswith("ipc://"):
+            try:
+                os.unlink(ep[len("ipc://"):] + ".failed")
+            except FileNotFoundError:
+                pass
+
+
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     before = _our_processes()
     _WATCHED.clear()
     yield
+    _remove_failure_records()
     deadline = time.monotonic() + 5.0  # detached producers exit after a short grace period
     while True:
         leaked_pids = _our_processes() - before
