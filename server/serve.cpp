@@ -108,7 +108,7 @@ int serve(const ServeConfig& c) {
   auto last = core.stats();
   double last_t = monotonic_seconds();
   while (!stop) {
-    if (produced && (!produce_ok || core.wait_finished(0))) break;
+    if (core.failed() || (produced && (!produce_ok || core.wait_finished(0)))) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     double now = monotonic_seconds();
     if (c.status_interval > 0 && now - last_t >= c.status_interval) {
@@ -119,7 +119,7 @@ int serve(const ServeConfig& c) {
     }
   }
   if (!produced && !stop) core.wait_finished(-1);
-  const bool failed = !(produced && produce_ok && core.wait_finished(0)) && !stop;
+  const bool failed = core.failed() || (!stop && !(produce_ok && core.wait_finished(0)));
   if (failed && c.fail_linger > 0) {
     // Trainers that attach now still get the error (and those after the exit read the failure
     // record): without the linger they would wait out their timeout on a silent endpoint.

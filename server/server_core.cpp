@@ -218,6 +218,11 @@ void ServerCore::fail(const std::string& message) {
   wake();
 }
 
+bool ServerCore::failed() const {
+  std::lock_guard lk(mu_);
+  return state_->failed();
+}
+
 bool ServerCore::wait_finished(double timeout_s) {
   std::unique_lock lk(mu_);
   auto done = [this] { return stopping_ || state_->failed() || state_->all_ended(); };

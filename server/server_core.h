@@ -97,6 +97,7 @@ class ServerCore {
   // True once finish() was called, min_consumers attached, and every consumer was sent End (or
   // left). Waits up to timeout_s (negative: forever) or until stop().
   bool wait_finished(double timeout_s);
+  bool failed() const;  // fail() was called, or an invalid chunk failed the stream
   // Stops the loop and wakes every waiter (SIGINT/SIGTERM path). Idempotent.
   void stop();
 
