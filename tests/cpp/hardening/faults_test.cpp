@@ -3,12 +3,17 @@
 //   ServerGoneError ("is gone") within the heartbeat timeout, never hangs; a new server on the
 //   same endpoint removes the stale segment and serves new consumers; /dev/shm ends clean.
 // - image data changes under a running server (`batchcast serve --data DIR`): a file deleted or
-//   truncated mid-epoch. --on-error raise: the consumer's error names the file. --on-error skip:
+//   truncated mid-epoch. --on-error raise: the consumer's error names the file, the server exits
+//   1 after --fail-linger and leaves the failure, naming the file, in "<socket>.failed" (0600)
+//   for consumers that come later (the Python tests check they read it). --on-error skip:
 //   the stream completes with whole epochs (the gap filled from the next sample), and the
 //   server logs the skip count (once per epoch that read the bad file) and names the file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "shm/slot_pool.h"
@@ -101,9 +106,10 @@ TEST_P(ImageFaults, FileDeletedOrTruncatedMidEpoch) {
   const fs::path victim = files[10];
 
   auto ep = unique_endpoint("imgfault");
-  ChildProcess server(serve_args(ep, {"--data", dir, "--batch-size", "4", "--image-size", "32",
-                                      "--output", "uint8", "--epochs", "2", "--ring", "3",
-                                      "--workers", "1", "--no-shuffle", "--on-error", on_error}));
+  ChildProcess server(
+      serve_args(ep, {"--data", dir, "--batch-size", "4", "--image-size", "32", "--output", "uint8",
+                      "--epochs", "2", "--ring", "3", "--workers", "1", "--no-shuffle",
+                      "--on-error", on_error, "--fail-linger", "1"}));
   ChildProcess probe({probe_bin(), "--endpoint", ep, "--timeout", "30", "--no-verify",
                       "--batch-size", "4", "--sleep-ms", "150"});
   ASSERT_TRUE(probe.wait_for_lines("B", 1, 30)) << probe.err() << server.err();
@@ -119,7 +125,15 @@ TEST_P(ImageFaults, FileDeletedOrTruncatedMidEpoch) {
     EXPECT_EQ(rc, 4) << "the consumer must get the stream's error";
     EXPECT_NE(probe.err().find(victim.filename().string()), std::string::npos)
         << "the error must name the bad file: " << probe.err();
-    EXPECT_NE(server_rc, -1) << "the server must exit after a failed stream";
+    EXPECT_EQ(server_rc, 1) << "the server must exit 1 after a failed stream and its linger";
+    const std::string record = ipc_path(ep) + ".failed";
+    std::ifstream in(record);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    struct stat st {};
+    EXPECT_EQ(::stat(record.c_str(), &st), 0) << "no failure record " << record;
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_NE(text.find(victim.filename().string()), std::string::npos) << text;
+    fs::remove(record);
   } else {
     EXPECT_EQ(rc, 0) << probe.err();
     EXPECT_EQ(server_rc, 0) << server.err();
