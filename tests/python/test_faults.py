@@ -160,6 +160,34 @@ def test_trainer_after_a_failed_server_exited_learns_why(endpoint, batchcast_bin
             assert sum(len(b[0]) for b in loader) == 16
 
 
+SERVE_PARENT = textwrap.dedent(
+    """
+    import signal, sys, time, batchcast
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    endpoint, how = sys.argv[1], sys.argv[2]
+    server = batchcast.serve(synthetic=64, sample_bytes=16, endpoint=endpoint, batch_size=8,
+                             ring=2, workers=1, epochs=None)
+    print(server.pid, flush=True)
+    if how == "signal":
+        with server:
+            while True:
+                time.sleep(0.1)  # where a signal's SystemExit unwinds the with block
+    # how == "exit": the interpreter exits with the server still running
+    """
+)
+
+
+@pytest.mark.parametrize("how, rc", [("signal", 128 + signal.SIGTERM), ("exit", 0)])
+def test_serve_context_stops_its_server_when_the_parent_ends(endpoint, run_py, how, rc):
+    parent = run_py(SERVE_PARENT, endpoint, how)
+    child = int(parent.stdout.readline())
+    if how == "signal":
+        parent.send_signal(signal.SIGTERM)
+    assert parent.wait(60) == rc, parent.stderr.read().decode()
+    assert wait_gone(child, 60)
+    assert leftovers(endpoint) == []
+
+
 # -- the waiting trainer -----------------------------------------------------------------------
 
 
