@@ -1,11 +1,10 @@
 #include "client/session.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
-
-#include <fstream>
-#include <iterator>
 
 #include "common/error.h"
 #include "common/process.h"
@@ -21,12 +20,21 @@ double deadline_from(double timeout_s) {
   return timeout_s > 0 ? monotonic_seconds() + timeout_s : 1e300;
 }
 
-// The failure a server recorded before it exited (protocol::failure_record_path), if any.
+// The failure a server of this user recorded before it exited (protocol::failure_record_path),
+// if any. Another user's file at that name (planted in /tmp) is not a record.
 std::optional<std::string> read_failure_record(const std::string& path) {
   if (path.empty()) return std::nullopt;
-  std::ifstream f(path);
-  if (!f) return std::nullopt;
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::getuid()) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (text.empty()) return std::nullopt;
   return text;
 }
 

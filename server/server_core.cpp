@@ -1,5 +1,6 @@
 #include "server/server_core.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -56,17 +57,17 @@ SlotMemory create_pool(const ServerOptions& o, const std::string& endpoint) {
 }
 
 // Writes the failure record beside an ipc socket: owner-only, complete or absent (written to a
-// temporary name, then renamed), so a consumer never reads half a message.
+// temporary name, then renamed), so a consumer never reads half a message. O_EXCL|O_NOFOLLOW:
+// the directory is usually /tmp, where another user may have planted a link at that name.
 void record_failure(const std::string& path, const std::string& message) {
   const std::string tmp = path + "." + std::to_string(::getpid());
-  mode_t old_umask = ::umask(077);
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  ::umask(old_umask);
-  if (!f) return spdlog::warn("cannot record the failure in {}: {}", path, std::strerror(errno));
-  bool ok = std::fwrite(message.data(), 1, message.size(), f) == message.size();
-  ok = std::fclose(f) == 0 && ok;
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bool ok = fd >= 0 &&
+            ::write(fd, message.data(), message.size()) == static_cast<ssize_t>(message.size());
+  if (fd >= 0) ok = ::close(fd) == 0 && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    spdlog::warn("cannot record the failure in {}: {}", path, std::strerror(errno));
+    spdlog::warn("cannot record the stream's failure in {}: {}", path, std::strerror(errno));
     ::unlink(tmp.c_str());
   }
 }

@@ -188,6 +188,16 @@ def test_serve_context_stops_its_server_when_the_parent_ends(endpoint, run_py, h
     assert leftovers(endpoint) == []
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="making a file of another user needs root")
+def test_a_failure_record_of_another_user_is_ignored(endpoint):
+    record = endpoint[len("ipc://"):] + ".failed"
+    with open(record, "w") as f:
+        f.write("forged")
+    os.chown(record, 12345, 12345)
+    with pytest.raises(batchcast.TimeoutError, match="^no server yet: "):
+        batchcast.Loader(endpoint, timeout=0.5)
+
+
 # -- the waiting trainer -----------------------------------------------------------------------
 
 
