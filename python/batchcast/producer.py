@@ -190,17 +190,17 @@ class Producer:
         an exception closes the Producer (see the module's Cleanup)."""
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs={epochs}: use an integer >= 1 or None")
-        served = False
+        returned = False
         try:
             result = self._serve(epochs)
-            served = True
+            returned = True
             return result
         except Exception as e:  # not KeyboardInterrupt/SystemExit (signals): no linger for those
             if self._core is not None and not self._stopped:
                 self._fail(f"{type(e).__name__}: {e}")
             raise
         finally:
-            if not served:
+            if not returned:
                 self.close()
 
     def _serve(self, epochs: Optional[int]) -> bool:
