@@ -65,6 +65,24 @@ void log_status(const ServerStats& s, const ServerStats& last, double seconds) {
       s.messages_dropped ? fmt::format(" | {} bad messages dropped", s.messages_dropped) : "");
 }
 
+// A GPU pool dies with this process, and CUDA IPC lets no importer keep it alive: a consumer
+// still reading its last batches would read freed memory. So the server stays until every
+// consumer has released its batches and left, or died (a host pool's mappings outlive the
+// server, so it needs no such wait). A signal ends the wait.
+void drain_gpu_pool(const ServerCore& core, const std::atomic<bool>& stop) {
+  double next_note = monotonic_seconds();
+  while (!stop && core.consumers_now() > 0) {
+    if (monotonic_seconds() >= next_note) {
+      spdlog::info(
+          "stream done; the GPU pool stays until {} consumer(s) release their last "
+          "batches and leave (they are reading it)",
+          core.consumers_now());
+      next_note += 10;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 }  // namespace
 
 int serve(const ServeConfig& c) {
@@ -129,6 +147,7 @@ int serve(const ServeConfig& c) {
     while (!stop && monotonic_seconds() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  if (!failed && c.cuda_device() >= 0) drain_gpu_pool(core, stop);
   signals.stop();  // its callback uses `core`, which is destroyed before `signals`
   core.stop();
   producing.join();

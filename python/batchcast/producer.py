@@ -148,7 +148,8 @@ class Producer:
         allow_remote: let a ``tcp://*:PORT`` endpoint listen on every interface.
         fail_linger: when the iterable raises, seconds the stream stays up failed (Loaders
             attaching then get the error) before run() closes it and re-raises; like
-            ``batchcast serve --fail-linger``.
+            ``batchcast serve --fail-linger``. None: 0 for ipc endpoints, whose failure record
+            tells later Loaders why (so a failing script is not held up), 30 for tcp ones.
     """
 
     def __init__(
@@ -161,7 +162,7 @@ class Producer:
         stall_policy: str = "wait",
         stall_timeout: float = 10.0,
         allow_remote: bool = False,
-        fail_linger: float = 30.0,
+        fail_linger: Optional[float] = None,
     ) -> None:
         if isinstance(iterable, abc.Iterator):
             raise TypeError(
@@ -286,7 +287,10 @@ class Producer:
     def _fail(self, message: str) -> None:
         """Fails the stream with `message` and keeps answering for fail_linger seconds."""
         self._core.fail(message)
-        deadline = time.monotonic() + self._fail_linger
+        linger = self._fail_linger
+        if linger is None:
+            linger = 0.0 if self.endpoint.startswith("ipc://") else 30.0
+        deadline = time.monotonic() + linger
         while not self._stopped and time.monotonic() < deadline:
             time.sleep(0.1)  # signals interrupt it (their exception ends the linger)
 

@@ -91,8 +91,7 @@ def test_unsized_iterable_of_bare_tensors(endpoint):
 
 
 def test_a_larger_later_batch_names_slot_bytes(endpoint):
-    producer = batchcast.Producer([torch.zeros(4, 10), torch.zeros(400, 10)], endpoint,
-                                  fail_linger=0)
+    producer = batchcast.Producer([torch.zeros(4, 10), torch.zeros(400, 10)], endpoint)
     with pytest.raises(ValueError, match=r"slot_bytes=16000"):
         producer.run(1)
     producer.close()
