@@ -98,7 +98,7 @@ class ServerCore {
   // left). Waits up to timeout_s (negative: forever) or until stop().
   bool wait_finished(double timeout_s);
   bool failed() const;  // fail() was called, or an invalid chunk failed the stream
-  // Stops the loop and wakes every waiter (SIGINT/SIGTERM path). Idempotent.
+  // Stops the loop and wakes every waiter (SIGINT/SIGTERM/SIGHUP path). Idempotent.
   void stop();
 
   void set_epoch_samples(uint64_t samples);
