@@ -55,6 +55,11 @@ class Stream {
     send(id, h);
   }
   void credit(const std::string& id, uint32_t n) { send(id, protocol::Credit{n}); }
+  // A local consumer that attaches and asks for `credits` chunks.
+  void join(const std::string& id, uint32_t credits) {
+    hello(id);
+    credit(id, credits);
+  }
   void release(const std::string& id, const BatchDescriptor& d) {
     send(id, protocol::Release{d.seq, d.slot});
   }
@@ -137,8 +142,7 @@ using Seqs = std::vector<uint64_t>;
 
 TEST(StreamState, ChunksGoOutInSeqOrderWhateverThePublishOrder) {
   Stream s(rules(4));
-  s.hello("a");
-  s.credit("a", 10);
+  s.join("a", 10);
   auto f0 = s.fill(), f1 = s.fill(), f2 = s.fill();
   ASSERT_TRUE(f0 && f1 && f2);
   s.publish(*f2, 100);
@@ -153,23 +157,22 @@ TEST(StreamState, ChunksGoOutInSeqOrderWhateverThePublishOrder) {
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds[0].seq, 1u);
   EXPECT_EQ(ds[1].seq, 2u);
-  EXPECT_EQ(ds[1].position.stream_position, 2 * kChunk) << "samples before it since the stream began";
+  EXPECT_EQ(ds[1].position.stream_position, 2 * kChunk)
+      << "samples before it since the stream began";
   EXPECT_EQ(ds[1].position.index_in_epoch, 2u);
   EXPECT_EQ(s.state.stats().chunks_published, 3u);
 }
 
 TEST(StreamState, NothingIsDeliveredBeforeMinConsumersAndNothingUndeliveredIsOverwritten) {
   Stream s(rules(3, /*min_consumers=*/2));
-  s.hello("a");
-  s.credit("a", 10);
+  s.join("a", 10);
   EXPECT_EQ(s.produce_until_refused(), 3) << "the ring fills once";
   s.tick();
   EXPECT_EQ(s.seqs("a"), Seqs{}) << "one of two consumers: the stream has not started";
   s.now += 3600;
   s.tick();
   EXPECT_FALSE(s.fill()) << "a chunk nobody received was overwritten";
-  s.hello("b");
-  s.credit("b", 10);
+  s.join("b", 10);
   s.tick();
   EXPECT_EQ(s.consume("a"), (Seqs{0, 1, 2}));
   EXPECT_EQ(s.consume("b"), (Seqs{0, 1, 2})) << "both see the stream from its first chunk";
@@ -177,10 +180,8 @@ TEST(StreamState, NothingIsDeliveredBeforeMinConsumersAndNothingUndeliveredIsOve
 
 TEST(StreamState, ASlotIsReusedOnlyAfterEveryReceiverReleasedIt) {
   Stream s(rules(2));
-  s.hello("a");
-  s.hello("b");
-  s.credit("a", 10);
-  s.credit("b", 10);
+  s.join("a", 10);
+  s.join("b", 10);
   s.produce(2);
   s.tick();
   auto a = s.take<BatchDescriptor>("a");
@@ -217,8 +218,7 @@ TEST(StreamState, TheProducerIsAtMostTheRingAheadOfTheSlowestConsumer) {
 // Publishes chunks 0..n-1 (per_epoch chunks an epoch) while consumer "a" takes and releases
 // every one, so what the ring retains is decided by its size alone.
 void run_ahead(Stream& s, int n, uint64_t per_epoch) {
-  s.hello("a");
-  s.credit("a", 1000);
+  s.join("a", 1000);
   for (int i = 0; i < n; ++i) {
     s.produce(1, per_epoch);
     s.tick();
@@ -229,8 +229,7 @@ void run_ahead(Stream& s, int n, uint64_t per_epoch) {
 TEST(StreamState, ALateJoinerReplaysAWholeEpochFromTheRetainedEpochStart) {
   Stream s(rules(4));
   run_ahead(s, 6, /*per_epoch=*/4);  // retained: 2 3 | 4 5 (epoch 1 starts at 4)
-  s.hello("late");
-  s.credit("late", 100);
+  s.join("late", 100);
   s.tick();
   auto ds = s.take<BatchDescriptor>("late");
   ASSERT_EQ(ds.size(), 2u);
@@ -242,16 +241,14 @@ TEST(StreamState, ALateJoinerReplaysAWholeEpochFromTheRetainedEpochStart) {
 TEST(StreamState, ALateJoinerWithNoRetainedEpochStartGetsThePartialEpochRetained) {
   Stream s(rules(4));
   run_ahead(s, 6, /*per_epoch=*/8);  // retained: 2 3 4 5 of epoch 0
-  s.hello("late");
-  s.credit("late", 100);
+  s.join("late", 100);
   s.tick();
   EXPECT_EQ(s.seqs("late"), (Seqs{2, 3, 4, 5})) << "the oldest retained chunk onwards";
 }
 
 TEST(StreamState, ALateJoinerStartsInsideTheGapFreeRetainedTail) {
   Stream s(rules(3));
-  s.hello("a");
-  s.credit("a", 100);
+  s.join("a", 100);
   s.produce(3, /*per_epoch=*/3);
   s.tick();
   auto a = s.take<BatchDescriptor>("a");
@@ -259,8 +256,7 @@ TEST(StreamState, ALateJoinerStartsInsideTheGapFreeRetainedTail) {
   s.release("a", a[1]);
   s.release("a", a[2]);  // chunk 0 (an epoch start) stays held
   s.produce(1, 3);       // chunk 3, epoch 1's start, replaces chunk 1: retained 0 _ 2 3
-  s.hello("late");
-  s.credit("late", 100);
+  s.join("late", 100);
   s.tick();
   EXPECT_EQ(s.seqs("late"), Seqs{3}) << "replaying from chunk 0 would jump across the hole";
 }
@@ -286,8 +282,7 @@ TEST(StreamState, ANextEpochJoinerStartsAtTheNextEpochStart) {
 
 TEST(StreamState, ALoneNextEpochJoinerPassesUnsentChunksInsteadOfWaitingForever) {
   Stream s(rules(2));
-  s.hello("a");
-  s.credit("a", 1);
+  s.join("a", 1);
   s.produce(2, /*per_epoch=*/4);
   s.tick();
   EXPECT_EQ(s.consume("a"), Seqs{0});
@@ -308,8 +303,7 @@ TEST(StreamState, ALoneNextEpochJoinerPassesUnsentChunksInsteadOfWaitingForever)
 
 TEST(StreamState, AChunkPassedByChoiceStaysReusableAfterItsPasserLeft) {
   Stream s(rules(2));
-  s.hello("a");
-  s.credit("a", 1);
+  s.join("a", 1);
   s.produce(2, /*per_epoch=*/4);
   s.tick();
   EXPECT_EQ(s.consume("a"), Seqs{0});
@@ -326,10 +320,8 @@ TEST(StreamState, AChunkPassedByChoiceStaysReusableAfterItsPasserLeft) {
 
 // Two consumers on a ring of 2: "a" takes everything, "b" took chunk 0 then stopped asking.
 void stall_b(Stream& s) {
-  s.hello("a");
-  s.hello("b");
-  s.credit("a", 1000);
-  s.credit("b", 1);
+  s.join("a", 1000);
+  s.join("b", 1);
   s.produce(2);
   s.tick();
   s.consume("a");
@@ -373,13 +365,13 @@ TEST(StreamState, ASkippedConsumerResumesAtTheOldestRetainedChunkAndSeesTheGap) 
   auto ds = s.take<BatchDescriptor>("b");
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds[0].seq, 2u);
-  EXPECT_EQ(ds[0].position.stream_position, 2 * kChunk) << "consumers count skips from stream positions";
+  EXPECT_EQ(ds[0].position.stream_position, 2 * kChunk)
+      << "consumers count skips from stream positions";
 }
 
 TEST(StreamState, ALocalConsumerWhoseProcessDiedIsDroppedAndItsSlotsFreed) {
   Stream s(rules(2));
-  s.hello("a");
-  s.credit("a", 10);
+  s.join("a", 10);
   s.produce(2);
   s.tick();
   EXPECT_EQ(s.take<BatchDescriptor>("a").size(), 2u);  // held, never released
@@ -421,8 +413,7 @@ TEST(StreamState, ARemoteConsumerIsDroppedAfterTheHeartbeatTimeout) {
 
 TEST(StreamState, GoodbyeKeepsTheSlotsStillHeldUntilTheyAreReleased) {
   Stream s(rules(2));
-  s.hello("a");
-  s.credit("a", 1);
+  s.join("a", 1);
   s.produce(2);
   s.tick();
   auto held = s.take<BatchDescriptor>("a");
@@ -463,10 +454,8 @@ TEST(StreamState, ForgedAndDuplicateReleasesAreDroppedAndCounted) {
 
 TEST(StreamState, AForgedReleaseCannotFreeAnotherConsumersSlot) {
   Stream s(rules(2));
-  s.hello("a");
-  s.hello("evil");
-  s.credit("a", 10);
-  s.credit("evil", 10);
+  s.join("a", 10);
+  s.join("evil", 10);
   s.produce(2);
   s.tick();
   auto a = s.take<BatchDescriptor>("a");
@@ -480,10 +469,8 @@ TEST(StreamState, AForgedReleaseCannotFreeAnotherConsumersSlot) {
 
 TEST(StreamState, EveryConsumerIsSentEndAfterFinish) {
   Stream s(rules(4));
-  s.hello("a");
-  s.hello("b");
-  s.credit("a", 10);
-  s.credit("b", 1);
+  s.join("a", 10);
+  s.join("b", 1);
   s.produce(2, /*per_epoch=*/2);
   s.state.finish();
   s.tick();
@@ -501,8 +488,7 @@ TEST(StreamState, EveryConsumerIsSentEndAfterFinish) {
 
 TEST(StreamState, FinishWaitsForChunksStillBeingFilled) {
   Stream s(rules(4));
-  s.hello("a");
-  s.credit("a", 10);
+  s.join("a", 10);
   auto f0 = s.fill();
   ASSERT_TRUE(f0);
   s.state.finish();
@@ -535,8 +521,7 @@ TEST(StreamState, FailTellsAttachedConsumersAndThoseThatAttachLater) {
 
 TEST(StreamState, AnInvalidChunkFailsTheStreamInsteadOfReachingConsumers) {
   Stream s(rules(2));
-  s.hello("a");
-  s.credit("a", 10);
+  s.join("a", 10);
   auto f = s.fill();
   ASSERT_TRUE(f);
   protocol::ChunkPosition p;
@@ -564,10 +549,8 @@ TEST(StreamState, CreditsBoundWhatIsSent) {
 
 TEST(StreamState, ARefusedSendStopsDeliveryToThatConsumerOnlyAndResumesInOrder) {
   Stream s(rules(4));
-  s.hello("a");
-  s.hello("b");
-  s.credit("a", 10);
-  s.credit("b", 10);
+  s.join("a", 10);
+  s.join("b", 10);
   s.refusing.insert("a");
   s.produce(2);
   s.tick();
@@ -596,8 +579,7 @@ TEST(StreamState, WelcomeAndHeartbeatsGoOutOnTheirSchedule) {
 
 TEST(StreamState, ProducerBlockedTimeIsTheTimeAcquireWasRefused) {
   Stream s(rules(2));
-  s.hello("a");
-  s.credit("a", 10);
+  s.join("a", 10);
   s.produce(2);
   s.tick();
   auto ds = s.take<BatchDescriptor>("a");
