@@ -191,10 +191,7 @@ void ServerCore::publish(const FillLease& lease, const protocol::ChunkPosition& 
     state_->publish(lease.seq, lease.slot, position, std::move(tensors));
     if (!was_failed && state_->failed()) failure = state_->failure();
   }
-  if (!failure.empty()) {  // an invalid chunk failed the stream: acquire() returns
-    if (!failure_path_.empty()) record_failure(failure_path_, failure);
-    slot_freed_.notify_all();
-  }
+  if (!failure.empty()) stream_failed(failure);  // an invalid chunk failed the stream
   wake();
 }
 
@@ -214,9 +211,13 @@ void ServerCore::fail(const std::string& message) {
     state_->fail(message);
   }
   spdlog::error("stream failed: {}", message);
-  if (first && !failure_path_.empty()) record_failure(failure_path_, message);
-  slot_freed_.notify_all();
+  if (first) stream_failed(message);  // a later fail() changes nothing: producers were woken
   wake();
+}
+
+void ServerCore::stream_failed(const std::string& message) {
+  if (!failure_path_.empty()) record_failure(failure_path_, message);
+  slot_freed_.notify_all();  // acquire() returns nullopt from now on
 }
 
 bool ServerCore::failed() const {

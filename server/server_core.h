@@ -113,6 +113,8 @@ class ServerCore {
   void receive_all(double now);  // drains the socket into the state
   bool send(const std::string& identity, const protocol::Message& message);
   void wake();
+  // The stream has just failed (once): records `message` for later consumers, wakes producers.
+  void stream_failed(const std::string& message);
   protocol::Welcome welcome() const;  // what every consumer is told about the pool
 
   ServerOptions options_;
