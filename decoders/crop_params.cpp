@@ -53,8 +53,7 @@ PixelRect random_resized_crop_params(int width, int height, SampleRng& rng,
 
 int eval_resize_size(int image_size) { return image_size * 256 / 224; }
 
-EvalGeometry eval_geometry(int width, int height, int image_size) {
-  const int resize_to = eval_resize_size(image_size);
+EvalGeometry eval_geometry(int width, int height, int resize_to, int crop_size) {
   EvalGeometry g;
   // int(size * long / short) in torchvision; integer division of non-negative ints is the same.
   if (width <= height) {
@@ -68,8 +67,8 @@ EvalGeometry eval_geometry(int width, int height, int image_size) {
   }
   g.resized_width = std::max(g.resized_width, 1);
   g.resized_height = std::max(g.resized_height, 1);
-  g.crop_top = round_half_even((g.resized_height - image_size) / 2.0);
-  g.crop_left = round_half_even((g.resized_width - image_size) / 2.0);
+  g.crop_top = round_half_even((g.resized_height - crop_size) / 2.0);
+  g.crop_left = round_half_even((g.resized_width - crop_size) / 2.0);
   return g;
 }
 

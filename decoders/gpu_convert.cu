@@ -162,12 +162,15 @@ void launch_crop_resize(const uint8_t* decoded, const ResizeJob* jobs, uint32_t 
   } else if (element_bytes == 4) {
     crop_resize<uint32_t><<<grid, kThreads, 0, stream>>>(
         decoded, jobs, size, static_cast<const uint32_t*>(table), static_cast<uint32_t*>(out));
+  } else if (element_bytes == 1) {  // planar uint8 through an identity table
+    crop_resize<uint8_t><<<grid, kThreads, 0, stream>>>(
+        decoded, jobs, size, static_cast<const uint8_t*>(table), static_cast<uint8_t*>(out));
   } else if (element_bytes == 2) {
     crop_resize<uint16_t><<<grid, kThreads, 0, stream>>>(
         decoded, jobs, size, static_cast<const uint16_t*>(table), static_cast<uint16_t*>(out));
   } else {
     throw Error("launch_crop_resize: element size " + std::to_string(element_bytes) +
-                " is not 2 or 4");
+                " is not 1, 2 or 4");
   }
   check_launch("crop_resize");
 }

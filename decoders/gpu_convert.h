@@ -58,8 +58,9 @@ ResizeJob make_resize_job(const SampleGeometry& g, int source_width, int source_
 // For each of the n jobs (device memory), bilinear-resizes (OpenCV INTER_LINEAR's sampling, no
 // antialias) its rectangle to resize_w x resize_h, cuts the size x size square at (final_left,
 // final_top), mirrors it if flip, and writes it as output square output_index of `out`: with a
-// `table` (element_bytes 2 or 4), normalised 3 x size x size planes; with table == nullptr, uint8
-// size x size x 3. Throws Error if the launch fails.
+// `table` (element_bytes 2 or 4: a ConvertTable; 1: 3 x 256 identity bytes for planar uint8),
+// 3 x size x size planes of table values; with table == nullptr, uint8 size x size x 3. Throws
+// Error if the launch fails.
 void launch_crop_resize(const uint8_t* decoded, const ResizeJob* jobs, uint32_t n, int size,
                         const void* table, int element_bytes, void* out, cudaStream_t stream);
 

@@ -173,6 +173,19 @@ ImagePipeline::ImagePipeline(PipelineOptions options) : options_(options) {
     throw Error("image_size must be in 1..16384, got " + std::to_string(options_.image_size));
   }
   if (options_.max_image_pixels < 1) throw Error("max_image_pixels must be positive");
+  if (!(options_.scale[0] >= 0 && options_.scale[0] <= options_.scale[1]))
+    throw Error("RandomResizedCrop scale must satisfy 0 <= min <= max, got (" +
+                std::to_string(options_.scale[0]) + ", " + std::to_string(options_.scale[1]) + ")");
+  if (!(options_.ratio[0] > 0 && options_.ratio[0] <= options_.ratio[1]))
+    throw Error("RandomResizedCrop ratio must satisfy 0 < min <= max, got (" +
+                std::to_string(options_.ratio[0]) + ", " + std::to_string(options_.ratio[1]) + ")");
+  if (!(options_.flip_p >= 0 && options_.flip_p <= 1))
+    throw Error("flip probability must be in [0, 1], got " + std::to_string(options_.flip_p));
+  if (options_.resize_size == 0) options_.resize_size = eval_resize_size(options_.image_size);
+  if (options_.resize_size < options_.image_size || options_.resize_size > 65536)
+    throw Error("resize_size " + std::to_string(options_.resize_size) + " must be in image_size (" +
+                std::to_string(options_.image_size) +
+                ")..65536: the centred crop cannot be larger than the resized image");
   if (std::find(kOutputDTypes.begin(), kOutputDTypes.end(), options_.output) == kOutputDTypes.end())
     throw Error(std::string("the image pipeline cannot write ") + dtype_name(options_.output) +
                 "; valid outputs: " + dtype_names(kOutputDTypes));
@@ -185,6 +198,7 @@ ImagePipeline::ImagePipeline(PipelineOptions options) : options_(options) {
       // Same float32 operations as ToTensor (v / 255) followed by Normalize ((x - mean) / std).
       float value = (static_cast<float>(v) / 255.0f - options_.mean[c]) / options_.std[c];
       float_lut_[c][v] = value;
+      identity_lut_[c][v] = static_cast<uint8_t>(v);
       half_lut_[c][v] = options_.output == DType::kBFloat16 ? float_to_bfloat16_bits(value)
                                                             : float_to_half_bits(value);
     }
@@ -196,7 +210,8 @@ ImagePipeline::ImagePipeline(PipelineOptions options) : options_(options) {
 
 std::vector<int64_t> ImagePipeline::sample_shape() const {
   const int64_t s = options_.image_size;
-  if (options_.output == DType::kUInt8) return {s, s, 3};
+  if (options_.output == DType::kUInt8 && options_.uint8_layout == Uint8Layout::kHWC)
+    return {s, s, 3};
   return {3, s, s};
 }
 
@@ -213,11 +228,11 @@ SampleGeometry ImagePipeline::geometry(int width, int height, bool jpeg, uint64_
   g.resize_h = out_size;
   if (options_.train) {
     SampleRng rng(options_.seed, epoch, index);
-    g.crop = random_resized_crop_params(width, height, rng);
+    g.crop = random_resized_crop_params(width, height, rng, options_.scale, options_.ratio);
     SampleRng flip_rng(hash_combine(options_.seed, kFlipStream), epoch, index);
-    g.flip = flip_rng.uniform() < 0.5;
+    g.flip = flip_rng.uniform() < options_.flip_p;
   } else {
-    EvalGeometry e = eval_geometry(width, height, out_size);
+    EvalGeometry e = eval_geometry(width, height, options_.resize_size, out_size);
     g.crop = PixelRect{0, 0, width, height};
     g.resize_w = e.resized_width;
     g.resize_h = e.resized_height;
@@ -227,7 +242,8 @@ SampleGeometry ImagePipeline::geometry(int width, int height, bool jpeg, uint64_
     check_pixel_count(g.resize_w, g.resize_h, options_.max_image_pixels, name);
   }
   g.scaled = g.crop;
-  if (jpeg) {
+  // Nearest neighbour picks source pixels; a DCT-domain downscale would average them first.
+  if (jpeg && options_.interpolation == Interpolation::kBilinear) {
     g.factor = choose_scaling(g.crop.width, g.crop.height, g.resize_w, g.resize_h);
     g.scaled = scale_rect(g.crop, g.factor, g.factor.scale(width), g.factor.scale(height));
   }
@@ -301,7 +317,8 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   // 4. Resize (bilinear, no antialias), then flip and normalise straight into `out`.
   cv::Mat source_mat(source.height, source.width, CV_8UC3, const_cast<uint8_t*>(source.pixels),
                      source.stride);
-  const bool direct_uint8 = options_.output == DType::kUInt8 && options_.train;
+  const bool direct_uint8 = options_.output == DType::kUInt8 &&
+                            options_.uint8_layout == Uint8Layout::kHWC && options_.train;
   uint8_t* resized = direct_uint8
                          ? static_cast<uint8_t*>(out)
                          : resized_buffer().get(static_cast<size_t>(resize_w) * resize_h * 3);
@@ -309,7 +326,9 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   if (source.width == resize_w && source.height == resize_h) {
     source_mat.copyTo(resized_mat);
   } else {
-    cv::resize(source_mat, resized_mat, resized_mat.size(), 0, 0, cv::INTER_LINEAR);
+    cv::resize(source_mat, resized_mat, resized_mat.size(), 0, 0,
+               options_.interpolation == Interpolation::kNearest ? cv::INTER_NEAREST_EXACT
+                                                                 : cv::INTER_LINEAR);
   }
   const size_t resized_stride = static_cast<size_t>(resize_w) * 3;
   const uint8_t* square = resized + static_cast<size_t>(g.final_top) * resized_stride +
@@ -324,6 +343,10 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
       write_planar(square, resized_stride, out_size, g.flip, half_lut_, out);
       break;
     case DType::kUInt8:
+      if (options_.uint8_layout == Uint8Layout::kCHW) {
+        write_planar(square, resized_stride, out_size, g.flip, identity_lut_, out);
+        break;
+      }
       if (!direct_uint8) {
         uint8_t* dst = static_cast<uint8_t*>(out);
         for (int y = 0; y < out_size; ++y) {

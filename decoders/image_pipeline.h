@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,18 +28,45 @@ namespace batchcast {
 inline const std::vector<DType> kOutputDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
                                                  DType::kUInt8};
 
+// How the crop is resized to the output (torchvision's InterpolationMode of the same name).
+// kBilinear: cv::resize(INTER_LINEAR), no antialias filter (see README, "Augmentation").
+// kNearest: INTER_NEAREST_EXACT, PIL's NEAREST pixel choice; no DCT-domain downscale then, so
+// that every output pixel is a source pixel as in PIL.
+enum class Interpolation { kNearest, kBilinear };
+
+// Memory order of one uint8 sample: (S, S, 3) as the GPU-normalising path and most image code
+// want, or (3, S, S) as torchvision's PILToTensor yields. Float outputs are always (3, S, S).
+enum class Uint8Layout { kHWC, kCHW };
+
+// The names of the two enums on the command line and in Python (the one table each).
+inline const std::map<std::string, Interpolation> kInterpolationNames = {
+    {"bilinear", Interpolation::kBilinear}, {"nearest", Interpolation::kNearest}};
+inline const std::map<std::string, Uint8Layout> kUint8LayoutNames = {{"hwc", Uint8Layout::kHWC},
+                                                                     {"chw", Uint8Layout::kCHW}};
+
 struct PipelineOptions {
   // Side of the square output. Default 224: the ImageNet training resolution of torchvision's
   // reference recipes.
   int image_size = 224;
-  // true: RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3)) + RandomHorizontalFlip(0.5),
-  // torchvision's training transform. false: Resize(int(size*256/224)) + CenterCrop(size), its
-  // eval transform. Default true: a data-loading server mostly feeds training.
+  // true: RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(flip_p), torchvision's
+  // training transform. false: Resize(resize_size) + CenterCrop(size), its eval transform.
+  // Default true: a data-loading server mostly feeds training.
   bool train = true;
-  // Float types: normalised (x/255 - mean)/std, planar (3, S, S) per sample, as ToTensor +
-  // Normalize produce. uint8: (S, S, 3) HWC, not normalised (normalise on the GPU). Default
+  // RandomResizedCrop's area fraction and aspect-ratio ranges (training). Defaults: torchvision's.
+  std::array<double, 2> scale{0.08, 1.0};
+  std::array<double, 2> ratio{3.0 / 4.0, 4.0 / 3.0};
+  // Probability of the horizontal flip (training; 0 turns it off). Default: torchvision's 0.5.
+  double flip_p = 0.5;
+  // Eval: the shorter side is resized to this before the centred crop; 0 means
+  // int(image_size * 256 / 224) (eval_resize_size), the ratio of torchvision's reference recipes.
+  // Must be >= image_size (CenterCrop would pad otherwise).
+  int resize_size = 0;
+  Interpolation interpolation = Interpolation::kBilinear;
+  // Float types: (x/255 - mean)/std, planar (3, S, S) per sample, as ToTensor + Normalize produce
+  // (mean 0, std 1: ToTensor alone). uint8: not normalised, laid out as uint8_layout. Default
   // float32: what a torchvision pipeline hands the model. One of kOutputDTypes.
   DType output = DType::kFloat32;
+  Uint8Layout uint8_layout = Uint8Layout::kHWC;
   // Per-channel RGB mean and std of Normalize. Default: the ImageNet statistics every torchvision
   // model was trained with.
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
@@ -70,7 +98,7 @@ class ImagePipeline {
 
   const PipelineOptions& options() const { return options_; }
   DType dtype() const { return options_.output; }
-  // {3, S, S} for float outputs, {S, S, 3} for uint8.
+  // {3, S, S} for float outputs and planar uint8, {S, S, 3} for HWC uint8.
   std::vector<int64_t> sample_shape() const;
   size_t sample_bytes() const;
 
@@ -91,7 +119,8 @@ class ImagePipeline {
   // Normalisation tables: value[channel][pixel byte] in the output type's bit pattern, computed
   // once as ((v / 255) - mean) / std in float32, exactly ToTensor + Normalize's arithmetic.
   std::array<std::array<float, 256>, 3> float_lut_{};
-  std::array<std::array<uint16_t, 256>, 3> half_lut_{};  // float16 or bfloat16 bits
+  std::array<std::array<uint16_t, 256>, 3> half_lut_{};     // float16 or bfloat16 bits
+  std::array<std::array<uint8_t, 256>, 3> identity_lut_{};  // planar uint8: the value itself
 };
 
 // Reads the whole file at `path` into `buffer`; returns its size. Throws SampleError(path, reason)

@@ -7,8 +7,12 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
 #include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "decoders/make_dataset.h"
 #include "server/serve.h"
@@ -37,6 +41,30 @@ CLI::Option* add_choice(CLI::App* cmd, const std::string& name, T& value,
       ->check(CLI::IsMember(choices))
       ->default_str(default_name);
 }
+
+// A fixed count of numbers, given as --name A,B,C (or space-separated); `each` checks every one.
+template <typename T, size_t N>
+CLI::Option* add_numbers(CLI::App* cmd, const std::string& name, std::array<T, N>& value,
+                         const CLI::Validator& each, const std::string& help) {
+  std::ostringstream default_text;
+  for (size_t i = 0; i < N; ++i) default_text << (i ? "," : "") << value[i];
+  return cmd
+      ->add_option_function<std::vector<T>>(
+          name, [&value](const std::vector<T>& v) { std::copy(v.begin(), v.end(), value.begin()); },
+          help)
+      ->expected(static_cast<int>(N))
+      ->delimiter(',')
+      ->check(each)
+      ->default_str(default_text.str());
+}
+
+// A number other than 0 (a divisor).
+const CLI::Validator kNonZero(
+    [](std::string& text) -> std::string {
+      if (std::string err = CLI::Number(text); !err.empty()) return err;
+      return std::stod(text) != 0.0 ? std::string() : text + " divides: it must not be 0";
+    },
+    "NONZERO");
 
 // cpu, cuda or cuda:K (K a GPU index).
 const CLI::Validator kDevice(
@@ -80,6 +108,23 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("--eval", c.eval, "Resize + CenterCrop instead of RandomResizedCrop + flip");
+  add_numbers(cmd, "--mean", c.mean, CLI::Number, "Normalize mean per RGB channel");
+  add_numbers(cmd, "--std", c.std, kNonZero, "Normalize std per RGB channel");
+  add_numbers(cmd, "--scale", c.scale, CLI::NonNegativeNumber,
+              "RandomResizedCrop area fraction range MIN,MAX");
+  add_numbers(cmd, "--ratio", c.ratio, CLI::PositiveNumber,
+              "RandomResizedCrop aspect ratio range MIN,MAX");
+  cmd->add_option("--flip-p", c.flip_p, "probability of the horizontal flip (training)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--resize-size", c.resize_size,
+                  "eval: shorter side before the centred crop (0: image size * 256 / 224)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  add_choice(cmd, "--interpolation", c.interpolation, kInterpolationNames,
+             "resize filter: bilinear or nearest (nearest: CPU decoder only)");
+  add_choice(cmd, "--uint8-layout", c.uint8_layout, kUint8LayoutNames,
+             "uint8 samples as hwc (S,S,3) or chw (3,S,S, as PILToTensor)");
   cmd->add_option("--workers", c.workers, "decoding threads")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -42,8 +42,16 @@ NvjpegStage::NvjpegStage(const DeviceArena& arena, const ImageSource& source, ui
   stream_ = CudaStream::create();
   device_jobs_ = DeviceBuffer::allocate(batch_size * sizeof(ResizeJob));
   const PipelineOptions& o = source_.pipeline().options();
+  ConvertTable table;
   if (o.output != DType::kUInt8) {
-    ConvertTable table = make_convert_table(o.output, o.mean, o.std);
+    table = make_convert_table(o.output, o.mean, o.std);
+  } else if (o.uint8_layout == Uint8Layout::kCHW) {  // planar uint8: the kernel's identity table
+    table.element_bytes = 1;
+    for (int c = 0; c < 3; ++c)
+      for (int v = 0; v < 256; ++v) table.bytes.push_back(static_cast<uint8_t>(v));
+  }
+  if (!table.bytes.empty()) {
+    element_bytes_ = table.element_bytes;
     table_ = DeviceBuffer::allocate(table.bytes.size());
     cuda_check(
         cudaMemcpy(table_.data(), table.bytes.data(), table.bytes.size(), cudaMemcpyHostToDevice),
@@ -148,7 +156,6 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
   ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
   int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
   const PipelineOptions& o = source_.pipeline().options();
-  const int element_bytes = static_cast<int>(dtype_size(o.output));
   std::vector<bool> failed(sample_count);
   for (uint32_t first = 0; first < sample_count;) {
     uint64_t bytes = 0;
@@ -184,7 +191,7 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
                "copying resize jobs" + where);
     launch_crop_resize(decoded_.data(),
                        reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first,
-                       last - first, o.image_size, table_.data(), element_bytes,
+                       last - first, o.image_size, table_.data(), element_bytes_,
                        lease.data + layout_.offsets[0], stream);
     first = last;
   }

@@ -89,7 +89,8 @@ class NvjpegStage : public ChunkStage {
   NvjpegDecoder decoder_;
   CudaStream stream_;
   DeviceBuffer device_jobs_;  // batch_size ResizeJob, reused in stream order
-  DeviceBuffer table_;        // normalisation table (float outputs)
+  DeviceBuffer table_;        // normalisation table (float outputs), identity (planar uint8)
+  int element_bytes_ = 0;     // of table_'s entries
   DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
   std::atomic<uint64_t> skipped_{0};
 };

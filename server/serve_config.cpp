@@ -37,8 +37,16 @@ void ServeConfig::validate() {
     throw Error("--rank " + std::to_string(rank) + " must be below --world-size " +
                 std::to_string(world_size) +
                 " (ranks count from 0): lower --rank or raise --world-size");
+  if (scale[0] > scale[1] || ratio[0] > ratio[1])
+    throw Error("--scale and --ratio are MIN,MAX ranges: give the smaller value first");
+  if (eval && resize_size != 0 && resize_size < image_size)
+    throw Error("--resize-size " + std::to_string(resize_size) + " is below --image-size " +
+                std::to_string(image_size) +
+                ": the centred crop must fit the resized image; raise --resize-size");
   const int index = device_index(device);
   if (gpu_decoding()) {
+    if (interpolation != Interpolation::kBilinear)
+      throw Error("--decoder nvjpeg resizes bilinearly: drop --interpolation or use --decoder cpu");
     if (synthetic)
       throw Error("--decoder nvjpeg decodes images; --synthetic has none: drop --decoder nvjpeg");
     if (index < 0) throw Error("--decoder nvjpeg decodes into a GPU pool: add --device cuda:K");
@@ -61,8 +69,19 @@ PipelineOptions ServeConfig::pipeline_options() const {
   p.image_size = image_size;
   p.train = !eval;
   p.output = output;
+  p.uint8_layout = uint8_layout;
+  p.mean = mean;
+  p.std = std;
+  p.scale = scale;
+  p.ratio = ratio;
+  p.flip_p = flip_p;
+  p.resize_size = resize_size;
+  p.interpolation = interpolation;
   p.seed = seed;
-  if (cuda_device_ >= 0 && !gpu_decoding()) p.output = DType::kUInt8;
+  if (cuda_device_ >= 0 && !gpu_decoding() && output != DType::kUInt8) {
+    p.output = DType::kUInt8;  // HWC: what the GPU conversion reads
+    p.uint8_layout = Uint8Layout::kHWC;
+  }
   return p;
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -41,9 +42,18 @@ struct ServeConfig {
   uint32_t workers = std::max(1u, std::thread::hardware_concurrency());
   uint32_t min_consumers = 1;
 
+  // The transform (decoders/image_pipeline.h, PipelineOptions has the meaning and defaults).
   int image_size = 224;
   bool eval = false;
   DType output = DType::kFloat32;
+  Uint8Layout uint8_layout = Uint8Layout::kHWC;
+  std::array<float, 3> mean = PipelineOptions{}.mean;
+  std::array<float, 3> std = PipelineOptions{}.std;
+  std::array<double, 2> scale = PipelineOptions{}.scale;
+  std::array<double, 2> ratio = PipelineOptions{}.ratio;
+  double flip_p = PipelineOptions{}.flip_p;
+  int resize_size = 0;  // eval; 0: int(image_size * 256 / 224)
+  Interpolation interpolation = Interpolation::kBilinear;
   OnErrorPolicy on_error = OnErrorPolicy::kRaise;
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:K" (the command line checks the form)
   DecoderKind decoder = DecoderKind::kCpu;
@@ -62,7 +72,8 @@ struct ServeConfig {
   // After a stream failure: seconds the server keeps answering with the error before it exits.
   double fail_linger = 30.0;
 
-  // The command-line names of the enum settings (the one table each; main.cpp offers them).
+  // The command-line names of the enum settings (the one table each; main.cpp offers them;
+  // the transform's own enums are named in decoders/image_pipeline.h).
   static const std::map<std::string, DecoderKind> kDecoders;
   static const std::map<std::string, OnErrorPolicy> kOnError;
   static const std::map<std::string, StallPolicy> kStallPolicies;
@@ -76,8 +87,8 @@ struct ServeConfig {
   int cuda_device() const { return cuda_device_; }
   bool gpu_decoding() const { return decoder == DecoderKind::kNvjpeg; }
 
-  // What ImageSource decodes. A GPU pool without GPU decoding stages uint8 and normalises on
-  // the GPU (conversions()), so the CPU never writes floats it would have to upload.
+  // What ImageSource decodes. A GPU pool without GPU decoding stages uint8 HWC and normalises
+  // on the GPU (conversions()), so the CPU never writes floats it would have to upload.
   PipelineOptions pipeline_options() const;
 #ifdef BATCHCAST_HAVE_CUDA
   // Per source tensor: what the GPU does to it between staging and slot.

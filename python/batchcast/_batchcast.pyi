@@ -112,7 +112,13 @@ class ImagePipeline:
     def __init__(self, image_size: int = 224, train: bool = True, output: str = "float32",
                  mean: Sequence[float] = (0.485, 0.456, 0.406),
                  std: Sequence[float] = (0.229, 0.224, 0.225), seed: int = 0,
-                 max_image_pixels: int = 178956970) -> None: ...
+                 max_image_pixels: int = 178956970,
+                 scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip_p: float = 0.5,
+                 resize_size: int = 0, interpolation: str = "bilinear",
+                 uint8_layout: str = "hwc") -> None: ...
+    def geometry(self, width: int, height: int, epoch: int = 0,
+                 index: int = 0) -> Dict[str, Any]: ...
     @property
     def sample_shape(self) -> List[int]: ...
     @property

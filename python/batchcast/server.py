@@ -153,6 +153,11 @@ class Server:
             pass
 
 
+def _numbers(values: Optional[Sequence[float]]) -> Optional[str]:
+    """A list option's value as the command line takes it: A,B,C (repr keeps every digit)."""
+    return None if values is None else ",".join(repr(float(v)) for v in values)
+
+
 def serve(
     data: Optional[str] = None,
     endpoint: Optional[str] = None,
@@ -169,6 +174,15 @@ def serve(
     shuffle: Optional[bool] = None,
     min_consumers: Optional[int] = None,
     output: Optional[str] = None,
+    train: Optional[bool] = None,
+    mean: Optional[Sequence[float]] = None,
+    std: Optional[Sequence[float]] = None,
+    scale: Optional[Sequence[float]] = None,
+    ratio: Optional[Sequence[float]] = None,
+    flip_p: Optional[float] = None,
+    resize_size: Optional[int] = None,
+    interpolation: Optional[str] = None,
+    uint8_layout: Optional[str] = None,
     ring: Optional[int] = None,
     stall_policy: Optional[str] = None,
     metrics_dir: Optional[str] = None,
@@ -183,6 +197,12 @@ def serve(
     puts the pool on GPU K; ``decoder="nvjpeg"`` also decodes and augments there. Anything else
     goes in ``extra_args`` (see ``batchcast serve --help``). The returned :class:`Server` is a
     context manager that stops the process on exit.
+
+    The transform: ``train=False`` is the eval transform (Resize(resize_size) + CenterCrop(
+    image_size)); ``mean``/``std`` (3 values), ``scale``/``ratio`` (MIN, MAX of
+    RandomResizedCrop), ``flip_p``, ``interpolation`` ("bilinear" or "nearest") and
+    ``uint8_layout`` ("hwc" or "chw", for ``output="uint8"``) are torchvision's parameters of
+    the same names.
     """
     if (data is None) == (synthetic is None):
         raise ValueError("give exactly one of data=DIR or synthetic=N")
@@ -200,6 +220,14 @@ def serve(
         "--seed": seed,
         "--min-consumers": min_consumers,
         "--output": output,
+        "--mean": _numbers(mean),
+        "--std": _numbers(std),
+        "--scale": _numbers(scale),
+        "--ratio": _numbers(ratio),
+        "--flip-p": flip_p,
+        "--resize-size": resize_size,
+        "--interpolation": interpolation,
+        "--uint8-layout": uint8_layout,
         "--ring": ring,
         "--stall-policy": stall_policy,
         "--metrics-dir": metrics_dir,
@@ -207,6 +235,8 @@ def serve(
     for flag, value in options.items():
         if value is not None:
             argv += [flag, str(value)]
+    if train is False:
+        argv.append("--eval")
     if shuffle is not None:
         argv.append("--shuffle" if shuffle else "--no-shuffle")
     argv += [str(a) for a in extra_args]

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,16 @@ py::dtype numpy_dtype(DType type) {
 
 py::array new_sample(const ImagePipeline& pipeline) {
   return py::array(numpy_dtype(pipeline.options().output), pipeline.sample_shape());
+}
+
+// The enum named `name` in `names`; ValueError listing the valid names otherwise.
+template <typename T>
+T parse_name(const std::string& name, const std::map<std::string, T>& names, const char* what) {
+  auto it = names.find(name);
+  if (it != names.end()) return it->second;
+  std::string valid;
+  for (const auto& [key, value] : names) valid += (valid.empty() ? "" : ", ") + key;
+  throw py::value_error(std::string(what) + " '" + name + "' is not one of " + valid);
 }
 
 py::tuple entry_tuple(const DatasetEntry& e) { return py::make_tuple(e.path, e.label); }
@@ -97,7 +108,9 @@ void bind_decoders(py::module_& m) {
                             "in (seed, epoch, index).")
       .def(py::init([](int image_size, bool train, const std::string& output,
                        std::array<float, 3> mean, std::array<float, 3> std, uint64_t seed,
-                       int64_t max_image_pixels) {
+                       int64_t max_image_pixels, std::array<double, 2> scale,
+                       std::array<double, 2> ratio, double flip_p, int resize_size,
+                       const std::string& interpolation, const std::string& uint8_layout) {
              PipelineOptions options;
              options.image_size = image_size;
              options.train = train;
@@ -106,12 +119,37 @@ void bind_decoders(py::module_& m) {
              options.std = std;
              options.seed = seed;
              options.max_image_pixels = max_image_pixels;
+             options.scale = scale;
+             options.ratio = ratio;
+             options.flip_p = flip_p;
+             options.resize_size = resize_size;
+             options.interpolation =
+                 parse_name(interpolation, kInterpolationNames, "interpolation");
+             options.uint8_layout = parse_name(uint8_layout, kUint8LayoutNames, "uint8_layout");
              return ImagePipeline(options);
            }),
            py::arg("image_size") = defaults.image_size, py::arg("train") = defaults.train,
            py::arg("output") = "float32", py::arg("mean") = defaults.mean,
            py::arg("std") = defaults.std, py::arg("seed") = defaults.seed,
-           py::arg("max_image_pixels") = defaults.max_image_pixels)
+           py::arg("max_image_pixels") = defaults.max_image_pixels,
+           py::arg("scale") = defaults.scale, py::arg("ratio") = defaults.ratio,
+           py::arg("flip_p") = defaults.flip_p, py::arg("resize_size") = defaults.resize_size,
+           py::arg("interpolation") = "bilinear", py::arg("uint8_layout") = "hwc")
+      .def(
+          "geometry",
+          [](const ImagePipeline& p, int width, int height, uint64_t epoch, uint64_t index) {
+            const SampleGeometry g = p.geometry(width, height, false, epoch, index, "<geometry>");
+            py::dict d;
+            d["crop"] = py::make_tuple(g.crop.left, g.crop.top, g.crop.width, g.crop.height);
+            d["resize"] = py::make_tuple(g.resize_w, g.resize_h);
+            d["final"] = py::make_tuple(g.final_left, g.final_top);
+            d["flip"] = g.flip;
+            return d;
+          },
+          py::arg("width"), py::arg("height"), py::arg("epoch") = 0, py::arg("index") = 0,
+          "Inspection: what the pipeline does to sample (epoch, index) of a width x height image "
+          "(crop box (left, top, width, height) in source pixels, resize (w, h), final crop "
+          "(left, top), flip), the same draw process() makes.")
       .def(
           "process",
           [](const ImagePipeline& p, const std::string& path, uint64_t epoch, uint64_t index) {

@@ -228,7 +228,7 @@ TEST(ImagePipeline, GrayscaleAndCmykBecomeRgb) {
   EXPECT_EQ(read_jpeg_header(cmyk_jpeg.data(), size, "c.jpg").colorspace, TJCS_YCCK);
   pipeline.process_bytes(cmyk_jpeg.data(), size, "cmyk.jpg", 0, 0, out.data());
   // Reference: the RGB pixels that went in, through the same eval geometry (lossy: loose).
-  EvalGeometry g = eval_geometry(320, 240, 64);
+  EvalGeometry g = eval_geometry(320, 240, eval_resize_size(64), 64);
   cv::Mat resized;
   cv::resize(rgb, resized, cv::Size(g.resized_width, g.resized_height), 0, 0, cv::INTER_LINEAR);
   cv::Mat expected = resized(cv::Rect(g.crop_left, g.crop_top, 64, 64)).clone();
@@ -256,12 +256,12 @@ TEST(ImagePipeline, PngMatchesOpenCvDecode) {
 }
 
 TEST(ImagePipeline, EvalTransformResizesShorterSideThenCentreCrops) {
-  EvalGeometry g = eval_geometry(500, 375, 224);
+  EvalGeometry g = eval_geometry(500, 375, eval_resize_size(224), 224);
   EXPECT_EQ(g.resized_width, 341);  // int(256 * 500 / 375)
   EXPECT_EQ(g.resized_height, 256);
   EXPECT_EQ(g.crop_left, 58);  // round(58.5) = 58, half to even like Python
   EXPECT_EQ(g.crop_top, 16);
-  EvalGeometry portrait = eval_geometry(300, 451, 224);
+  EvalGeometry portrait = eval_geometry(300, 451, eval_resize_size(224), 224);
   EXPECT_EQ(portrait.resized_width, 256);
   EXPECT_EQ(portrait.resized_height, 384);  // int(256 * 451 / 300) = int(384.85)
   EXPECT_EQ(eval_resize_size(160), 182);

@@ -1,0 +1,214 @@
+"""batchcast.torchvision_plan: which torchvision ImageFolder pipelines run natively, and that
+the native pipeline then yields what torchvision would (labels, order, per-sample pixels for the
+same crop box and flip, crop-box statistics); everything else falls back with a logged reason.
+
+Run: .venv/bin/python -m pytest tests/python/test_torchvision_plan.py
+"""
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+import torchvision.transforms as T
+import torchvision.transforms.functional as F
+from PIL import Image
+
+import batchcast
+import batchcast._batchcast as bc
+from batchcast.torchvision_plan import Fallback, NativePlan, plan
+from test_decoders import MEAN, STD, photo, save_jpeg
+
+# Unsorted class names (order is torchvision's sort), mixed sizes and orientations.
+SIZES = [(64, 48), (48, 64), (80, 60), (57, 43)]
+CLASSES = ["zebra", "Apple", "c10", "c9"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tvplan") / "data"
+    base = photo(90, 70)  # one real photo, cut 16 ways (opening the photo is the slow part)
+    for c, name in enumerate(CLASSES):
+        for i, (w, h) in enumerate(SIZES):
+            save_jpeg(base.crop((c, i, c + w, i + h)), str(root / name / f"img{i}.jpg"))
+    return str(root)
+
+
+def assert_close_to_torchvision(ours, ref, what):
+    """Normalised float samples, test_decoders' bound: the native resize has no antialias filter
+    (decoders/README.md, Augmentation), so sizes here keep downscales under 1.5x."""
+    diff = (ours - ref).abs()
+    assert diff.mean() < 0.03 and diff.max() < 0.8, (what, diff.mean(), diff.max())
+
+
+def train_tf(size=32, interpolation=T.InterpolationMode.BILINEAR):
+    return T.Compose([
+        T.RandomResizedCrop(size, scale=(0.3, 0.9), ratio=(0.6, 1.6),
+                            interpolation=interpolation),
+        T.RandomHorizontalFlip(0.3), T.ToTensor(), T.Normalize(MEAN, STD),
+    ])
+
+
+def test_train_pipeline_is_recognised_with_its_parameters(folder):
+    ds = torchvision.datasets.ImageFolder(folder, train_tf())
+    p = plan(ds, dict(batch_size=8, shuffle=True, drop_last=True, num_workers=4), seed=3)
+    assert isinstance(p, NativePlan)
+    assert (p.image_size, p.train, p.scale, p.ratio, p.flip_p) == (32, True, (0.3, 0.9),
+                                                                   (0.6, 1.6), 0.3)
+    assert (p.output, p.mean, p.std, p.interpolation) == ("float32", tuple(MEAN), tuple(STD),
+                                                          "bilinear")
+    assert (p.batch_size, p.shuffle, p.drop_last, p.seed) == (8, True, True, 3)
+    assert (p.device, p.decoder) == ("cpu", "cpu")
+    gpu = plan(ds, dict(batch_size=8), device="cuda:1", nvjpeg=True)
+    assert (gpu.device, gpu.decoder) == ("cuda:1", "nvjpeg")
+
+
+def test_eval_and_uint8_pipelines_are_recognised(folder):
+    ds = torchvision.datasets.ImageFolder(
+        folder, T.Compose([T.Resize(40), T.CenterCrop(32), T.PILToTensor()]))
+    p = plan(ds, {})
+    assert (p.train, p.resize_size, p.image_size, p.output, p.batch_size) == (
+        False, 40, 32, "uint8", 1)
+    ds.transform = T.Compose([T.Resize([40]), T.CenterCrop((32, 32)), T.PILToTensor(),
+                              T.ConvertImageDtype(torch.float32)])
+    p = plan(ds, {})
+    assert (p.output, p.mean, p.std) == ("float32", (0.0,) * 3, (1.0,) * 3)
+
+
+def test_v2_pipeline_is_recognised(folder):
+    v2 = pytest.importorskip("torchvision.transforms.v2")  # torchvision >= 0.15
+    to_image = getattr(v2, "ToImage", None) or getattr(v2, "ToImageTensor")
+    to_float = (v2.ToDtype(torch.float32, scale=True) if hasattr(v2, "ToImage")
+                else v2.ConvertDtype(torch.float32))
+    ds = torchvision.datasets.ImageFolder(folder, v2.Compose([
+        to_image(), v2.RandomResizedCrop(48, antialias=True), v2.RandomHorizontalFlip(),
+        to_float, v2.Normalize(MEAN, STD)]))
+    p = plan(ds, dict(batch_size=4))
+    assert isinstance(p, NativePlan), p
+    assert (p.image_size, p.flip_p, p.output) == (48, 0.5, "float32")
+
+
+def test_labels_and_order_equal_torchvision(folder, endpoint):
+    """The native server streams dataset.samples' order and labels; each eval image is
+    torchvision's within the pipeline's tolerance."""
+    tf = T.Compose([T.Resize(44), T.CenterCrop(40), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = torchvision.datasets.ImageFolder(folder, tf)
+    p = plan(ds, dict(batch_size=5, shuffle=False))
+    assert isinstance(p, NativePlan)
+    with batchcast.serve(endpoint=endpoint, epochs=1, workers=2,
+                         **p.serve_kwargs()) as server:
+        loader = batchcast.Loader(endpoint, timeout=30, **p.loader_kwargs())
+        batches = [(x.clone(), y.clone()) for x, y in loader]
+        loader.close()
+        assert server.wait(30) == 0
+    images = torch.cat([x for x, _ in batches])
+    labels = torch.cat([y for _, y in batches])
+    assert labels.tolist() == ds.targets == [label for _, label in ds.samples]
+    assert images.dtype == torch.float32 and images.shape == (len(ds), 3, 40, 40)
+    for i in range(len(ds)):
+        assert_close_to_torchvision(images[i], ds[i][0], ds.samples[i][0])
+
+
+def torchvision_sample(path, g, size, interpolation, tail):
+    """torchvision's transform of `path` with the native pipeline's crop box and flip."""
+    left, top, w, h = g["crop"]
+    img = F.resized_crop(Image.open(path).convert("RGB"), top, left, h, w, [size, size],
+                         interpolation)
+    return tail(F.hflip(img) if g["flip"] else img)
+
+
+def test_each_sample_is_torchvision_with_the_same_crop_and_flip(folder):
+    ds = torchvision.datasets.ImageFolder(folder, train_tf(48))  # crops of 30..66 px
+    p = plan(ds, {}, seed=9)
+    pipeline = bc.ImagePipeline(**p.pipeline_kwargs())
+    tail = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
+    flips = 0
+    for index, (path, _) in enumerate(ds.samples):
+        with Image.open(path) as img:
+            width, height = img.size
+        for epoch in range(3):
+            g = pipeline.geometry(width, height, epoch, index)
+            flips += g["flip"]
+            ours = torch.from_numpy(pipeline.process(path, epoch, index))
+            ref = torchvision_sample(path, g, 48, T.InterpolationMode.BILINEAR, tail)
+            assert_close_to_torchvision(ours, ref, (path, epoch))
+    assert 0 < flips < 3 * len(ds)
+
+    # Nearest and PILToTensor: the same source pixels as PIL, byte for byte.
+    ds.transform = T.Compose([T.RandomResizedCrop(32, interpolation=T.InterpolationMode.NEAREST),
+                              T.RandomHorizontalFlip(), T.PILToTensor()])
+    p = plan(ds, {}, seed=9)
+    assert (p.interpolation, p.output) == ("nearest", "uint8")
+    pipeline = bc.ImagePipeline(**p.pipeline_kwargs())
+    for index, (path, _) in enumerate(ds.samples):
+        with Image.open(path) as img:
+            width, height = img.size
+        g = pipeline.geometry(width, height, 0, index)
+        ref = torchvision_sample(path, g, 32, T.InterpolationMode.NEAREST, T.PILToTensor())
+        np.testing.assert_array_equal(pipeline.process(path, 0, index), ref.numpy())
+
+
+def ks_distance(a, b):
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the two ECDFs."""
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    return np.max(np.abs(np.searchsorted(a, grid, side="right") / len(a)
+                         - np.searchsorted(b, grid, side="right") / len(b)))
+
+
+@pytest.mark.parametrize("scale,ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 1.0), (0.3, 3.0))])
+def test_crop_box_statistics_match_torchvision(scale, ratio):
+    """Over many draws (fixed seeds: deterministic), area fraction, aspect ratio and position of
+    the native boxes follow torchvision's RandomResizedCrop.get_params, fallbacks included."""
+    width, height, n = 300, 200, 4000
+    pipeline = bc.ImagePipeline(image_size=32, scale=scale, ratio=ratio, seed=1)
+    ours = np.array([pipeline.geometry(width, height, 0, i)["crop"] for i in range(n)], float)
+    torch.manual_seed(1)
+    image = torch.empty((3, height, width), dtype=torch.uint8)
+    theirs = []
+    for _ in range(n):
+        top, left, h, w = T.RandomResizedCrop.get_params(image, list(scale), list(ratio))
+        theirs.append((left, top, w, h))
+    theirs = np.array(theirs, float)
+
+    def features(boxes):
+        left, top, w, h = boxes.T
+        return {"area": w * h / (width * height), "log aspect": np.log(w / h),
+                "centre x": (left + w / 2) / width, "centre y": (top + h / 2) / height}
+
+    # KS critical value for n = m = 4000 at alpha = 0.001: 1.95 * sqrt(2 / n) = 0.044.
+    for name, (a, b) in {k: (v, features(theirs)[k]) for k, v in features(ours).items()}.items():
+        assert ks_distance(a, b) < 0.044, name
+
+
+@pytest.mark.parametrize("make,args,why", [
+    (lambda root: torchvision.datasets.ImageFolder(
+        root, T.Compose([T.RandomResizedCrop(32), T.ColorJitter(0.4), T.ToTensor()])),
+     {}, "step 1 ColorJitter"),
+    (lambda root: torchvision.datasets.ImageFolder(
+        root, T.Compose([T.Resize((32, 40)), T.ToTensor()])), {}, "step 0 Resize"),
+    (lambda root: torchvision.datasets.ImageFolder(root, T.RandomResizedCrop(32)), {},
+     "ends with a PIL image"),
+    (lambda root: torchvision.datasets.ImageFolder(
+        root, train_tf(), target_transform=lambda y: y + 1), {}, "target_transform"),
+    (lambda root: torchvision.datasets.ImageFolder(root, train_tf()),
+     {"sampler": [0, 1]}, "sampler"),
+    (lambda root: type("MyFolder", (torchvision.datasets.ImageFolder,), {})(root, train_tf()),
+     {}, "dataset MyFolder"),
+    (lambda root: torchvision.datasets.ImageFolder(
+        root, T.Compose([T.RandomResizedCrop(32, interpolation=T.InterpolationMode.BICUBIC),
+                         T.ToTensor()])), {}, "interpolation 'bicubic'"),
+])
+def test_unrecognised_pipelines_fall_back_and_log_why(folder, caplog, make, args, why):
+    with caplog.at_level(logging.WARNING, logger="batchcast.torchvision_plan"):
+        p = plan(make(folder), args)
+    assert isinstance(p, Fallback) and why in p.reason, p
+    assert [r.getMessage() for r in caplog.records] == [
+        f"batchcast: the dataset runs in Python, not natively: {p.reason}"]
+
+
+def test_edited_samples_fall_back(folder):
+    ds = torchvision.datasets.ImageFolder(folder, train_tf())
+    ds.samples = ds.samples[1:]
+    p = plan(ds, {})
+    assert isinstance(p, Fallback) and "dataset.samples" in p.reason
