@@ -121,12 +121,15 @@ def run_mode(args: argparse.Namespace, mode: str, n: int) -> Dict[str, Any]:
     if mode == "baseline":
         results = run_trainers(trainers)
     elif mode == "python":
-        prod = subprocess.Popen(role_cmd(args, "producer", mode, out, endpoint, shared_workers, n))
+        log_path = os.path.join(args.out, f"producer-{n}.log")  # outside the run directory
+        with open(log_path, "w") as log:
+            prod = subprocess.Popen(role_cmd(args, "producer", mode, out, endpoint,
+                                             shared_workers, n), stdout=log, stderr=log)
         try:
             results = run_trainers(trainers)
         finally:
             if prod.wait(120) != 0:
-                raise RuntimeError(f"producer failed ({prod.returncode})")
+                raise RuntimeError(f"producer failed ({prod.returncode}), see {log_path}")
     else:
         p = plan(dataset(args), loader_args(args, args.workers))
         if not isinstance(p, NativePlan):
