@@ -109,6 +109,24 @@ def test_labels_and_order_equal_torchvision(folder, endpoint):
         assert_close_to_torchvision(images[i], ds[i][0], ds.samples[i][0])
 
 
+def test_served_training_samples_are_the_plans_pipeline(folder, endpoint):
+    """serve_kwargs() and pipeline_kwargs() describe one transform: each served sample (epoch 0,
+    unshuffled: index i) is ImagePipeline(**pipeline_kwargs()).process(path_i, 0, i)."""
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([
+        T.RandomResizedCrop(24, scale=(0.2, 0.5), ratio=(0.5, 2.0)), T.RandomHorizontalFlip(0.7),
+        T.PILToTensor()]))
+    p = plan(ds, dict(batch_size=16), seed=5)
+    with batchcast.serve(endpoint=endpoint, epochs=1, workers=2, **p.serve_kwargs()) as server:
+        loader = batchcast.Loader(endpoint, timeout=30, **p.loader_kwargs())
+        images = torch.cat([x.clone() for x, _ in loader])
+        loader.close()
+        assert server.wait(30) == 0
+    assert images.dtype == torch.uint8 and images.shape == (len(ds), 3, 24, 24)
+    pipeline = bc.ImagePipeline(**p.pipeline_kwargs())
+    for i, (path, _) in enumerate(ds.samples):
+        np.testing.assert_array_equal(images[i].numpy(), pipeline.process(path, 0, i))
+
+
 def torchvision_sample(path, g, size, interpolation, tail):
     """torchvision's transform of `path` with the native pipeline's crop box and flip."""
     left, top, w, h = g["crop"]
