@@ -5,6 +5,7 @@ same crop box and flip, crop-box statistics); everything else falls back with a 
 Run: .venv/bin/python -m pytest tests/python/test_torchvision_plan.py
 """
 import logging
+import subprocess
 
 import numpy as np
 import pytest
@@ -230,3 +231,18 @@ def test_edited_samples_fall_back(folder):
     ds.samples = ds.samples[1:]
     p = plan(ds, {})
     assert isinstance(p, Fallback) and "dataset.samples" in p.reason
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--std", "0.2,0,0.2"], "--std: 0 divides: it must not be 0"),
+    (["--scale", "0.5"], "--scale: At least 2 required"),
+    (["--flip-p", "2"], "--flip-p: Value 2 not in range"),
+    (["--scale", "0.9,0.1"], "give the smaller value first"),
+    (["--eval", "--image-size", "64", "--resize-size", "32"], "raise --resize-size"),
+    (["--interpolation", "nearest", "--decoder", "nvjpeg", "--device", "cuda:0"],
+     "--decoder nvjpeg resizes bilinearly"),
+])
+def test_serve_refuses_bad_transform_options_by_name(folder, batchcast_bin, args, message):
+    r = subprocess.run([batchcast_bin, "serve", "--data", folder, *args], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
