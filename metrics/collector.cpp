@@ -21,8 +21,9 @@
 #include "common/error.h"
 #include "common/process.h"
 #include "metrics/csv.h"
-#include "metrics/nvml.h"
 #include "metrics/proc_stats.h"
+#include "metrics/process_account.h"
+#include "metrics/system_series.h"
 
 namespace batchcast {
 namespace {
@@ -30,45 +31,18 @@ namespace {
 namespace fs = std::filesystem;
 using metrics::cell;
 using metrics::CsvFile;
+using metrics::ProcessAccount;
+using metrics::Stat;
 using nlohmann::json;
 
-// NVML's absence is said once per process, not once per collector: a bench that makes many
-// collectors would otherwise repeat it.
-std::atomic<bool> g_nvml_absence_logged{false};
+// What a machine cannot give is said once per process, not once per collector: a bench that
+// makes many collectors would otherwise repeat it.
+std::atomic<bool> g_missing_logged{false};
 
 bool is_consumer_role(const std::string& role) { return role == "consumer" || role == "trainer"; }
-
-// Running mean/peak of one series, for summary.json.
-struct Stat {
-  double sum = 0, peak = 0;
-  int64_t n = 0;
-  void add(std::optional<double> v) {
-    if (!v) return;
-    sum += *v;
-    peak = n ? std::max(peak, *v) : *v;
-    ++n;
-  }
-  json mean() const { return n ? json(sum / n) : json(nullptr); }
-  json max() const { return n ? json(peak) : json(nullptr); }
-};
-
-// What the collector knows about one watched process (key: role, id, pid).
-struct ProcRecord {
-  std::string role, id;
-  pid_t pid = 0;
-  double first_t = 0, last_t = 0;
-  // CPU: core-seconds since first sight, clamped to never decrease (see README: a descendant
-  // read just after its parent reaped it can make one reading dip).
-  bool cpu_seen = false;
-  uint64_t starttime = 0;
-  double cpu_base = 0, cpu_carried = 0, cpu_rel = 0;
-  double prev_cpu_t = 0;
-  Stat rss_mb, tree_rss_mb;
-  int max_procs = 0;
-  // Samples/wait: deltas from first sight.
-  uint64_t samples_base = 0, samples = 0;
-  double wait_base = 0, wait = 0;
-};
+// A tracked command (batchcast track) may know how many samples it consumed (--samples); its
+// CPU is a whole process tree, so it is counted in "all" only.
+bool counts_samples(const std::string& role) { return is_consumer_role(role) || role == "command"; }
 
 double per(double num, double den) { return den > 0 ? num / den : 0.0; }
 
@@ -100,34 +74,16 @@ class MetricsCollector::Impl {
       if (!p.has_filename()) p = p.parent_path();
       opt_.run_name = p.filename().string();
     }
-    if (opt_.gpu) {
-      std::string why;
-      nvml_ = metrics::Nvml::open(opt_.nvml_library, &why);
-      if (!nvml_ && !g_nvml_absence_logged.exchange(true)) spdlog::info("metrics: {}", why);
-    }
+    system_.emplace(metrics::SystemSeriesOptions{opt_.gpu, opt_.nvml_library, opt_.powercap_root});
+    if (!g_missing_logged.exchange(true))
+      for (const std::string& m : system_->missing()) spdlog::info("metrics: {}", m);
     const fs::path dir(opt_.dir);
-    processes_csv_.emplace(
-        (dir / "processes.csv").string(),
-        std::vector<std::string>{"time_s", "role", "id", "pid", "cpu_s", "cpu_percent", "rss_mb",
-                                 "tree_rss_mb", "procs", "samples", "samples_per_s", "wait_s"});
-    std::vector<std::string> sys_header{"time_s", "system/cpu_utilization_percentage",
-                                        "system/system_memory_usage_megabytes",
-                                        "system/system_memory_usage_percentage"};
-    for (int g = 0; g < gpu_count(); ++g) {
-      const std::string p = "system/gpu_" + std::to_string(g) + "_";
-      for (const char* s :
-           {"utilization_percentage", "memory_usage_megabytes", "memory_usage_percentage",
-            "power_usage_watts", "power_usage_percentage"})
-        sys_header.push_back(p + s);
-    }
-    system_csv_.emplace((dir / "system.csv").string(), sys_header);
+    processes_csv_.emplace((dir / "processes.csv").string(), ProcessAccount::csv_header());
+    system_csv_.emplace((dir / "system.csv").string(), system_->csv_header());
     server_csv_.emplace(
         (dir / "server.csv").string(),
         std::vector<std::string>{"time_s", "producer_blocked_s", "producer_blocked_percent",
                                  "ring_used", "ring_size", "ring_fill_percent"});
-    gpu_util_.resize(gpu_count());
-    gpu_mem_.resize(gpu_count());
-    gpu_power_.resize(gpu_count());
   }
 
   ~Impl() {
@@ -179,13 +135,12 @@ class MetricsCollector::Impl {
     return build_summary();
   }
 
-  bool has_gpu() const { return gpu_count() > 0; }
+  bool has_gpu() const { return system_->gpu_count() > 0; }
+  const std::string& collocation() const { return system_->collocation(); }
   const CollectorOptions& options() const { return opt_; }
 
  private:
   enum class State { kIdle, kRunning, kStopped };
-
-  int gpu_count() const { return nvml_ ? nvml_->device_count() : 0; }
 
   // The sampler thread.
   void run() {
@@ -239,10 +194,7 @@ class MetricsCollector::Impl {
     metrics::ProcessTable table;
     if (have_snap ? !snap.processes.empty() : !last_snap_.processes.empty())
       table = metrics::ProcessTable::scan();
-    auto sys_cpu = metrics::read_system_cpu();
-    auto sys_mem = metrics::read_system_memory();
-    std::vector<metrics::GpuReading> gpus;
-    if (nvml_) gpus = nvml_->read();
+    system_->read();
     const double t = monotonic_seconds() - t0_;
 
     std::lock_guard lk(data_mu_);
@@ -263,86 +215,13 @@ class MetricsCollector::Impl {
     for (const auto& p : s.processes) {
       const std::string key = p.role + '\n' + p.id + '\n' + std::to_string(p.pid);
       auto [it, fresh] = records_.try_emplace(key);
-      ProcRecord& r = it->second;
-      if (fresh) {
-        order_.push_back(key);
-        r.role = p.role;
-        r.id = p.id;
-        r.pid = p.pid;
-        r.first_t = t;
-        r.samples_base = p.samples;
-        r.wait_base = p.wait_s;
-      }
-      const double prev_t = r.last_t;
-      r.last_t = t;
-      // Counters: a counter that went backwards (owner restarted it) is rebased.
-      if (p.samples < r.samples_base + r.samples) r.samples_base = p.samples - r.samples;
-      const uint64_t prev_samples = r.samples;
-      r.samples = p.samples - r.samples_base;
-      if (p.wait_s < r.wait_base + r.wait) r.wait_base = p.wait_s - r.wait;
-      r.wait = p.wait_s - r.wait_base;
-
-      std::optional<double> cpu_s, cpu_pct, rss, tree_rss;
-      int procs = 0;
-      if (auto u = table.tree_usage(p.pid, watched)) {
-        if (!r.cpu_seen) {
-          r.cpu_seen = true;
-          r.starttime = u->starttime;
-          r.cpu_base = u->cpu_s;
-          r.prev_cpu_t = t;
-        } else if (u->starttime != r.starttime) {  // the pid now names another process
-          r.cpu_carried = r.cpu_rel;
-          r.starttime = u->starttime;
-          r.cpu_base = u->cpu_s;
-        }
-        const double prev_cpu = r.cpu_rel;
-        r.cpu_rel = std::max(r.cpu_rel, r.cpu_carried + u->cpu_s - r.cpu_base);
-        cpu_s = r.cpu_rel;
-        if (t - r.prev_cpu_t >= min_span) {
-          cpu_pct = (r.cpu_rel - prev_cpu) / (t - r.prev_cpu_t) * 100.0;
-        }
-        r.prev_cpu_t = t;
-        rss = u->rss_bytes / 1e6;
-        tree_rss = u->tree_rss_bytes / 1e6;
-        r.rss_mb.add(rss);
-        r.tree_rss_mb.add(tree_rss);
-        r.max_procs = std::max(r.max_procs, u->procs);
-        tree_rss_sum += *tree_rss;
-        procs = u->procs;
-      }
-      std::optional<double> sps;
-      if (!fresh && t - prev_t >= min_span) sps = (r.samples - prev_samples) / (t - prev_t);
-      processes_csv_->write_row({cell(t), p.role, p.id, std::to_string(p.pid), cell(cpu_s),
-                                 cell(cpu_pct, 1), cell(rss, 1), cell(tree_rss, 1),
-                                 cpu_s ? std::to_string(procs) : "", std::to_string(r.samples),
-                                 cell(sps, 2), cell(r.wait)});
+      if (fresh) order_.push_back(key);
+      processes_csv_->write_row(it->second.update(t, p, table.tree_usage(p.pid, watched),
+                                                  system_->gpu_by_pid(), min_span));
+      tree_rss_sum += it->second.tree_rss_mb_now();
     }
     peak_rss_sum_.add(tree_rss_sum);
-
-    // System.
-    std::optional<double> cpu_util, mem_mb, mem_pct;
-    if (sys_cpu && last_sys_cpu_ && sys_cpu->total > last_sys_cpu_->total) {
-      cpu_util = 100.0 * (sys_cpu->busy - last_sys_cpu_->busy) /
-                 static_cast<double>(sys_cpu->total - last_sys_cpu_->total);
-    }
-    if (sys_cpu) last_sys_cpu_ = sys_cpu;
-    if (sys_mem) {
-      mem_mb = sys_mem->used_mb;
-      mem_pct = per(sys_mem->used_mb, sys_mem->total_mb) * 100.0;
-    }
-    sys_cpu_util_.add(cpu_util);
-    sys_mem_mb_.add(mem_mb);
-    std::vector<std::string> sys_row{cell(t), cell(cpu_util, 2), cell(mem_mb, 1), cell(mem_pct, 2)};
-    for (size_t g = 0; g < gpus.size(); ++g) {
-      const auto& r = gpus[g];
-      sys_row.insert(sys_row.end(),
-                     {cell(r.utilization_percent, 1), cell(r.memory_used_mb, 1),
-                      cell(r.memory_percent, 2), cell(r.power_watts, 2), cell(r.power_percent, 2)});
-      gpu_util_[g].add(r.utilization_percent);
-      gpu_mem_[g].add(r.memory_used_mb);
-      gpu_power_[g].add(r.power_watts);
-    }
-    system_csv_->write_row(sys_row);
+    system_csv_->write_row(system_->row(t));
 
     // Producer and ring.
     if (!ticks_) blocked_base_ = s.producer_blocked_s;
@@ -370,58 +249,33 @@ class MetricsCollector::Impl {
   // Requires data_mu_.
   json build_summary() const {
     json procs = json::array();
-    double cpu_server = 0, cpu_consumers = 0, cpu_all = 0;
+    double cpu_server = 0, cpu_consumers = 0, cpu_all = 0, run_wait = 0;
     uint64_t samples = 0;
     double wait = 0;
     for (const auto& key : order_) {
-      const ProcRecord& r = records_.at(key);
-      const double span = r.last_t - r.first_t;
-      json p = {{"role", r.role},
-                {"id", r.id},
-                {"pid", r.pid},
-                {"first_s", r.first_t},
-                {"last_s", r.last_t},
-                {"cpu_core_s", r.cpu_seen ? json(r.cpu_rel) : json(nullptr)},
-                {"mean_cpu_percent", r.cpu_seen ? json(per(r.cpu_rel, span) * 100) : json(nullptr)},
-                {"peak_rss_mb", r.rss_mb.max()},
-                {"peak_tree_rss_mb", r.tree_rss_mb.max()},
-                {"max_procs", r.max_procs},
-                {"samples", r.samples},
-                {"samples_per_s", per(static_cast<double>(r.samples), span)},
-                {"wait_s", r.wait},
-                {"cpu_core_s_per_sample",
-                 r.samples ? json(r.cpu_rel / static_cast<double>(r.samples)) : json(nullptr)}};
-      procs.push_back(std::move(p));
-      cpu_all += r.cpu_rel;
-      if (r.role == "server") cpu_server += r.cpu_rel;
-      if (is_consumer_role(r.role)) {
-        cpu_consumers += r.cpu_rel;
-        samples += r.samples;
-        wait += r.wait;
+      const ProcessAccount& r = records_.at(key);
+      procs.push_back(r.to_json());
+      cpu_all += r.cpu_s();
+      run_wait += r.run_wait_s();
+      if (r.role() == "server") cpu_server += r.cpu_s();
+      if (is_consumer_role(r.role())) cpu_consumers += r.cpu_s();
+      if (counts_samples(r.role())) {
+        samples += r.samples();
+        wait += r.wait_s();
       }
     }
-    auto per_sample = [&](double cpu) {
-      return samples ? json(cpu / static_cast<double>(samples)) : json(nullptr);
+    auto per_sample = [&](std::optional<double> v) {
+      return samples && v ? json(*v / static_cast<double>(samples)) : json(nullptr);
     };
-    json gpus = json::array();
-    double gpu_util_sum = 0;
-    int gpu_util_n = 0;
-    for (int g = 0; g < gpu_count(); ++g) {
-      gpus.push_back({{"index", g},
-                      {"name", nvml_->device_names()[g]},
-                      {"mean_utilization_percentage", gpu_util_[g].mean()},
-                      {"peak_memory_usage_megabytes", gpu_mem_[g].max()},
-                      {"mean_power_usage_watts", gpu_power_[g].mean()}});
-      if (gpu_util_[g].n) {
-        gpu_util_sum += gpu_util_[g].sum / gpu_util_[g].n;
-        ++gpu_util_n;
-      }
-    }
+    const std::optional<double> gpu_j = system_->gpu_energy_j(), cpu_j = system_->cpu_energy_j();
+    std::optional<double> all_j;
+    if (gpu_j || cpu_j) all_j = gpu_j.value_or(0) + cpu_j.value_or(0);
     json out = {
         {"format", "batchcast-metrics"},
-        {"format_version", 1},
+        {"format_version", 2},
         {"run_name", opt_.run_name},
         {"complete", complete_},
+        {"collocation", system_->collocation()},
         {"start_unix_s", start_unix_},
         {"duration_s", last_t_},
         {"interval_s", opt_.interval_s},
@@ -429,27 +283,30 @@ class MetricsCollector::Impl {
         {"samples", samples},
         {"samples_per_s", per(static_cast<double>(samples), last_t_)},
         {"wait_s", wait},
+        {"run_queue_wait_s", run_wait},
         {"cpu_core_s", {{"server", cpu_server}, {"consumers", cpu_consumers}, {"all", cpu_all}}},
         {"cpu_core_s_per_sample",
          {{"server", per_sample(cpu_server)},
           {"consumers", per_sample(cpu_consumers)},
           {"all", per_sample(cpu_all)}}},
+        {"energy_joules",
+         {{"gpu", gpu_j ? json(*gpu_j) : json(nullptr)},
+          {"cpu", cpu_j ? json(*cpu_j) : json(nullptr)},
+          {"all", all_j ? json(*all_j) : json(nullptr)}}},
+        {"joules_per_sample",
+         {{"gpu", per_sample(gpu_j)}, {"cpu", per_sample(cpu_j)}, {"all", per_sample(all_j)}}},
         {"peak_rss_mb", peak_rss_sum_.max()},
         {"producer_blocked_s", last_blocked_},
         {"ring_size", ring_size_},
         {"mean_ring_fill_percent", ring_fill_.mean()},
-        {"system",
-         {{"mean_cpu_utilization_percentage", sys_cpu_util_.mean()},
-          {"peak_system_memory_usage_megabytes", sys_mem_mb_.max()}}},
-        {"gpus", gpus},
-        {"mean_gpu_utilization_percentage",
-         gpu_util_n ? json(gpu_util_sum / gpu_util_n) : json(nullptr)},
         {"processes", procs},
+        {"missing", system_->missing()},
         {"sampler",
          {{"cpu_s", sampler_cpu_s_},
           {"percent_of_core", per(sampler_cpu_s_, last_t_) * 100.0},
-          {"nvml", gpu_count() > 0}}},
+          {"nvml", system_->gpu_count() > 0}}},
     };
+    system_->add_summary(&out);
     return out;
   }
 
@@ -474,7 +331,7 @@ class MetricsCollector::Impl {
 
   CollectorOptions opt_;
   std::function<MetricsSnapshot()> source_;
-  std::optional<metrics::Nvml> nvml_;
+  std::optional<metrics::SystemSeries> system_;
   std::optional<CsvFile> processes_csv_, system_csv_, server_csv_;
 
   // start/stop serialisation.
@@ -491,12 +348,11 @@ class MetricsCollector::Impl {
   bool source_error_logged_ = false;
   double thread_cpu0_ = 0;
   double t0_ = 0;
-  std::optional<metrics::SystemCpuTimes> last_sys_cpu_;
 
   // Everything below is guarded by data_mu_ (written by the sampler, read by summary()).
   mutable std::mutex data_mu_;
   MetricsSnapshot last_snap_;
-  std::map<std::string, ProcRecord> records_;
+  std::map<std::string, ProcessAccount> records_;
   std::vector<std::string> order_;  // first-seen order, for stable summaries
   double start_unix_ = 0;
   double last_t_ = 0;
@@ -504,8 +360,7 @@ class MetricsCollector::Impl {
   bool complete_ = false;
   double blocked_base_ = 0, last_blocked_ = 0;
   int64_t ring_size_ = 0;
-  Stat ring_fill_, sys_cpu_util_, sys_mem_mb_, peak_rss_sum_;
-  std::vector<Stat> gpu_util_, gpu_mem_, gpu_power_;
+  Stat ring_fill_, peak_rss_sum_;
   double sampler_cpu_s_ = 0;
   std::string write_error_;
 };
@@ -518,6 +373,7 @@ void MetricsCollector::start() { impl_->start(); }
 void MetricsCollector::stop() { impl_->stop(); }
 nlohmann::json MetricsCollector::summary() const { return impl_->summary(); }
 bool MetricsCollector::has_gpu() const { return impl_->has_gpu(); }
+const std::string& MetricsCollector::collocation() const { return impl_->collocation(); }
 const CollectorOptions& MetricsCollector::options() const { return impl_->options(); }
 
 }  // namespace batchcast

@@ -1,6 +1,6 @@
 // The built-in radT-style metrics collector: one sampler thread that, every `interval_s`, asks
-// its owner for a MetricsSnapshot (which processes to watch, cumulative counters), reads /proc
-// and NVML, and appends one row per process to CSV time series in a run directory; stop()
+// its owner for a MetricsSnapshot (which processes to watch, cumulative counters), reads /proc,
+// NVML and RAPL, and appends one row per process to CSV time series in a run directory; stop()
 // writes summary.json (also refreshed every few ticks, so a killed run still leaves one).
 // metrics/README.md documents the files and columns.
 //
@@ -8,7 +8,9 @@
 // (children it has reaped) + the same for each of its live descendants (e.g. DataLoader
 // workers), found by walking the ppid tree of /proc/*/stat. A descendant that is itself watched
 // is charged to itself only. Figures are deltas from the first tick at which the collector saw
-// the process, so CPU and samples cover the same span.
+// the process, so CPU and samples cover the same span, unless the owner started the process
+// itself and asks for counting from its start (Process::since_start, what `batchcast track`
+// does). Run-queue wait (schedstat), GPU SM % and GPU memory are summed over the same tree.
 //
 // Thread-safety: start(), stop() and summary() may be called from any thread, concurrently.
 // The `source` callback is called on the sampler thread only (once per tick, first at start(),
@@ -23,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +43,14 @@ struct MetricsSnapshot {
     pid_t pid = 0;         // on this host; a pid not found in /proc gets empty CPU/RSS cells
     uint64_t samples = 0;  // samples consumed (consumers/trainers)
     double wait_s = 0;     // time spent waiting for data (consumers/trainers)
+    // Count CPU, run-queue wait and the counters from the process's start (zero) instead of
+    // from first sight: for a process the owner launched itself, so nothing it did before the
+    // first tick is lost.
+    bool since_start = false;
+    // With since_start: exact CPU core-seconds since the start, when the owner knows them (the
+    // rusage of wait4() once the process has exited: it and every descendant it reaped). The
+    // larger of this and the /proc reading counts, so nothing after the last tick is lost.
+    std::optional<double> exact_cpu_s = std::nullopt;
   };
   // Keep a process listed until it has finished: the collector reads its CPU only while it is.
   std::vector<Process> processes;
@@ -60,6 +71,8 @@ struct CollectorOptions {
   // What to dlopen for NVML. Default the driver's soname, which the NVIDIA driver installs in
   // the loader path; a path here serves unusual installs and tests (a fake NVML).
   std::string nvml_library = "libnvidia-ml.so.1";
+  // Where RAPL's powercap zones are (CPU energy). Default the kernel's; tests pass a fake tree.
+  std::string powercap_root = "/sys/class/powercap";
   // Rewrite summary.json (marked "complete": false) every this many ticks, so a run that is
   // killed still has totals. Default 10: a small JSON file every 10 s. 0 = only at stop().
   int summary_every_ticks = 10;
@@ -84,6 +97,8 @@ class MetricsCollector {
   nlohmann::json summary() const;
   // True when NVML was loaded and reports at least one GPU.
   bool has_gpu() const;
+  // The collocation mode detected at construction (metrics/collocation.h).
+  const std::string& collocation() const;
   const CollectorOptions& options() const;
 
  private:

@@ -127,6 +127,7 @@ std::optional<TreeUsage> ProcessTable::tree_usage(pid_t root,
     u.cpu_s += st.cpu_s();
     u.tree_rss_bytes += st.rss_bytes;
     ++u.procs;
+    u.members.push_back(st.pid);
     auto [b, e] = by_parent_.equal_range(st.pid);
     for (auto c = b; c != e; ++c) {
       pid_t child = stats_[c->second].pid;
@@ -135,6 +136,35 @@ std::optional<TreeUsage> ProcessTable::tree_usage(pid_t root,
     }
   }
   return u;
+}
+
+std::optional<double> parse_schedstat_wait(const char* text) {
+  char* next = nullptr;
+  std::strtoull(text, &next, 10);  // on-CPU time, already in stat
+  if (next == text) return std::nullopt;
+  const char* p = next;
+  const unsigned long long wait_ns = std::strtoull(p, &next, 10);
+  if (next == p) return std::nullopt;
+  return static_cast<double>(wait_ns) * 1e-9;
+}
+
+std::optional<double> read_run_queue_wait(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/task", static_cast<int>(pid));
+  DIR* dir = ::opendir(path);
+  if (dir == nullptr) return std::nullopt;
+  std::optional<double> sum;
+  while (dirent* entry = ::readdir(dir)) {
+    const char* name = entry->d_name;
+    if (name[0] < '0' || name[0] > '9') continue;
+    char file[320];
+    std::snprintf(file, sizeof file, "/proc/%d/task/%s/schedstat", static_cast<int>(pid), name);
+    char buf[128];
+    if (read_small_file(file, buf, sizeof buf) <= 0) continue;  // thread exited meanwhile
+    if (auto w = parse_schedstat_wait(buf)) sum = sum.value_or(0) + *w;
+  }
+  ::closedir(dir);
+  return sum;
 }
 
 std::optional<SystemCpuTimes> read_system_cpu() {

@@ -1,6 +1,6 @@
 // Readers of Linux /proc for the metrics collector: per-process CPU times and RSS, the parent
-// tree (so a process is charged for its live descendants, e.g. DataLoader workers), system CPU
-// and system memory.
+// tree (so a process is charged for its live descendants, e.g. DataLoader workers), run-queue
+// wait (schedstat), system CPU and system memory.
 //
 // Contract: plain functions and value types; thread-safe (no shared state). A process that
 // vanishes between listing /proc and reading its stat file is simply absent from the result:
@@ -46,6 +46,7 @@ struct TreeUsage {
   int64_t tree_rss_bytes = 0;  // the process plus its descendants (shared pages count twice)
   int procs = 0;               // processes summed (1 + live descendants)
   uint64_t starttime = 0;      // of the root process
+  std::vector<pid_t> members;  // the root and the descendants summed (for per-pid readings)
 };
 
 // A snapshot of every process on the machine, indexed by pid and by parent.
@@ -69,6 +70,16 @@ class ProcessTable {
   std::unordered_map<pid_t, size_t> by_pid_;
   std::unordered_multimap<pid_t, size_t> by_parent_;
 };
+
+// Run-queue wait of one task: the second field of a schedstat file (nanoseconds spent runnable
+// but waiting for a CPU), in seconds. nullopt if malformed. Exposed for tests.
+std::optional<double> parse_schedstat_wait(const char* text);
+
+// Run-queue wait of a process: the sum over its live threads (/proc/<pid>/task/*/schedstat;
+// /proc/<pid>/schedstat alone is the main thread). Threads that have exited are not counted:
+// the kernel keeps no per-process total. nullopt if the process is gone or schedstat is absent
+// (a kernel without CONFIG_SCHED_INFO).
+std::optional<double> read_run_queue_wait(pid_t pid);
 
 // Aggregate CPU time of the machine from the first line of /proc/stat, in clock ticks.
 struct SystemCpuTimes {

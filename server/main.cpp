@@ -158,8 +158,11 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
                   "seconds before skip leaves an idle consumer behind")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  // Under `batchcast track`, BATCHCAST_METRICS_DIR names the tracked run's directory, so a
+  // server started there lands in the same run tree.
   cmd->add_option("--metrics-dir", c.metrics_dir,
-                  "write CPU/throughput metrics (CSV + summary.json) here");
+                  "write CPU/throughput metrics (CSV + summary.json) here")
+      ->envname("BATCHCAST_METRICS_DIR");
   cmd->add_option("--metrics-interval", c.metrics_interval, "seconds between metric samples")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

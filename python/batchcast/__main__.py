@@ -1,6 +1,6 @@
 """The `batchcast` program on PATH (the package's console script; also `python -m batchcast`).
 
-`report` and `bench` are Python and run here; everything else (`serve`, `make-dataset`,
+`report`, `track` and `bench` are Python and run here; everything else (`serve`, `make-dataset`,
 `--help`, `--version`, ...) replaces this process with the native program shipped in the package
 (batchcast/_bin/batchcast), so that signals such as Ctrl-C or a supervisor's SIGTERM reach the
 native server directly and nothing of Python stays in memory beside it. Importing torch would
@@ -21,6 +21,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .report import main as report
 
         return report(args[1:])
+    if command == "track":
+        from .track import main as track
+
+        return track(args[1:])
     if command == "bench":
         from .bench.collocated import main as bench
 

@@ -10,8 +10,10 @@ compared with::
 
 Each tracking process writes ``<dir>/<role>-<pid>/`` (processes.csv, system.csv, server.csv,
 summary.json), so N independent trainers can share one run directory; :func:`summarize`
-combines a run directory (its own summary.json and those of its immediate subdirectories) into
-one summary. CPU is that of the process plus its live child processes (DataLoader workers) and
+combines a run tree (every summary.json in it, at any depth: ``batchcast track`` writes
+``<experiment>/<workload>/<run>/command/``) into one summary, and reads an MLflow run directory
+written by ``batchcast track`` too. :func:`collocation_mode` says how GPU jobs share this
+machine (radT's "Collocation" column). CPU is that of the process plus its live child processes (DataLoader workers) and
 reaped children, sampled by a native thread that never takes the GIL. See metrics/README.md.
 """
 
@@ -24,15 +26,26 @@ import time
 import weakref
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
-__all__ = ["Tracker", "track", "summarize", "find_parts", "batch_size_of"]
+__all__ = ["Tracker", "track", "summarize", "find_parts", "batch_size_of", "collocation_mode",
+           "savings", "TRACK_PART"]
 
 CONSUMER_ROLES = ("consumer", "trainer")
+# The part `batchcast track` writes for its command: the whole process tree of the command.
+TRACK_PART = "command"
 
 
 def _native():
     from . import _batchcast  # lazily: importing batchcast must not need the build
 
     return _batchcast
+
+
+def collocation_mode(nvml_library: str = "") -> str:
+    """How GPU jobs share this machine, detected: "mig" (MIG mode on), "mps" (an MPS control
+    daemon answers on $CUDA_MPS_PIPE_DIRECTORY or /tmp/nvidia-mps, or NVML lists MPS clients),
+    "time-slicing" (a GPU without either) or "none" (no GPU through NVML). See
+    metrics/collocation.h."""
+    return str(_native().collocation_mode(nvml_library))
 
 
 def batch_size_of(batch: Any) -> int:
@@ -173,21 +186,19 @@ def track(
 
 
 def find_parts(dir: "os.PathLike[str] | str") -> List[str]:
-    """The directories holding a summary.json that make up run directory ``dir``: ``dir`` itself
-    (a server's collector) and its immediate subdirectories (one per tracked process)."""
+    """The directories holding a summary.json that make up run tree ``dir``: ``dir`` itself (a
+    server's collector) and every directory below it (tracked processes, tracked runs of a
+    workload or experiment), sorted."""
     dir = os.fspath(dir)
     parts = []
-    if os.path.isfile(os.path.join(dir, "summary.json")):
-        parts.append(dir)
-    if os.path.isdir(dir):
-        for name in sorted(os.listdir(dir)):
-            sub = os.path.join(dir, name)
-            if os.path.isfile(os.path.join(sub, "summary.json")):
-                parts.append(sub)
+    for root, subdirs, files in os.walk(dir):
+        subdirs[:] = sorted(d for d in subdirs if d != "mlruns")
+        if "summary.json" in files:
+            parts.append(root)
     if not parts:
         raise FileNotFoundError(
-            f"{dir}: no summary.json in it or in its subdirectories; pass a run directory "
-            "written by `batchcast serve --metrics-dir` or batchcast.metrics.track()"
+            f"{dir}: no summary.json in it or below it; pass a run directory written by "
+            "`batchcast track`, `batchcast serve --metrics-dir` or batchcast.metrics.track()"
         )
     return parts
 
@@ -200,8 +211,8 @@ def _load(path: str) -> Dict[str, Any]:
             raise ValueError(f"{path}/summary.json is not valid JSON ({e})") from None
 
 
-def _per_sample(cpu: float, samples: int) -> Optional[float]:
-    return cpu / samples if samples else None
+def _per_sample(value: Optional[float], samples: int) -> Optional[float]:
+    return value / samples if samples and value is not None else None
 
 
 def _weighted_mean(pairs: List[tuple]) -> Optional[float]:
@@ -210,20 +221,90 @@ def _weighted_mean(pairs: List[tuple]) -> Optional[float]:
     return sum(v * w for v, w in pairs) / total if total else None
 
 
+def _is_mlflow_run(dir: str) -> bool:
+    return os.path.isfile(os.path.join(dir, "meta.yaml")) and os.path.isdir(
+        os.path.join(dir, "metrics"))
+
+
+def _summarize_mlflow(dir: str) -> Dict[str, Any]:
+    """A summary (the keys the report uses) from the final figures ``batchcast track`` logged."""
+    from .mlflow_store import read_run
+
+    r = read_run(dir)
+    last = {k: v[-1][1] for k, v in r["metrics"].items() if v}
+    samples = int(last.get("samples", 0))
+    cpu = last.get("cpu_core_s", 0.0)
+    series = r["metrics"].get("process/cpu_core_s") or []
+    start = min((p[0] for v in r["metrics"].values() for p in v), default=0) / 1000.0
+    gpu_j, cpu_j = last.get("gpu_energy_joules"), last.get("cpu_energy_joules")
+    all_j = None if gpu_j is None and cpu_j is None else (gpu_j or 0.0) + (cpu_j or 0.0)
+    return {
+        "format": "batchcast-metrics", "format_version": 2,
+        "run_name": r["meta"].get("run_name") or os.path.basename(dir),
+        "dir": os.path.abspath(dir), "parts": [], "mlflow": True,
+        "complete": r["meta"].get("status") != 1,
+        "collocation": r["tags"].get("batchcast.collocation"),
+        "start_unix_s": start, "duration_s": last.get("duration_s", 0.0),
+        "interval_s": None, "ticks": len(series),
+        "samples": samples, "samples_per_s": last.get("samples_per_s", 0.0), "wait_s": 0.0,
+        "run_queue_wait_s": last.get("run_queue_wait_s"),
+        "cpu_core_s": {"server": 0.0, "consumers": 0.0, "all": cpu},
+        "cpu_core_s_per_sample": {"server": None, "consumers": None,
+                                  "all": _per_sample(cpu, samples)},
+        "energy_joules": {"gpu": gpu_j, "cpu": cpu_j, "all": all_j},
+        "joules_per_sample": {"gpu": _per_sample(gpu_j, samples),
+                              "cpu": _per_sample(cpu_j, samples),
+                              "all": _per_sample(all_j, samples)},
+        "mean_sm_active_percentage": last.get("sm_active_percentage"),
+        "mean_gpu_utilization_percentage": last.get("gpu_utilization_percentage"),
+        "peak_rss_mb": None, "producer_blocked_s": 0.0, "ring_size": 0,
+        "mean_ring_fill_percent": None, "system": {}, "gpus": [], "processes": [],
+        "missing": [], "sampler": {"cpu_s": 0.0, "percent_of_core": 0.0},
+    }
+
+
+def savings(shared: Dict[str, Any], baseline: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """What a shared run saves against its baseline, three ways (None where a figure is
+    unknown): CPU core-seconds per sample, joules per sample, and CPU cores needed at the shared
+    run's throughput (baseline CPU per sample x shared samples/s, minus the shared run's
+    cores)."""
+    def diff(a: Optional[float], b: Optional[float]) -> Optional[float]:
+        return None if a is None or b is None else b - a
+
+    cpu_s, cpu_b = shared["cpu_core_s_per_sample"]["all"], baseline["cpu_core_s_per_sample"]["all"]
+    j_s = (shared.get("joules_per_sample") or {}).get("all")
+    j_b = (baseline.get("joules_per_sample") or {}).get("all")
+    rate = shared.get("samples_per_s") or 0.0
+    cores = None
+    if cpu_s is not None and cpu_b is not None and rate:
+        cores = (cpu_b - cpu_s) * rate
+    return {"cpu_core_s_per_sample": diff(cpu_s, cpu_b), "joules_per_sample": diff(j_s, j_b),
+            "cores": cores}
+
+
 def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
-    """One summary for run directory ``dir`` (layout of summary.json, see metrics/README.md):
-    CPU core-seconds, samples and wait summed over its parts, per-sample ratios recomputed,
-    processes concatenated (each with its ``part``), ``duration_s`` from the earliest start to
-    the latest end, peak RSS summed over parts (an upper bound), system and GPU figures from the
-    longest part (they describe the same machine). ``parts`` lists the directories used."""
+    """One summary for run tree ``dir`` (layout of summary.json, see metrics/README.md), or for
+    an MLflow run directory written by ``batchcast track``.
+
+    Samples, wait and blocked time are summed over the parts; CPU too, except that where the
+    tree holds ``batchcast track`` parts (``command/``), ``cpu_core_s["all"]`` is theirs alone:
+    each covers its command's whole process tree, which already contains any server or trainer
+    that recorded itself beside it ("server"/"consumers" stay those parts' own figures).
+    Per-sample ratios are recomputed, processes concatenated (each with its ``part``),
+    ``duration_s`` runs from the earliest start to the latest end, peak RSS is summed over parts
+    (an upper bound); system, GPU and energy figures come from the longest part (collocated
+    parts measure the same machine over the same span). ``parts`` lists the directories used."""
     dir = os.fspath(dir)
+    if _is_mlflow_run(dir):
+        return _summarize_mlflow(dir)
     paths = find_parts(dir)
     parts = [(p, _load(p)) for p in paths]
     start = min(s.get("start_unix_s", 0.0) for _, s in parts)
     end = max(s.get("start_unix_s", 0.0) + s.get("duration_s", 0.0) for _, s in parts)
     duration = end - start
+    tracked = [s for p, s in parts if os.path.basename(p) == TRACK_PART]
     cpu = {"server": 0.0, "consumers": 0.0, "all": 0.0}
-    samples, wait, blocked, sampler_cpu, ticks = 0, 0.0, 0.0, 0.0, 0
+    samples, wait, blocked, sampler_cpu, ticks, run_wait = 0, 0.0, 0.0, 0.0, 0, 0.0
     processes = []
     for path, s in parts:
         offset = s.get("start_unix_s", 0.0) - start
@@ -235,21 +316,27 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
         blocked += s.get("producer_blocked_s", 0.0)
         sampler_cpu += (s.get("sampler") or {}).get("cpu_s", 0.0)
         ticks += s.get("ticks", 0)
+        if not tracked or s in tracked:
+            run_wait += s.get("run_queue_wait_s") or 0.0
         for p in s.get("processes", []):
             p = dict(p, part=rel)
             p["first_s"] = p.get("first_s", 0.0) + offset
             p["last_s"] = p.get("last_s", 0.0) + offset
             processes.append(p)
+    if tracked:
+        cpu["all"] = sum((s.get("cpu_core_s") or {}).get("all") or 0.0 for s in tracked)
     longest = max(parts, key=lambda ps: ps[1].get("duration_s", 0.0))[1]
+    energy = dict(longest.get("energy_joules") or {"gpu": None, "cpu": None, "all": None})
     ring_parts = [s for _, s in parts if s.get("ring_size")]
     peaks = [s.get("peak_rss_mb") for _, s in parts if s.get("peak_rss_mb") is not None]
     return {
         "format": "batchcast-metrics",
-        "format_version": 1,
+        "format_version": 2,
         "run_name": os.path.basename(os.path.abspath(dir)),
         "dir": os.path.abspath(dir),
         "parts": [os.path.relpath(p, dir) for p, _ in parts],
         "complete": all(s.get("complete", False) for _, s in parts),
+        "collocation": longest.get("collocation"),
         "start_unix_s": start,
         "duration_s": duration,
         "interval_s": longest.get("interval_s"),
@@ -257,8 +344,11 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
         "samples": samples,
         "samples_per_s": samples / duration if duration > 0 else 0.0,
         "wait_s": wait,
+        "run_queue_wait_s": run_wait,
         "cpu_core_s": cpu,
         "cpu_core_s_per_sample": {k: _per_sample(v, samples) for k, v in cpu.items()},
+        "energy_joules": energy,
+        "joules_per_sample": {k: _per_sample(v, samples) for k, v in energy.items()},
         "peak_rss_mb": sum(peaks) if peaks else None,
         "producer_blocked_s": blocked,
         "ring_size": max((s["ring_size"] for s in ring_parts), default=0),
@@ -268,6 +358,8 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
         "system": longest.get("system", {}),
         "gpus": longest.get("gpus", []),
         "mean_gpu_utilization_percentage": longest.get("mean_gpu_utilization_percentage"),
+        "mean_sm_active_percentage": longest.get("mean_sm_active_percentage"),
+        "missing": longest.get("missing", []),
         "processes": processes,
         "sampler": {
             "cpu_s": sampler_cpu,

@@ -2,11 +2,13 @@
 
     python -m batchcast.report DIR [DIR ...] [--out OUT]
 
-(`batchcast report` runs exactly this.) Each DIR is a run directory as written by the server's
-collector or by batchcast.metrics.track() (several parts are combined, see
-batchcast.metrics.summarize). Several DIRs are drawn side by side in each picture, and the table
-gives CPU core-seconds per consumed sample relative to the first DIR, so a shared run and an
-N-DataLoader baseline compare at a glance. Writes PNGs and index.html into OUT (default
+(`batchcast report` runs exactly this.) Each DIR is a run tree as written by `batchcast track`,
+the server's collector or batchcast.metrics.track() (several parts are combined, see
+batchcast.metrics.summarize), or an MLflow run directory (mlruns/EXPERIMENT/RUN) written by
+`batchcast track`. Several DIRs are drawn side by side in each picture; comparison.png sets
+samples/s, CPU per sample, joules per sample, SM activity and run-queue wait next to each other,
+and the table states what each run saves against the first DIR (its baseline) three ways: CPU
+core-seconds per sample, joules per sample and CPU cores. Writes PNGs and index.html into OUT (default
 <first DIR>/report) and prints the path of index.html.
 """
 
@@ -54,6 +56,8 @@ class Run:
         self.server: List[Dict[str, List[float]]] = []  # one per part that has a ring
         self.system: Optional[Dict[str, List[float]]] = None  # from the longest part
         longest = -1.0
+        if self.summary.get("mlflow"):
+            self._load_mlflow(start)
         for rel in self.summary["parts"]:
             part = os.path.normpath(os.path.join(self.dir, rel))
             s = metrics._load(part)
@@ -63,7 +67,7 @@ class Run:
                 series = self.processes.setdefault(key, {})
                 series.setdefault("t", []).append(_float(row["time_s"]) + offset)
                 for col in ("cpu_s", "cpu_percent", "rss_mb", "tree_rss_mb", "samples",
-                            "samples_per_s", "wait_s"):
+                            "samples_per_s", "wait_s", "run_queue_wait_s"):
                     series.setdefault(col, []).append(_float(row.get(col)))
             rows = _read_csv(os.path.join(part, "server.csv"))
             if rows and any(_float(r.get("ring_size")) > 0 for r in rows):
@@ -73,6 +77,28 @@ class Run:
                 if rows:
                     self.system = _columns(rows, offset)
                     longest = s.get("duration_s", 0.0)
+
+    def _load_mlflow(self, start: float) -> None:
+        from .mlflow_store import read_run
+
+        m = read_run(self.dir)["metrics"]
+        def series(key: str) -> Dict[str, List[float]]:
+            pts = m.get(key) or []
+            return {"t": [p[0] / 1000.0 - start for p in pts], "v": [p[1] for p in pts]}
+        cpu = series("process/cpu_core_s")
+        proc = {"t": cpu["t"], "cpu_s": cpu["v"]}
+        for col, key in (("cpu_percent", "process/cpu_percent"),
+                         ("samples_per_s", "process/samples_per_s"),
+                         ("run_queue_wait_s", "process/run_queue_wait_s")):
+            v = series(key)
+            proc[col] = v["v"] if len(v["v"]) == len(cpu["t"]) else [math.nan] * len(cpu["t"])
+        self.processes[("", "command", self.name, "")] = proc
+        system = {k: series(k) for k in m if k.startswith("system/")}
+        if system:
+            first = next(iter(system.values()))
+            self.system = {"t": first["t"]}
+            self.system.update({k: v["v"] for k, v in system.items()
+                                if len(v["v"]) == len(first["t"])})
 
     def label(self, key: tuple) -> str:
         _, role, id, pid = key
@@ -219,6 +245,43 @@ def _plot_per_sample(runs: Sequence[Run], out: str) -> Optional[str]:
     return _save(fig, out, "cpu_per_sample.png")
 
 
+_COMPARED = (  # (title, figure of a summary) for comparison.png
+    ("samples/s", lambda s: s.get("samples_per_s")),
+    ("CPU core-ms / sample", lambda s: _scaled(s["cpu_core_s_per_sample"]["all"], 1e3)),
+    ("J / sample", lambda s: (s.get("joules_per_sample") or {}).get("all")),
+    ("SM activity %", lambda s: s.get("mean_sm_active_percentage")),
+    ("run-queue wait (s)", lambda s: s.get("run_queue_wait_s")),
+)
+
+
+def _scaled(v: Optional[float], k: float) -> Optional[float]:
+    return None if v is None else v * k
+
+
+def _plot_comparison(runs: Sequence[Run], out: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(_COMPARED), figsize=(3.2 * len(_COMPARED) + 1, 3.8))
+    names = [r.name for r in runs]
+    for ax, (title, fn) in zip(axes, _COMPARED):
+        vals = [fn(r.summary) for r in runs]
+        ax.bar(range(len(runs)), [math.nan if v is None else v for v in vals],
+               color=[f"C{i}" for i in range(len(runs))])
+        for i, v in enumerate(vals):
+            if v is None:
+                ax.text(i, 0, "not measured", rotation=90, ha="center", va="bottom",
+                        color="gray", fontsize="small")
+        ax.set_xticks(range(len(runs)))
+        ax.set_xticklabels(names, rotation=20, ha="right", fontsize="small")
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, out, "comparison.png")
+
+
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
@@ -262,6 +325,18 @@ def _table(runs: Sequence[Run]) -> str:
         ("mean system CPU %",
          lambda s: _fmt((s.get("system") or {}).get("mean_cpu_utilization_percentage"), 1)),
         ("mean GPU utilisation %", lambda s: _fmt(s.get("mean_gpu_utilization_percentage"), 1)),
+        ("collocation", lambda s: _fmt(s.get("collocation"))),
+        ("run-queue wait (s)", lambda s: _fmt(s.get("run_queue_wait_s"))),
+        ("GPU / CPU energy (J)",
+         lambda s: "{} / {}".format(_fmt((s.get("energy_joules") or {}).get("gpu"), 1),
+                                    _fmt((s.get("energy_joules") or {}).get("cpu"), 1))),
+        ("J/sample (all)", lambda s: _fmt((s.get("joules_per_sample") or {}).get("all"), 4)),
+        ("mean SM activity %", lambda s: _fmt(s.get("mean_sm_active_percentage"), 1)),
+        ("saved vs first: CPU core-ms/sample",
+         lambda s: _fmt(_scaled(metrics.savings(s, base)["cpu_core_s_per_sample"], 1e3), 3)),
+        ("saved vs first: J/sample",
+         lambda s: _fmt(metrics.savings(s, base)["joules_per_sample"], 4)),
+        ("saved vs first: CPU cores", lambda s: _fmt(metrics.savings(s, base)["cores"], 2)),
         ("sampler CPU % of a core", lambda s: _fmt(s["sampler"]["percent_of_core"], 3)),
     ]
     head = "".join(f"<th>{html.escape(r.name)}</th>" for r in runs)
@@ -273,8 +348,9 @@ def _table(runs: Sequence[Run]) -> str:
 
 
 def _process_table(run: Run) -> str:
-    cols = ("part", "role", "id", "pid", "cpu_core_s", "mean_cpu_percent", "samples",
-            "samples_per_s", "wait_s", "peak_tree_rss_mb", "max_procs")
+    cols = ("part", "role", "id", "pid", "cpu_core_s", "mean_cpu_percent", "run_queue_wait_s",
+            "samples", "samples_per_s", "wait_s", "peak_tree_rss_mb", "max_procs",
+            "mean_gpu_sm_percent", "peak_gpu_memory_mb")
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = "".join(
         "<tr>" + "".join(f"<td>{_fmt(p.get(c))}</td>" for c in cols) + "</tr>"
@@ -315,13 +391,15 @@ def render(dirs: Sequence[str], out: Optional[str] = None) -> str:
     per_sample = _plot_per_sample(runs, out)
     if per_sample:
         images.insert(0, ("CPU per sample", per_sample))
+    images.insert(0, ("Comparison", _plot_comparison(runs, out)))
     names = ", ".join(html.escape(r.name) for r in runs)
     page = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>batchcast metrics: {names}</title><style>{_CSS}</style></head><body>",
         f"<h1>batchcast metrics: {names}</h1>",
         "<p>CPU is core-seconds of each process plus its child processes (DataLoader workers), "
-        "from its first to its last sample; ratios are relative to the first run.</p>",
+        "from its first to its last sample; ratios and savings are relative to the first run "
+        "(the baseline). Cores saved = CPU per sample saved x the run's samples/s.</p>",
         _table(runs),
         "".join(_process_table(r) for r in runs),
     ]

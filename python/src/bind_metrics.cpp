@@ -4,7 +4,9 @@
 //   Python (counters are atomics), so it keeps sampling while Python code holds the GIL.
 // - MetricsCollector: a collector whose snapshot comes from a Python callable returning a dict
 //   (keys of MetricsSnapshot; "processes" a list of dicts with role, id, pid, samples, wait_s).
-//   The callable runs on the sampler thread with the GIL taken there.
+//   The callable runs on the sampler thread with the GIL taken there. A process dict may also
+//   carry since_start (bool) and exact_cpu_s (float or None), as MetricsSnapshot::Process.
+// - collocation_mode(): metrics/collocation.h's detection, for `batchcast bench` and reports.
 // start()/stop() release the GIL: start() waits for the first tick and stop() joins the thread,
 // both of which may need the GIL in the callback. Summaries come back as Python dicts.
 #include <pybind11/functional.h>
@@ -14,6 +16,8 @@
 
 #include "common/error.h"
 #include "metrics/collector.h"
+#include "metrics/collocation.h"
+#include "metrics/nvml.h"
 #include "metrics/process_tracker.h"
 #include "python/src/bindings.h"
 
@@ -55,6 +59,9 @@ MetricsSnapshot snapshot_from(const py::handle& obj) {
       proc.pid = p["pid"].cast<pid_t>();
       if (p.contains("samples")) proc.samples = p["samples"].cast<uint64_t>();
       if (p.contains("wait_s")) proc.wait_s = p["wait_s"].cast<double>();
+      if (p.contains("since_start")) proc.since_start = p["since_start"].cast<bool>();
+      if (p.contains("exact_cpu_s") && !p["exact_cpu_s"].is_none())
+        proc.exact_cpu_s = p["exact_cpu_s"].cast<double>();
       s.processes.push_back(std::move(proc));
     }
   }
@@ -150,14 +157,27 @@ void bind_metrics(py::module_& m) {
       .def(
           "stop", [](PyCollector& c) { c.collector().stop(); },
           py::call_guard<py::gil_scoped_release>())
-      .def("summary", [](PyCollector& c) {
-        nlohmann::json j;
-        {
-          py::gil_scoped_release nogil;
-          j = c.collector().summary();
-        }
-        return to_python(j);
-      });
+      .def("summary",
+           [](PyCollector& c) {
+             nlohmann::json j;
+             {
+               py::gil_scoped_release nogil;
+               j = c.collector().summary();
+             }
+             return to_python(j);
+           })
+      .def_property_readonly("collocation",
+                             [](PyCollector& c) { return c.collector().collocation(); });
+
+  m.def(
+      "collocation_mode",
+      [](std::string nvml_library) {
+        std::optional<metrics::Nvml> nvml =
+            metrics::Nvml::open(nvml_library.empty() ? "libnvidia-ml.so.1" : nvml_library, nullptr);
+        return metrics::detect_collocation(nvml ? &*nvml : nullptr);
+      },
+      py::arg("nvml_library") = "", py::call_guard<py::gil_scoped_release>(),
+      "\"mig\", \"mps\", \"time-slicing\" or \"none\" (metrics/collocation.h).");
 }
 
 }  // namespace batchcast::python

@@ -2,6 +2,7 @@
 // their own getrusage, NVML absent and faked, the CSV/summary layout, errors, sampler cost.
 // CPU comparisons are CPU time against CPU time, so a loaded machine only makes them slower.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -261,26 +262,23 @@ TEST(MetricsCollector, FakeNvmlGivesMlflowGpuColumns) {
   const fs::path dir = fresh_dir("fakenvml");
   CollectorOptions o = fast_options(dir);
   o.nvml_library = BC_FAKE_NVML_PATH;
-  MetricsCollector c(o, [] { return MetricsSnapshot{}; });
+  MetricsCollector c(o, [] { return one_process("trainer", getpid()); });
   ASSERT_TRUE(c.has_gpu());
+  EXPECT_EQ(c.collocation(), "time-slicing");
   c.start();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   c.stop();
   auto rows = read_csv(dir / "system.csv");
-  const std::vector<std::string> want{"time_s",
-                                      "system/cpu_utilization_percentage",
-                                      "system/system_memory_usage_megabytes",
-                                      "system/system_memory_usage_percentage",
-                                      "system/gpu_0_utilization_percentage",
-                                      "system/gpu_0_memory_usage_megabytes",
-                                      "system/gpu_0_memory_usage_percentage",
-                                      "system/gpu_0_power_usage_watts",
-                                      "system/gpu_0_power_usage_percentage",
-                                      "system/gpu_1_utilization_percentage",
-                                      "system/gpu_1_memory_usage_megabytes",
-                                      "system/gpu_1_memory_usage_percentage",
-                                      "system/gpu_1_power_usage_watts",
-                                      "system/gpu_1_power_usage_percentage"};
+  std::vector<std::string> want{"time_s", "system/cpu_utilization_percentage",
+                                "system/system_memory_usage_megabytes",
+                                "system/system_memory_usage_percentage"};
+  for (const char* g : {"system/gpu_0_", "system/gpu_1_"}) {
+    for (const char* k :
+         {"utilization_percentage", "memory_usage_megabytes", "memory_usage_percentage",
+          "power_usage_watts", "power_usage_percentage", "energy_joules", "sm_active_percentage",
+          "sm_occupancy_percentage", "tensor_active_percentage", "dram_active_percentage"})
+      want.push_back(std::string(g) + k);
+  }
   EXPECT_EQ(rows.at(0), want);
   ASSERT_GE(rows.size(), 3u);
   EXPECT_EQ(rows[1][4], "40.0");
@@ -288,13 +286,125 @@ TEST(MetricsCollector, FakeNvmlGivesMlflowGpuColumns) {
   EXPECT_EQ(rows[1][6], "25.00");
   EXPECT_EQ(rows[1][7], "250.00");
   EXPECT_EQ(rows[1][8], "50.00");
-  EXPECT_EQ(rows[1][9], "80.0");
+  EXPECT_EQ(rows[1][9], "0.000");    // energy since the first tick
+  EXPECT_EQ(rows[1][10], "");        // GPM needs two samples
+  EXPECT_EQ(rows[2][9], "100.000");  // the fake adds 100 J per reading
+  EXPECT_EQ(rows[2][10], "55.00");
+  EXPECT_EQ(rows[2][11], "33.00");
+  EXPECT_EQ(rows[2][12], "22.00");
+  EXPECT_EQ(rows[2][13], "11.00");
+  EXPECT_EQ(rows[2][14], "80.0");
+  EXPECT_EQ(rows[2][20], "");  // GPU 1 has no GPM
   json s = read_json(dir / "summary.json");
   ASSERT_EQ(s["gpus"].size(), 2u);
   EXPECT_EQ(s["gpus"][1]["name"], "Fake GPU 1");
   EXPECT_DOUBLE_EQ(s["gpus"][1]["mean_utilization_percentage"].get<double>(), 80.0);
   EXPECT_DOUBLE_EQ(s["gpus"][0]["mean_power_usage_watts"].get<double>(), 250.0);
+  EXPECT_DOUBLE_EQ(s["gpus"][0]["mean_sm_active_percentage"].get<double>(), 55.0);
+  EXPECT_TRUE(s["gpus"][1]["mean_sm_active_percentage"].is_null());
   EXPECT_DOUBLE_EQ(s["mean_gpu_utilization_percentage"].get<double>(), 60.0);
+  EXPECT_DOUBLE_EQ(s["mean_sm_active_percentage"].get<double>(), 55.0);
+  const int64_t readings = s["ticks"].get<int64_t>();
+  EXPECT_DOUBLE_EQ(s["gpus"][0]["energy_joules"].get<double>(), 100.0 * (readings - 1));
+  EXPECT_DOUBLE_EQ(s["energy_joules"]["gpu"].get<double>(), 200.0 * (readings - 1));
+  EXPECT_EQ(s["collocation"], "time-slicing");
+  // This process is listed on GPU 0 through the versioned process list and the utilisation
+  // samples: its row carries them.
+  auto procs = read_csv(dir / "processes.csv");
+  EXPECT_EQ(procs.at(0).at(13), "gpu_sm_percent");
+  EXPECT_EQ(procs.at(1).at(13), "42.0");
+  EXPECT_EQ(procs.at(1).at(14), "1000.0");
+  EXPECT_DOUBLE_EQ(s["processes"][0]["mean_gpu_sm_percent"].get<double>(), 42.0);
+  EXPECT_DOUBLE_EQ(s["processes"][0]["peak_gpu_memory_mb"].get<double>(), 1000.0);
+}
+
+// Two processes pinned to one CPU, both busy: while one runs the other is runnable and waits,
+// so each one's run-queue wait is about the other's CPU. Asserted with a wide margin (at least
+// 40 % of the pair's CPU), which other load on that CPU can only increase.
+TEST(MetricsCollector, RunQueueWaitRisesWhenTwoBusyProcessesShareOneCore) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(0, &one);
+  auto pinned_burner = [&one](int in, int out) {
+    if (sched_setaffinity(0, sizeof one, &one) != 0) _exit(4);
+    if (!wait_byte(in)) return;
+    const double c0 = rusage_s(RUSAGE_SELF);
+    burn_cpu(0.4);
+    send_double(out, rusage_s(RUSAGE_SELF) - c0);
+    wait_byte(in);
+  };
+  Child a(pinned_burner), b(pinned_burner);
+  const fs::path dir = fresh_dir("runqueue");
+  MetricsCollector c(fast_options(dir), [&] {
+    MetricsSnapshot s;
+    s.processes.push_back({"trainer", "a", a.pid, 0, 0});
+    s.processes.push_back({"trainer", "b", b.pid, 0, 0});
+    return s;
+  });
+  c.start();
+  a.go();
+  b.go();
+  const double cpu = a.result() + b.result();
+  c.stop();
+  json s = c.summary();
+  const double wait = s["run_queue_wait_s"].get<double>();
+  EXPECT_NEAR(wait,
+              s["processes"][0]["run_queue_wait_s"].get<double>() +
+                  s["processes"][1]["run_queue_wait_s"].get<double>(),
+              1e-9);
+  EXPECT_GE(wait, 0.4 * cpu) << "pair CPU " << cpu << " s, run-queue wait " << wait << " s";
+  auto rows = read_csv(dir / "processes.csv");
+  EXPECT_EQ(rows.at(0).at(12), "run_queue_wait_s");
+}
+
+// A command the owner started itself (batchcast track): CPU counts from the process's start and
+// the owner's exact figure after it has exited (wait4's rusage) is taken, so nothing is lost.
+TEST(MetricsCollector, SinceStartAndExactCpuLoseNothingAtEitherEnd) {
+  Child burner([](int in, int) {
+    burn_cpu(0.5);  // before the collector's first tick
+    wait_byte(in);
+  });
+  const fs::path dir = fresh_dir("sincestart");
+  std::atomic<bool> exited{false};
+  std::atomic<double> exact{0};
+  const pid_t pid = burner.pid;
+  MetricsCollector c(fast_options(dir), [&] {
+    MetricsSnapshot s;
+    MetricsSnapshot::Process p{"trainer", "cmd", pid, 0, 0};
+    p.since_start = true;
+    if (exited) p.exact_cpu_s = exact.load();
+    s.processes.push_back(p);
+    return s;
+  });
+  // Let the child burn before the first tick, as a command does before track's first sample.
+  while (true) {
+    auto st = std::ifstream("/proc/" + std::to_string(burner.pid) + "/stat");
+    std::string line;
+    std::getline(st, line);
+    auto after = line.substr(line.rfind(')') + 2);
+    std::istringstream in(after);
+    std::string f;
+    std::vector<std::string> fields;
+    while (in >> f) fields.push_back(f);
+    if (fields.size() > 12 && std::stod(fields[11]) + std::stod(fields[12]) >=
+                                  0.45 * static_cast<double>(sysconf(_SC_CLK_TCK)))
+      break;
+    std::this_thread::yield();
+  }
+  c.start();
+  ::close(burner.to_child);
+  rusage ru{};
+  int status = 0;
+  ASSERT_EQ(wait4(burner.pid, &status, 0, &ru), burner.pid);
+  burner.pid = -1;
+  ::close(burner.from_child);
+  exact = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
+          ru.ru_stime.tv_usec * 1e-6;
+  exited = true;
+  c.stop();
+  const double recorded = c.summary()["processes"][0]["cpu_core_s"].get<double>();
+  EXPECT_DOUBLE_EQ(recorded, exact.load());
+  EXPECT_GT(recorded, 0.45);
 }
 
 TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
@@ -332,9 +442,21 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
   EXPECT_THROW(c.start(), Error);
 
   auto procs = read_csv(dir / "processes.csv");
-  const std::vector<std::string> want{"time_s",        "role",   "id",          "pid",   "cpu_s",
-                                      "cpu_percent",   "rss_mb", "tree_rss_mb", "procs", "samples",
-                                      "samples_per_s", "wait_s"};
+  const std::vector<std::string> want{"time_s",
+                                      "role",
+                                      "id",
+                                      "pid",
+                                      "cpu_s",
+                                      "cpu_percent",
+                                      "rss_mb",
+                                      "tree_rss_mb",
+                                      "procs",
+                                      "samples",
+                                      "samples_per_s",
+                                      "wait_s",
+                                      "run_queue_wait_s",
+                                      "gpu_sm_percent",
+                                      "gpu_memory_mb"};
   EXPECT_EQ(procs.at(0), want);
   ASSERT_GE(procs.size(), 1 + 3 * 3u);
   EXPECT_EQ(procs[1][1], "server");

@@ -1,0 +1,73 @@
+// ProcessAccount: what the collector knows about one watched process (key: role, id, pid) over a
+// run: CPU core-seconds, run-queue wait, RSS, GPU use and the owner's counters, each cumulative
+// from the first tick that listed it (or from the process's start when the owner says so), and
+// the cells of its processes.csv rows.
+//
+// Contract: a value type updated once per tick by the collector's sampler and read by summary();
+// not thread-safe (the collector guards it with its data lock). It owns nothing outside itself.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "metrics/collector.h"
+#include "metrics/proc_stats.h"
+#include "metrics/series_stat.h"
+
+namespace batchcast::metrics {
+
+// GPU use of one pid at one tick (summed over GPUs), from NVML's process lists.
+struct PidGpuUse {
+  std::optional<double> sm_percent;
+  std::optional<double> memory_mb;
+};
+
+class ProcessAccount {
+ public:
+  // The processes.csv header, in the order of update()'s cells.
+  static const std::vector<std::string>& csv_header();
+
+  // Records one tick at `t` (seconds since the collector started) for `p`. `usage` is its tree
+  // now (nullopt: not in /proc); run-queue wait is read here for the tree's members. Rates over
+  // spans shorter than `min_span` stay empty. Returns the processes.csv row.
+  std::vector<std::string> update(double t, const MetricsSnapshot::Process& p,
+                                  const std::optional<TreeUsage>& usage,
+                                  const std::map<pid_t, PidGpuUse>& gpu, double min_span);
+
+  const std::string& role() const { return role_; }
+  double cpu_s() const { return cpu_rel_; }
+  double run_wait_s() const { return wait_total(); }
+  uint64_t samples() const { return samples_; }
+  double wait_s() const { return wait_; }
+  double tree_rss_mb_now() const { return last_tree_rss_mb_; }
+  nlohmann::json to_json() const;
+
+ private:
+  double wait_total() const;
+
+  std::string role_, id_;
+  pid_t pid_ = 0;
+  bool seen_ = false;
+  double first_t_ = 0, last_t_ = 0;
+  // CPU: core-seconds, clamped to never decrease (see README: a descendant read just after its
+  // parent reaped it can make one reading dip).
+  bool cpu_seen_ = false;
+  uint64_t starttime_ = 0;
+  double cpu_base_ = 0, cpu_carried_ = 0, cpu_rel_ = 0, prev_cpu_t_ = 0;
+  // Run-queue wait: the last reading of each member pid (kept after it exits, so the wait of a
+  // finished worker is not lost), minus the sum at first sight.
+  std::map<pid_t, double> run_wait_by_pid_;
+  double run_wait_carried_ = 0, run_wait_base_ = 0;
+  Stat rss_mb_, tree_rss_mb_, gpu_sm_, gpu_mem_;
+  double last_tree_rss_mb_ = 0;
+  int max_procs_ = 0;
+  uint64_t samples_base_ = 0, samples_ = 0;
+  double wait_base_ = 0, wait_ = 0;
+};
+
+}  // namespace batchcast::metrics

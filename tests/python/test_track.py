@@ -1,0 +1,237 @@
+"""`batchcast track` end to end (real processes), its MLflow file store read back by a reader
+written here from MLflow's documented layout, experiment files, and the summary rules."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any, Dict, List
+
+import pytest
+
+from batchcast import metrics, report
+
+PY = "/usr/bin/python3"  # the commands under test need nothing but the standard library
+
+
+def track(tmp_path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchcast", "track", "--out", str(tmp_path),
+                           "--no-gpu", *args], capture_output=True, text=True, timeout=timeout)
+
+
+# --- a reader of MLflow's file store, written from its documented layout ----------------------
+
+
+def read_store(root: str) -> Dict[str, Any]:
+    """experiments: {id: meta}; runs: {run_id: {meta, params, tags, metrics}} with metrics
+    {key: [(int timestamp_ms, float value, int step)]}; keys with "/" are nested files."""
+    yaml = pytest.importorskip("yaml")
+    out: Dict[str, Any] = {"experiments": {}, "runs": {}}
+    for exp in os.listdir(root):
+        exp_dir = os.path.join(root, exp)
+        if not os.path.isfile(os.path.join(exp_dir, "meta.yaml")):
+            continue
+        with open(os.path.join(exp_dir, "meta.yaml")) as f:
+            out["experiments"][exp] = yaml.safe_load(f)
+        for run in os.listdir(exp_dir):
+            run_dir = os.path.join(exp_dir, run)
+            if not os.path.isfile(os.path.join(run_dir, "meta.yaml")):
+                continue
+            with open(os.path.join(run_dir, "meta.yaml")) as f:
+                r: Dict[str, Any] = {"meta": yaml.safe_load(f)}
+            for kind in ("params", "tags", "metrics"):
+                r[kind] = {}
+                base = os.path.join(run_dir, kind)
+                for d, _, files in os.walk(base):
+                    for name in files:
+                        key = os.path.relpath(os.path.join(d, name), base)
+                        with open(os.path.join(d, name)) as f:
+                            text = f.read()
+                        if kind == "metrics":
+                            pts = []
+                            for line in text.splitlines():
+                                ts, value, step = line.split(" ")
+                                pts.append((int(ts), float(value), int(step)))
+                            text = pts
+                        r[kind][key] = text
+            out["runs"][run] = r
+    return out
+
+
+def grandchild_burner(tmp_path, seconds: float) -> List[str]:
+    """A command whose child burns `seconds` of CPU in a grandchild (reaped by the child) and
+    writes the grandchild's own CPU count to burned.txt."""
+    script = tmp_path / "burn.py"
+    script.write_text(textwrap.dedent(f"""
+        import resource, subprocess, sys
+        code = '''
+        import resource
+        t = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        x = 0
+        while t() < {seconds}:
+            x += 1
+        print(t())
+        '''
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        open(sys.argv[1], "w").write(out.stdout)
+    """))
+    return [PY, str(script), str(tmp_path / "burned.txt")]
+
+
+def test_grandchild_cpu_is_attributed_to_its_run_within_ten_percent(tmp_path):
+    r = track(tmp_path, "--experiment", "exp", "--workload", "burn", "--run-name", "r1",
+              "--interval", "0.2", "--samples", "1000", "--", *grandchild_burner(tmp_path, 1.5))
+    assert r.returncode == 0, r.stderr
+    burned = float((tmp_path / "burned.txt").read_text())
+    s = metrics.summarize(tmp_path / "exp" / "burn" / "r1")
+    recorded = s["cpu_core_s"]["all"]
+    # The two interpreters' start-up adds a few tens of ms on top of the burn.
+    assert abs(recorded - burned) <= 0.1 * burned, (recorded, burned)
+    assert s["samples"] == 1000
+    assert s["cpu_core_s_per_sample"]["all"] == pytest.approx(recorded / 1000)
+    assert s["collocation"] == "none"  # no GPU here
+    assert s["run_queue_wait_s"] >= 0
+    # The sampler's own cost, Python snapshot callback included: < 1 % of a core at 1 s.
+    cmd = json.loads((tmp_path / "exp/burn/r1/command/summary.json").read_text())
+    assert cmd["sampler"]["cpu_s"] / cmd["ticks"] < 0.01
+
+    store = read_store(str(tmp_path / "mlruns"))
+    assert store["experiments"]["0"]["name"] == "Default"
+    exp_id = next(i for i, m in store["experiments"].items() if m["name"] == "exp")
+    assert store["experiments"][exp_id]["experiment_id"] == exp_id
+    runs = {r["tags"]["mlflow.runName"]: (rid, r) for rid, r in store["runs"].items()}
+    parent_id, parent = runs["burn"]
+    run_id, run = runs["r1"]
+    assert run["meta"]["run_id"] == run_id and run["meta"]["experiment_id"] == exp_id
+    assert run["meta"]["status"] == 3 and run["meta"]["end_time"] >= run["meta"]["start_time"]
+    assert run["tags"]["mlflow.parentRunId"] == parent_id
+    assert "mlflow.parentRunId" not in parent["tags"]
+    assert run["params"]["workload"] == "burn" and "burn.py" in run["params"]["command"]
+    assert run["params"]["collocation"] == "none"
+    m = run["metrics"]
+    assert m["cpu_core_s"][-1][1] == pytest.approx(recorded)
+    assert m["samples"][-1][1] == 1000
+    cpu_series = m[os.path.join("system", "cpu_utilization_percentage")]
+    steps = [p[2] for p in cpu_series]
+    assert len(steps) >= 3 and steps == sorted(set(steps))
+    assert len(m[os.path.join("process", "cpu_core_s")]) >= 3
+
+
+def test_exit_status_is_the_commands_and_the_run_is_failed(tmp_path):
+    r = track(tmp_path, "--run-name", "bad", "--", PY, "-c", "import sys; sys.exit(3)")
+    assert r.returncode == 3
+    store = read_store(str(tmp_path / "mlruns"))
+    (run,) = [r for r in store["runs"].values() if r["tags"]["mlflow.runName"] == "bad"]
+    assert run["meta"]["status"] == 4
+    assert track(tmp_path, "--", "/nonexistent/cmd").returncode == 127
+
+
+def test_command_gets_its_stdout_and_the_run_dir_for_a_server(tmp_path):
+    r = track(tmp_path, "--run-name", "env", "--", PY, "-c",
+              "import os; print(os.environ['BATCHCAST_METRICS_DIR'])")
+    assert r.returncode == 0
+    assert r.stdout.strip() == str(tmp_path / "batchcast" / "default" / "env")
+
+
+def test_csv_experiment_runs_collocated_rows_writes_status_back_and_resumes(tmp_path):
+    exp = tmp_path / "exp.csv"
+    with open(exp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Experiment", "Workload", "Status", "Run", "Devices", "Collocation", "File",
+                    "Listeners", "Params"])
+        w.writerow(["e", "pair", "", "", "", "", f"{PY} -c", "smi", "'print(1)'"])
+        w.writerow(["e", "pair", "", "", "", "", f"{PY} -c", "smi", "'print(2)'"])
+        w.writerow(["e", "done", "finished", "old", "", "", "/nonexistent", "", ""])
+        w.writerow(["e", "bad", "", "", "", "", f"{PY} -c", "", "'import sys; sys.exit(2)'"])
+    r = subprocess.run([sys.executable, "-m", "batchcast", "track", "--out", str(tmp_path / "o"),
+                        "--file", str(exp)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr  # the "bad" row failed
+    rows = list(csv.DictReader(open(exp)))
+    assert [row["Status"] for row in rows] == ["finished", "finished", "finished",
+                                               "failed (exit 2)"]
+    assert rows[0]["Collocation"] == "none" and rows[0]["Run"].startswith("pair-0")
+    assert rows[2]["Run"] == "old"  # skipped
+    pair = metrics.summarize(tmp_path / "o" / "e" / "pair")
+    assert len(pair["parts"]) == 2
+    runs_before = len(read_store(str(tmp_path / "o" / "mlruns"))["runs"])
+    # Resume: only the unfinished row runs again.
+    subprocess.run([sys.executable, "-m", "batchcast", "track", "--out", str(tmp_path / "o"),
+                    "--file", str(exp)], capture_output=True, text=True, timeout=120)
+    assert len(read_store(str(tmp_path / "o" / "mlruns"))["runs"]) == runs_before + 1
+
+
+def test_yaml_experiment_file(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"experiment": "y", "runs": [
+        {"workload": "w", "file": f"{PY} -c", "params": "'pass'"}]}))
+    r = subprocess.run([sys.executable, "-m", "batchcast", "track", "--out", str(tmp_path / "o"),
+                        "--file", str(exp)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(exp.read_text())
+    assert doc["experiment"] == "y" and doc["runs"][0]["status"] == "finished"
+
+
+# --- summary rules and the report (pure logic on hand-written parts) ---------------------------
+
+
+def _part(d, **kw) -> None:
+    os.makedirs(d, exist_ok=True)
+    s = {"start_unix_s": 100.0, "duration_s": 10.0, "samples": 0, "wait_s": 0.0, "ticks": 10,
+         "cpu_core_s": {"server": 0.0, "consumers": 0.0, "all": 0.0}, "processes": [],
+         "complete": True, "run_queue_wait_s": 0.0}
+    s.update(kw)
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(s, f)
+
+
+def test_tracked_parts_count_cpu_once(tmp_path):
+    run = tmp_path / "shared"
+    # A tracked server command (its tree: 4 core-s) whose own collector also counted 3 core-s
+    # of server and consumers, and a tracked trainer (2 core-s) that consumed 100 samples.
+    _part(run / "serve" / "command", cpu_core_s={"server": 0, "consumers": 0, "all": 4.0},
+          run_queue_wait_s=0.5, energy_joules={"gpu": 500.0, "cpu": None, "all": 500.0},
+          duration_s=12.0)
+    _part(run / "serve", cpu_core_s={"server": 2.0, "consumers": 1.0, "all": 3.0}, samples=100,
+          run_queue_wait_s=9.0)
+    _part(run / "train" / "command", cpu_core_s={"server": 0, "consumers": 0, "all": 2.0},
+          run_queue_wait_s=0.25)
+    s = metrics.summarize(run)
+    assert s["cpu_core_s"] == {"server": 2.0, "consumers": 1.0, "all": 6.0}
+    assert s["cpu_core_s_per_sample"]["all"] == pytest.approx(0.06)
+    assert s["run_queue_wait_s"] == pytest.approx(0.75)
+    assert s["joules_per_sample"]["all"] == pytest.approx(5.0)
+
+
+def test_savings_three_ways():
+    base = {"cpu_core_s_per_sample": {"all": 0.010}, "joules_per_sample": {"all": 2.0},
+            "samples_per_s": 800.0}
+    shared = {"cpu_core_s_per_sample": {"all": 0.004}, "joules_per_sample": {"all": 1.5},
+              "samples_per_s": 1000.0}
+    got = metrics.savings(shared, base)
+    assert got["cpu_core_s_per_sample"] == pytest.approx(0.006)
+    assert got["joules_per_sample"] == pytest.approx(0.5)
+    assert got["cores"] == pytest.approx(6.0)  # 6 core-ms per sample at 1000 samples/s
+    assert metrics.savings(dict(shared, joules_per_sample={"all": None}), base)[
+        "joules_per_sample"] is None
+
+
+def test_report_compares_a_run_tree_and_an_mlflow_run(tmp_path):
+    r = track(tmp_path, "--experiment", "x", "--workload", "w", "--run-name", "a",
+              "--interval", "0.2", "--samples", "10", "--", PY, "-c", "sum(range(10**6))")
+    assert r.returncode == 0, r.stderr
+    store = tmp_path / "mlruns"
+    exp_id = next(e for e in os.listdir(store) if e not in ("0", ".trash")
+                  and os.path.isdir(store / e))
+    (mlflow_run,) = [store / exp_id / d for d in os.listdir(store / exp_id)
+                     if (store / exp_id / d / "params" / "command").exists()]
+    index = report.render([str(tmp_path / "x" / "w"), str(mlflow_run)], str(tmp_path / "rep"))
+    page = open(index).read()
+    assert "J/sample" in page and "saved vs first: CPU cores" in page and "run-queue" in page
+    assert (tmp_path / "rep" / "comparison.png").stat().st_size > 1000
+    s = metrics.summarize(mlflow_run)
+    assert s["samples"] == 10 and s["cpu_core_s"]["all"] > 0
