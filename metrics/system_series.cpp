@@ -40,7 +40,7 @@ SystemSeries::SystemSeries(const SystemSeriesOptions& options) {
 void SystemSeries::read() {
   cpu_now_ = read_system_cpu();
   mem_now_ = read_system_memory();
-  if (rapl_) cpu_energy_j_ = rapl_->joules();
+  if (rapl_) cpu_energy_read_ = rapl_->joules();
   gpu_by_pid_.clear();
   if (!nvml_) return;
   gpus_now_ = nvml_->read();
@@ -64,6 +64,7 @@ std::vector<std::string> SystemSeries::row(double t) {
   }
   cpu_util_.add(cpu_util);
   mem_mb_.add(mem_mb);
+  cpu_energy_j_ = cpu_energy_read_;
   std::vector<std::string> out{cell(t), cell(cpu_util, 2), cell(mem_mb, 1), cell(mem_pct, 2)};
   if (rapl_) out.push_back(cell(cpu_energy_j_, 3));
   if (!nvml_) return out;

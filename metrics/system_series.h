@@ -6,8 +6,9 @@
 // A metric this machine cannot give has no column (not an empty one) and is named once in
 // missing() (the collector logs it once per process and writes it into summary.json).
 //
-// Contract: owned by one collector and used from its sampler thread; summary_json() is called
-// under the collector's data lock. Not thread-safe by itself. It owns the NVML handle.
+// Contract: owned by one collector. read() runs on its sampler thread without the collector's
+// data lock and touches only what row() folds in; row(), add_summary() and the energy getters
+// run under that lock. Not thread-safe by itself. It owns the NVML handle.
 #pragma once
 
 #include <sys/types.h>
@@ -64,6 +65,8 @@ class SystemSeries {
   std::optional<SystemMemory> mem_now_;
   std::vector<GpuReading> gpus_now_;
   std::map<pid_t, PidGpuUse> gpu_by_pid_;
+  std::optional<double> cpu_energy_read_;
+  // Folded in by row(), under the collector's lock, as everything add_summary() reads.
   std::optional<double> cpu_energy_j_;
   // Per GPU: statistics and the energy counter at the first tick.
   struct Gpu {

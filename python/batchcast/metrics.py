@@ -302,11 +302,12 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
     start = min(s.get("start_unix_s", 0.0) for _, s in parts)
     end = max(s.get("start_unix_s", 0.0) + s.get("duration_s", 0.0) for _, s in parts)
     duration = end - start
-    tracked = [s for p, s in parts if os.path.basename(p) == TRACK_PART]
+    is_track = [os.path.basename(p) == TRACK_PART for p, _ in parts]
+    tracked = [s for (_, s), t in zip(parts, is_track) if t]
     cpu = {"server": 0.0, "consumers": 0.0, "all": 0.0}
     samples, wait, blocked, sampler_cpu, ticks, run_wait = 0, 0.0, 0.0, 0.0, 0, 0.0
     processes = []
-    for path, s in parts:
+    for (path, s), track_part in zip(parts, is_track):
         offset = s.get("start_unix_s", 0.0) - start
         rel = os.path.relpath(path, dir)
         for k in cpu:
@@ -316,7 +317,7 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
         blocked += s.get("producer_blocked_s", 0.0)
         sampler_cpu += (s.get("sampler") or {}).get("cpu_s", 0.0)
         ticks += s.get("ticks", 0)
-        if not tracked or s in tracked:
+        if track_part or not tracked:  # a tracked tree holds the others' processes
             run_wait += s.get("run_queue_wait_s") or 0.0
         for p in s.get("processes", []):
             p = dict(p, part=rel)

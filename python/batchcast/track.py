@@ -232,6 +232,7 @@ def track_command(
             log_run_dir(run, run_dir)
         finally:
             run.end(status)
+            parent.end(FINISHED)  # the workload's span so far: ends with its latest command
             sys.stdout.flush()
             os.dup2(command_stdout, 1)
             os.close(command_stdout)
