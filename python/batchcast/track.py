@@ -349,7 +349,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "--" in args:
         i = args.index("--")
         args, command = args[:i], args[i + 1:]
-    p = argparse.ArgumentParser(prog="batchcast track", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="batchcast track", description=__doc__.split("\n\n")[0],
+        usage="batchcast track [options] -- COMMAND...\n"
+              "       batchcast track --file EXPERIMENTS.csv|.yaml [--out DIR]")
     p.add_argument("--out", default="runs", help="root of run trees and mlruns (default: runs)")
     p.add_argument("--experiment", default="batchcast", help="MLflow experiment name")
     p.add_argument("--workload", default="default", help="groups collocated commands")
