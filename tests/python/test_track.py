@@ -235,3 +235,8 @@ def test_report_compares_a_run_tree_and_an_mlflow_run(tmp_path):
     assert (tmp_path / "rep" / "comparison.png").stat().st_size > 1000
     s = metrics.summarize(mlflow_run)
     assert s["samples"] == 10 and s["cpu_core_s"]["all"] > 0
+
+
+def test_collocation_mode_is_detected():
+    assert metrics.collocation_mode() in {"none", "time-slicing", "mps", "mig"}
+    assert metrics.collocation_mode("/nonexistent/libnvidia-ml.so.1") == "none"  # no GPU
