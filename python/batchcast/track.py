@@ -196,19 +196,25 @@ def track_command(
     _become_subreaper()
     collector.start()  # the baseline tick comes before the command exists
     status, code = KILLED, 1
-    forwarded = {}
+    forwarded: Dict[int, Any] = {}
+    children: List[subprocess.Popen] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        for child in children:
+            child.send_signal(signum)
+
+    # Ctrl-C reaches the command from the terminal itself (same process group): swallowed here
+    # (a handler, not SIG_IGN, which the command would inherit) so that the command decides how
+    # to end; a supervisor's SIGTERM/SIGHUP is passed on. Installed before the command starts,
+    # so no signal can end this process and orphan the command.
+    forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: None)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        forwarded[sig] = signal.signal(sig, forward)
     try:
-        proc = subprocess.Popen(list(command), env=child_env, stdout=command_stdout)
+        proc = subprocess.Popen(list(command), env=child_env, stdout=command_stdout,
+                                restore_signals=True)
+        children.append(proc)
         state["pid"] = proc.pid
-
-        def forward(signum: int, _frame: Any) -> None:
-            proc.send_signal(signum)
-
-        # Ctrl-C reaches the command from the terminal itself (same process group): ignored
-        # here so that the command decides how to end; a supervisor's SIGTERM/SIGHUP is passed on.
-        forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            forwarded[sig] = signal.signal(sig, forward)
         while True:
             try:
                 _, wstatus, ru = os.wait4(proc.pid, 0)

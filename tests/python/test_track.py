@@ -6,9 +6,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -240,3 +242,29 @@ def test_report_compares_a_run_tree_and_an_mlflow_run(tmp_path):
 def test_collocation_mode_is_detected():
     assert metrics.collocation_mode() in {"none", "time-slicing", "mps", "mig"}
     assert metrics.collocation_mode("/nonexistent/libnvidia-ml.so.1") == "none"  # no GPU
+
+
+def test_sigterm_reaches_the_command_and_sigint_stays_default(tmp_path):
+    flag = tmp_path / "started"
+    code = ("import signal, sys, time\n"
+            "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+            f"open({str(flag)!r}, 'w').close()\n"
+            "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-m", "batchcast", "track", "--out", str(tmp_path),
+                          "--no-gpu", "--run-name", "term", "--", PY, "-c", code],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 7
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    s = metrics.summarize(tmp_path / "batchcast" / "default" / "term")
+    assert s["complete"]
