@@ -5,6 +5,8 @@
 //      chunks whose label holds the CLOCK_MONOTONIC time the CPU finished the chunk; a consumer
 //      process (this program, --consumer) stops the clock once its stream has the batch;
 //   3. JPEG decode images/s: nvJPEG (batched) versus the CPU decoder (TurboJPEG) on one core.
+// `cuda_bench --decode DIR` measures only 3, on DIR's JPEG files (the collocated benchmark's
+// physical anchor: the nvJPEG engine's standalone rate on the files the trainers read).
 // Needs a GPU; exits 0 with a message without one.
 #include <sys/wait.h>
 #include <time.h>
@@ -12,9 +14,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -252,6 +258,68 @@ void decode() {
 #endif
 }
 
+// The decoders' own rates on real files (the collocated benchmark's data, issue 17): TurboJPEG
+// on one core versus nvJPEG in batches of 128, each over the same files in memory (no disk).
+void decode_files(const std::string& dir) {
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    std::string ext = entry.path().extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+    if (!entry.is_regular_file() || (ext != ".jpg" && ext != ".jpeg")) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    files.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    names.push_back(entry.path().string());
+    if (files.size() == 1024) break;  // enough to average over; fits any GPU's memory
+  }
+  if (files.empty()) throw Error(dir + ": no .jpg files; give --decode an image folder");
+  size_t done = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  while (seconds_since(t0) < 3.0 || done < files.size()) {
+    size_t i = done++ % files.size();
+    decode_jpeg_full_turbo(files[i].data(), files[i].size(), names[i], ScalingFactor{});
+  }
+  double cpu = done / seconds_since(t0);
+  std::printf("| CPU decoder (TurboJPEG full decode), 1 core, %zu files of %s | %.0f images/s |\n",
+              files.size(), dir.c_str(), cpu);
+#ifdef BATCHCAST_HAVE_NVJPEG
+  NvjpegDecoder dec(0);
+  auto stream = CudaStream::create();
+  std::vector<JpegBytes> in;
+  std::vector<DeviceBuffer> bufs;
+  std::vector<uint8_t*> outs;
+  for (size_t i = 0; i < files.size(); ++i) {
+    in.push_back(JpegBytes{files[i].data(), files[i].size(), names[i]});
+    int w = 0, h = 0;
+    dec.dimensions(in.back(), &w, &h);
+    bufs.push_back(DeviceBuffer::allocate(static_cast<size_t>(w) * h * 3));
+    outs.push_back(bufs.back().data());
+  }
+  const size_t batch = 128;
+  auto all = [&] {
+    for (size_t b = 0; b < in.size(); b += batch) {
+      size_t e = std::min(in.size(), b + batch);
+      dec.decode_batch(std::vector<JpegBytes>(in.begin() + b, in.begin() + e),
+                       std::vector<uint8_t*>(outs.begin() + b, outs.begin() + e), stream.get());
+    }
+    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
+  };
+  all();
+  int rounds = 0;
+  auto t1 = std::chrono::steady_clock::now();
+  while (seconds_since(t1) < 3.0) {
+    all();
+    ++rounds;
+  }
+  double gpu = rounds * in.size() / seconds_since(t1);
+  std::printf(
+      "| nvJPEG (%s backend), batch %zu, same files | %.0f images/s (%.1fx one CPU core) |\n",
+      dec.backend(), batch, gpu, gpu / cpu);
+#else
+  std::printf("| nvJPEG | not built (no nvjpeg.h) |\n");
+#endif
+}
+
 }  // namespace
 }  // namespace batchcast
 
@@ -267,6 +335,10 @@ int main(int argc, char** argv) {
     cuda_check(cudaGetDeviceProperties(&prop, 0), "properties");
     std::printf("device: %s, %u CPU cores\n\n| measure | result |\n| --- | --- |\n", prop.name,
                 std::thread::hardware_concurrency());
+    if (argc == 3 && std::string(argv[1]) == "--decode") {
+      decode_files(argv[2]);
+      return 0;
+    }
     bandwidth();
     latency(argv[0], false);
     latency(argv[0], true);
