@@ -123,7 +123,8 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
     trainer_cpus = all_cpus[k:] if limited else None
     workers = k if peer.startswith("batchcast") else max(1, k // n)
     os.makedirs(log_dir, exist_ok=True)
-    endpoint = f"ipc:///tmp/batchcast-bench-{os.getpid()}.sock"
+    # One endpoint per run: a failed server's record (<socket>.failed) must not fail the next run.
+    endpoint = f"ipc:///tmp/batchcast-bench-{os.getpid()}-{time.monotonic_ns()}.sock"
     server = None
     logs = [os.path.join(log_dir, f"trainer{i}.log") for i in range(n)]
     server_log = os.path.join(log_dir, "server.log")
@@ -177,6 +178,9 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+        for leftover in (endpoint[len("ipc://"):], endpoint[len("ipc://"):] + ".failed"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     window = end - start
     rates = [r["samples"] / (r["end"] - r["start"]) for r in results]
     rate = sum(rates)

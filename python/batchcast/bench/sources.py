@@ -42,11 +42,11 @@ class _Pin:  # a class, not a closure: DataLoader pickles worker_init_fn for spa
         os.sched_setaffinity(0, self.cpus)
 
 
-def _dataloader(dataset: Any, args: argparse.Namespace, device: torch.device,
+def _dataloader(dataset: Any, args: argparse.Namespace, pin_memory: bool,
                 collate: Optional[Callable[..., Any]] = None) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(
         dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-        drop_last=True, persistent_workers=args.workers > 0, pin_memory=device.type == "cuda",
+        drop_last=True, persistent_workers=args.workers > 0, pin_memory=pin_memory,
         worker_init_fn=_pin(args.data_cpus), collate_fn=collate)
 
 
@@ -64,7 +64,8 @@ def dataloader(args: argparse.Namespace, device: torch.device) -> Iterator[Batch
     from torchvision import transforms as T
     tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(),
                     T.Normalize(MEAN, STD)])
-    loader = _dataloader(torchvision.datasets.ImageFolder(args.data, transform=tf), args, device)
+    loader = _dataloader(torchvision.datasets.ImageFolder(args.data, transform=tf), args,
+                         pin_memory=device.type == "cuda")
     for images, labels in _forever(loader):
         yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
 
@@ -105,7 +106,8 @@ def gpu_decode(args: argparse.Namespace, device: torch.device) -> Iterator[Batch
     from torchvision.io import ImageReadMode, decode_jpeg
     if device.type != "cuda":
         raise SystemExit("the gpu-decode peer needs --device cuda")
-    loader = _dataloader(_JpegFiles(args.data), args, device, collate=_collate_bytes)
+    # File bytes stay in pageable memory: decode_jpeg copies them to the GPU itself.
+    loader = _dataloader(_JpegFiles(args.data), args, pin_memory=False, collate=_collate_bytes)
     batched = _batched_gpu_decode()
     mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
     std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
