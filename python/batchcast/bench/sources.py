@@ -7,8 +7,8 @@ Ownership: the iterator owns its loader (DataLoader workers, DALI pipeline, batc
 they end with the trainer process. Thread-safety: one trainer thread iterates.
 
 `args.data_cpus` (a list, or None) is the set of cores the data side may use: DataLoader
-workers pin themselves there (the GPU decode peer's file readers too); batchcast's server is
-pinned by the orchestrator; DALI's threads are not pinned (DALI has no such option).
+workers pin themselves there (the GPU decode peer's file readers too), DALI's threads are pinned
+once its pipeline started them; batchcast's server is pinned by the orchestrator.
 """
 
 from __future__ import annotations
@@ -143,9 +143,13 @@ def dali(args: argparse.Namespace, device: torch.device) -> Iterator[Batch]:
 
     pipe = pipeline(batch_size=args.batch_size, num_threads=args.workers,
                     device_id=device.index or 0, seed=os.getpid())
+    before = set(os.listdir("/proc/self/task"))
     pipe.build()
     it = DALIGenericIterator([pipe], ["images", "labels"], reader_name="reader",
                              last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+    if args.data_cpus is not None:  # DALI has no affinity option: pin the threads it started
+        for tid in set(os.listdir("/proc/self/task")) - before:
+            os.sched_setaffinity(int(tid), args.data_cpus)
     for (batch,) in _forever(it):
         yield batch["images"], batch["labels"].view(-1).long().to(device, non_blocking=True)
 
