@@ -40,7 +40,8 @@ PLANS: Dict[str, Dict[str, Any]] = {
              "anchor": "batchcast-cpu,batchcast-nvjpeg,gpu-decode,dali"},
     # CI: every peer once (GPU ones say why they skip), the data side pinned to one core where
     # there are two; the report's sweep and anchor tables are unit-tested on their own.
-    "quick": {"regimes": "small_cnn:64:2", "data_cores": 1, "batch_size": 8, "classes": 2, "per_class": 12,
+    "quick": {"regimes": "small_cnn:64:2", "data_cores": 1, "batch_size": 8, "classes": 2,
+              "per_class": 12,
               "warmup": 1, "settle": 0.0, "seconds": 0.3, "device": "cpu"},
 }
 
@@ -67,7 +68,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--regimes", help="MODEL:SIZE:N,... (default: the product of --models, "
                                      "--image-sizes and --trainers)")
     p.add_argument("--models", default="resnet18",
-                   help="torchvision or timm names (resnet50, mobilenet_v3_small, efficientnet_b0), "
+                   help="torchvision or timm names (resnet50, mobilenet_v3_small, "
+                        "efficientnet_b0), "
                         "small_cnn, or none (data only)")
     p.add_argument("--image-sizes", default="224")
     p.add_argument("--trainers", default="1,2,4,8,16", help="N values")
@@ -87,7 +89,7 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--settle", type=float, help="seconds trained, uncounted, after all are "
                                                 "ready: drains queues filled while waiting (1)")
     p.add_argument("--seconds", type=float, help="measured window per run (4)")
-    p.add_argument("--run-timeout", type=float, default=300.0, help="a run's time limit (s)")
+    p.add_argument("--run-timeout", type=float, default=120.0, help="a run's time limit (s)")
     args = p.parse_args(argv)
     defaults = {"batch_size": 128, "classes": 10, "per_class": 100, "warmup": 5, "settle": 1.0,
                 "seconds": 4.0, "sweep_peers": "batchcast-nvjpeg,dataloader"}

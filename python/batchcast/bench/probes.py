@@ -102,5 +102,6 @@ def machine() -> Dict[str, Any]:
         "argv": sys.argv,
         # How collocated processes share the GPU (time-slicing, MPS, MIG), where this build of
         # batchcast.metrics can tell.
-        "collocation_mode": metrics.collocation_mode() if hasattr(metrics, "collocation_mode") else None,
+        "collocation_mode": (metrics.collocation_mode()
+                             if hasattr(metrics, "collocation_mode") else None),
     }

@@ -37,8 +37,9 @@ def regime_table(regime: Dict[str, Any]) -> str:
             continue
         pct = f"{100 * fig['samples_per_s'] / top:.0f} %" if top else "-"
         lines.append(
-            f"| {peer} | {fig['samples_per_s']:.0f} | {pct} | {fig['workers']} | "
-            f"{fig['cpu_cores']:.1f} ({fig['data_cpu_cores']:.1f}) | {_f(fig['gpu_watts'], '.0f')} | "
+            f"| {peer} | {fig['samples_per_s']:.0f} | {pct} | {_f(fig['workers'], 'd')} | "
+            f"{fig['cpu_cores']:.1f} ({fig['data_cpu_cores']:.1f}) | "
+            f"{_f(fig['gpu_watts'], '.0f')} | "
             f"{_f(fig['joules_per_sample'], '.3f')} | {100 * fig['wait_fraction']:.0f} % |")
     return "\n".join(lines)
 

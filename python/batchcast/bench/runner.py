@@ -121,7 +121,7 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
     limited = k < len(all_cpus)
     data_cpus = all_cpus[:k] if limited else None
     trainer_cpus = all_cpus[k:] if limited else None
-    workers = k if peer.startswith("batchcast") else max(1, k // n)
+    workers = k if peer.startswith("batchcast") else max(1, k // n)  # unused by synthetic
     os.makedirs(log_dir, exist_ok=True)
     # One endpoint per run: a failed server's record (<socket>.failed) must not fail the next run.
     endpoint = f"ipc:///tmp/batchcast-bench-{os.getpid()}-{time.monotonic_ns()}.sock"
@@ -188,7 +188,8 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
     joules = None if joules0 is None or joules1 is None else joules1 - joules0
     return {
         "peer": peer, "model": model, "image_size": size, "n": n, "cores": k,
-        "workers": workers, "samples_per_s": rate, "per_trainer_samples_per_s": rates,
+        "workers": None if peer == "synthetic" else workers, "samples_per_s": rate,
+        "per_trainer_samples_per_s": rates,
         "wait_fraction": sum(r["wait_s"] for r in results)
         / sum(r["end"] - r["start"] for r in results),
         "cpu_cores": cpu["all"] / window, "data_cpu_cores": cpu["data"] / window,

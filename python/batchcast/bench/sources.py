@@ -71,7 +71,7 @@ def dataloader(args: argparse.Namespace, device: torch.device) -> Iterator[Batch
 
 
 class _JpegFiles(torch.utils.data.Dataset):
-    """(file bytes as a uint8 tensor, class index) of an ImageFolder: the host side of GPU decode."""
+    """(file bytes as a uint8 tensor, class index) of an ImageFolder: GPU decode's host side."""
 
     def __init__(self, root: str) -> None:
         import torchvision
@@ -86,7 +86,8 @@ class _JpegFiles(torch.utils.data.Dataset):
         return read_file(path), label
 
 
-def _collate_bytes(batch: List[Tuple[torch.Tensor, int]]) -> Tuple[List[torch.Tensor], torch.Tensor]:
+def _collate_bytes(batch: List[Tuple[torch.Tensor, int]]
+                   ) -> Tuple[List[torch.Tensor], torch.Tensor]:
     return [b for b, _ in batch], torch.tensor([label for _, label in batch])
 
 
