@@ -139,8 +139,10 @@ def engine_rate(args: argparse.Namespace) -> Optional[List[str]]:
     if not os.access(args.cuda_bench, os.X_OK):
         return [f"cuda_bench: {args.cuda_bench} is not an executable (not built?)"]
     proc = subprocess.run([args.cuda_bench, "--decode", args.data], capture_output=True, text=True)
-    rows = [l for l in proc.stdout.splitlines() if l.startswith("|")]
-    return rows if proc.returncode == 0 else rows + [f"cuda_bench failed: {proc.stderr[-500:]}"]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    if proc.returncode != 0:
+        return rows + [f"cuda_bench failed: {proc.stderr[-500:]}"]
+    return rows or [f"cuda_bench: {proc.stdout.strip()}"]  # e.g. no CUDA device
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

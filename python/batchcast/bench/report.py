@@ -128,6 +128,11 @@ def plot(results: Dict[str, Any], path: str) -> None:
             ys = [100 * f["samples_per_s"] / top if top else f["samples_per_s"] for f in fs]
             ax.plot([f["cores"] for f in fs], ys, "o-", label=peer)
         ax.set_xscale("log", base=2)
+        ks = sorted({f["cores"] for f in sweep["runs"]})
+        ax.set_xticks(ks, [str(k) for k in ks])
+        if top:
+            ax.axhline(100 * TARGET, color="tab:red", ls="--", lw=1)
+            ax.set_ylim(0, 110)
         ax.set(title=f"data-side cores, {regime_title(sweep)}", xlabel="cores",
                ylabel="% of ceiling" if top else "samples/s")
         ax.legend(fontsize=7)
