@@ -66,22 +66,9 @@ const CLI::Validator kNonZero(
     },
     "NONZERO");
 
-// cpu, cuda or cuda:K (K a GPU index).
-const CLI::Validator kDevice(
-    [](std::string& device) -> std::string {
-      const auto colon = device.find(':');
-      const std::string kind = device.substr(0, colon);
-      if (std::string err = CLI::IsMember({"cpu", "cuda"})(kind); !err.empty())
-        return device + " is not a device: " + err + "; use cpu, cuda or cuda:K";
-      if (colon == std::string::npos) return {};
-      const std::string index = device.substr(colon + 1);
-      // A few digits at most, so that the index always fits an int.
-      if (kind == "cuda" && !index.empty() && index.size() < 6 &&
-          index.find_first_not_of("0123456789") == std::string::npos)
-        return {};
-      return device + " is not a device: use cpu, cuda or cuda:K (K a GPU index)";
-    },
-    "cpu|cuda[:K]");
+// The forms shm/device_identity.h parses (whether the device exists is validate()'s check).
+const CLI::Validator kDevice([](std::string& device) { return device_spec_error(device); },
+                             "cpu|cuda[:K]|GPU-<uuid>|MIG-<uuid>");
 
 void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   // Each source excludes the others; validate() requires one and says which to give.
@@ -128,7 +115,10 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   cmd->add_option("--workers", c.workers, "decoding threads")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--device", c.device, "where the pool lives: cpu, or GPU K as cuda:K")
+  cmd->add_option(
+         "--device", c.device,
+         "where the pool lives: cpu, GPU K as cuda:K, or a GPU or MIG instance by its UUID "
+         "(nvidia-smi -L)")
       ->check(kDevice)
       ->capture_default_str();
   add_choice(cmd, "--decoder", c.decoder, ServeConfig::kDecoders,

@@ -20,16 +20,6 @@ const std::map<std::string, DType> ServeConfig::kOutputs = [] {
   return names;
 }();
 
-namespace {
-
-// "cpu" -> -1; "cuda" -> 0; "cuda:K" -> K (the command line has checked the form).
-int device_index(const std::string& device) {
-  if (device == "cpu") return -1;
-  return device == "cuda" ? 0 : std::stoi(device.substr(5));
-}
-
-}  // namespace
-
 void ServeConfig::validate() {
   if ((synthetic > 0) + !data.empty() + !file_list.empty() != 1)
     throw Error("give exactly one of --data DIR, --file-list FILE or --synthetic N");
@@ -43,13 +33,15 @@ void ServeConfig::validate() {
     throw Error("--resize-size " + std::to_string(resize_size) + " is below --image-size " +
                 std::to_string(image_size) +
                 ": the centred crop must fit the resized image; raise --resize-size");
-  const int index = device_index(device);
+  const auto spec = parse_device_spec(device);
+  if (!spec) throw Error("--device " + device_spec_error(device));
+  const bool on_gpu = spec->kind != DeviceSpec::Kind::kCpu;
   if (gpu_decoding()) {
     if (interpolation != Interpolation::kBilinear)
       throw Error("--decoder nvjpeg resizes bilinearly: drop --interpolation or use --decoder cpu");
     if (synthetic)
       throw Error("--decoder nvjpeg decodes images; --synthetic has none: drop --decoder nvjpeg");
-    if (index < 0) throw Error("--decoder nvjpeg decodes into a GPU pool: add --device cuda:K");
+    if (!on_gpu) throw Error("--decoder nvjpeg decodes into a GPU pool: add --device cuda:K");
 #ifndef BATCHCAST_HAVE_NVJPEG
     throw Error(
         "--decoder nvjpeg: this build has no nvJPEG (its CUDA toolkit lacks nvjpeg.h); "
@@ -57,9 +49,9 @@ void ServeConfig::validate() {
 #endif
   }
 #ifdef BATCHCAST_HAVE_CUDA
-  cuda_device_ = index < 0 ? -1 : require_cuda_device(index);  // fails at once without that GPU
+  cuda_device_ = on_gpu ? require_cuda_device(*spec) : -1;  // fails at once without that GPU
 #else
-  if (index >= 0)
+  if (on_gpu)
     throw Error("--device " + device + ": this build has no CUDA support; use --device cpu");
 #endif
 }

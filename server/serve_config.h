@@ -20,6 +20,7 @@
 #include "decoders/image_pipeline.h"
 #include "server/sample_producer.h"
 #include "server/server_core.h"
+#include "shm/device_identity.h"
 #ifdef BATCHCAST_HAVE_CUDA
 #include "server/cuda_stage.h"
 #endif
@@ -55,7 +56,8 @@ struct ServeConfig {
   int resize_size = 0;  // eval; 0: int(image_size * 256 / 224)
   Interpolation interpolation = Interpolation::kBilinear;
   OnErrorPolicy on_error = OnErrorPolicy::kRaise;
-  std::string device = "cpu";  // "cpu", "cuda" or "cuda:K" (the command line checks the form)
+  // cpu, cuda, cuda:K, or a GPU-<uuid> / MIG-<uuid> (a MIG instance): shm/device_identity.h.
+  std::string device = "cpu";
   DecoderKind decoder = DecoderKind::kCpu;
 
   uint64_t epochs = 1;  // 0: until stopped

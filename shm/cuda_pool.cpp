@@ -42,14 +42,39 @@ DeviceUuid cuda_device_uuid(int device) {
   return uuid;
 }
 
-int cuda_device_by_uuid(const DeviceUuid& uuid) noexcept {
+std::vector<VisibleDevice> visible_cuda_devices() noexcept {
+  std::vector<VisibleDevice> out;
   int n = cuda_device_count();
   for (int d = 0; d < n; ++d) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
-    if (std::memcmp(prop.uuid.bytes, uuid.data(), uuid.size()) == 0) return d;
+    VisibleDevice v;
+    v.index = d;
+    v.name = prop.name;
+    std::memcpy(v.uuid.data(), prop.uuid.bytes, v.uuid.size());
+    out.push_back(std::move(v));
   }
+  return out;
+}
+
+int cuda_device_by_uuid(const DeviceUuid& uuid) noexcept {
+  for (const auto& d : visible_cuda_devices())
+    if (d.uuid == uuid) return d.index;
   return -1;
+}
+
+int require_cuda_device(const DeviceSpec& spec) {
+  if (spec.kind != DeviceSpec::Kind::kUuid) return require_cuda_device(spec.index);
+  const std::string name = format_device_uuid(spec.uuid, spec.mig);
+  int index = cuda_device_by_uuid(spec.uuid);
+  if (index >= 0) return index;
+  std::string seen;
+  for (const auto& d : visible_cuda_devices())
+    seen += (seen.empty() ? "" : ", ") + describe_device(d);
+  throw Error("--device " + name + ": this process does not see that device (it sees " +
+              (seen.empty() ? std::string("none") : seen) +
+              "); start the server with CUDA_VISIBLE_DEVICES=" + name +
+              " (a process sees a MIG instance only when it is named there)");
 }
 
 CudaDeviceGuard::CudaDeviceGuard(int device) {
@@ -174,6 +199,51 @@ DeviceBuffer::~DeviceBuffer() noexcept {
   if (data_) (void)cudaFree(data_);
 }
 
+// --- HostRegistration ---
+
+std::optional<HostRegistration> HostRegistration::try_register(const void* data, size_t bytes,
+                                                               bool read_only, std::string* why) {
+  int device = 0;
+  int supported = 0;
+  if (cuda_device_count() == 0) {
+    *why = "no CUDA device is usable";
+    return std::nullopt;
+  }
+  if (read_only && (cudaGetDevice(&device) != cudaSuccess ||
+                    cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported,
+                                           device) != cudaSuccess ||
+                    !supported)) {
+    (void)cudaGetLastError();
+    *why =
+        "this platform cannot page-lock read-only memory (cudaDevAttrHostRegisterReadOnlySupported "
+        "is 0)";
+    return std::nullopt;
+  }
+  void* p = const_cast<void*>(data);
+  unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+  cudaError_t st = cudaHostRegister(p, bytes, flags);
+  if (st != cudaSuccess) {
+    (void)cudaGetLastError();
+    *why = std::string("cudaHostRegister of ") + std::to_string(bytes >> 20) +
+           " MiB failed: " + cudaGetErrorString(st) + " (a locked-memory limit? see ulimit -l)";
+    return std::nullopt;
+  }
+  return HostRegistration(p);
+}
+
+HostRegistration& HostRegistration::operator=(HostRegistration&& o) noexcept {
+  if (this != &o) {
+    if (data_) (void)cudaHostUnregister(data_);
+    data_ = o.data_;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+HostRegistration::~HostRegistration() noexcept {
+  if (data_) (void)cudaHostUnregister(data_);
+}
+
 // --- DeviceArena ---
 
 DeviceArena DeviceArena::create(int device, uint32_t slot_count, uint64_t slot_bytes) {
@@ -185,8 +255,9 @@ DeviceArena DeviceArena::create(int device, uint32_t slot_count, uint64_t slot_b
   a.memory_ = DeviceBuffer::allocate(slot_count * slot_bytes);
   cudaIpcMemHandle_t mh;
   static_assert(sizeof(mh) == kIpcHandleBytes);
-  cuda_check(cudaIpcGetMemHandle(&mh, a.memory_.data()),
-             "cudaIpcGetMemHandle (CUDA IPC needs Linux and a GPU not in WDDM/MIG-restricted mode)");
+  cuda_check(
+      cudaIpcGetMemHandle(&mh, a.memory_.data()),
+      "cudaIpcGetMemHandle (CUDA IPC needs Linux and a GPU not in WDDM/MIG-restricted mode)");
   std::memcpy(a.memory_handle_.data(), &mh, sizeof(mh));
   for (uint32_t i = 0; i < slot_count; ++i) {
     a.events_.push_back(CudaEvent::create(/*interprocess=*/true));
@@ -208,12 +279,7 @@ ArenaMapping ArenaMapping::open(const DeviceUuid& uuid, const IpcHandleBytes& me
                                 const std::vector<IpcHandleBytes>& events, uint64_t slot_bytes) {
   ArenaMapping m;
   m.device_ = cuda_device_by_uuid(uuid);
-  if (m.device_ < 0)
-    throw Error(cuda_device_count() == 0
-                    ? std::string("the server shares GPU memory but this process sees no CUDA "
-                                  "device (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides it)")
-                    : std::string("the server's GPU is not visible to this process; run the "
-                                  "consumer with that GPU in CUDA_VISIBLE_DEVICES"));
+  if (m.device_ < 0) throw Error(unreachable_pool_message(uuid, visible_cuda_devices()));
   CudaDeviceGuard guard(m.device_);
   cudaIpcMemHandle_t mh;
   std::memcpy(&mh, memory.data(), sizeof(mh));
@@ -227,7 +293,10 @@ ArenaMapping ArenaMapping::open(const DeviceUuid& uuid, const IpcHandleBytes& me
 }
 
 ArenaMapping::ArenaMapping(ArenaMapping&& o) noexcept
-    : device_(o.device_), base_(o.base_), slot_bytes_(o.slot_bytes_), events_(std::move(o.events_)) {
+    : device_(o.device_),
+      base_(o.base_),
+      slot_bytes_(o.slot_bytes_),
+      events_(std::move(o.events_)) {
   o.base_ = nullptr;
 }
 

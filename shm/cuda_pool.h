@@ -7,6 +7,8 @@
 // - ArenaMapping (consumer): the same arena and events opened once in another process
 //   (cudaIpcOpenMemHandle / cudaIpcOpenEventHandle), closed when the mapping is destroyed.
 // - PinnedBuffer (cudaHostAlloc), DeviceBuffer (cudaMalloc), CudaStream, CudaEvent.
+// - HostRegistration (consumer): a host pool's read-only mapping page-locked in place
+//   (cudaHostRegister), so copies from it to a GPU are DMA transfers that overlap compute.
 //
 // Ownership and lifetime: every class is move-only; its destructor is noexcept and frees what it
 // owns (errors while freeing are ignored: the process may be tearing down its context). The
@@ -22,14 +24,17 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "shm/device_identity.h"
+
 namespace batchcast {
 
-constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
+constexpr size_t kIpcHandleBytes =
+    64;  // sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
 using IpcHandleBytes = std::array<uint8_t, kIpcHandleBytes>;
-using DeviceUuid = std::array<uint8_t, 16>;
 
 // Number of usable CUDA devices; 0 when there is no driver, no GPU, or CUDA fails to start.
 int cuda_device_count() noexcept;
@@ -39,8 +44,13 @@ void cuda_check(cudaError_t status, const std::string& what);
 int require_cuda_device(int device);
 // The device's UUID (stable across processes, unlike indices under CUDA_VISIBLE_DEVICES).
 DeviceUuid cuda_device_uuid(int device);
+// Every device this process sees (empty without a GPU or driver).
+std::vector<VisibleDevice> visible_cuda_devices() noexcept;
 // The index, in this process, of the device with `uuid`; -1 if this process cannot see it.
 int cuda_device_by_uuid(const DeviceUuid& uuid) noexcept;
+// The index of the device `--device` names (shm/device_identity.h); throws Error naming the
+// fix when this process has no such device.
+int require_cuda_device(const DeviceSpec& spec);
 
 // Sets the calling thread's current device for the guard's lifetime, then restores it.
 class CudaDeviceGuard {
@@ -99,6 +109,26 @@ class PinnedBuffer {
  private:
   uint8_t* data_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// A range of host memory page-locked in place for copies to any GPU (cudaHostRegister with
+// cudaHostRegisterPortable, plus cudaHostRegisterReadOnly for a read-only mapping, which CUDA
+// requires there). Failure is an expected outcome (no GPU, no read-only registration on this
+// platform, the locked-memory limit): try_register() returns nullopt and says why. Unregisters on
+// destruction, which must come before the range is unmapped.
+class HostRegistration {
+ public:
+  static std::optional<HostRegistration> try_register(const void* data, size_t bytes,
+                                                      bool read_only, std::string* why);
+  HostRegistration(HostRegistration&& o) noexcept : data_(o.data_) { o.data_ = nullptr; }
+  HostRegistration& operator=(HostRegistration&& o) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  ~HostRegistration() noexcept;
+
+ private:
+  explicit HostRegistration(void* data) : data_(data) {}
+  void* data_ = nullptr;
 };
 
 // Device memory on the current device (cudaMalloc).
