@@ -1,5 +1,7 @@
 #include "client/assembler.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "client/host_assembler.h"
@@ -11,11 +13,19 @@
 namespace batchcast {
 
 std::unique_ptr<Assembler> Assembler::create(const std::shared_ptr<Session>& session,
-                                             uint32_t batch_size) {
+                                             uint32_t batch_size, int cuda_device) {
+  const SlotMemory& memory = session->memory();
 #ifdef BATCHCAST_HAVE_CUDA
-  if (session->memory().cuda_device() >= 0) return std::make_unique<CudaAssembler>(*session);
+  if (memory.cuda_device() >= 0) return std::make_unique<CudaAssembler>(*session);
+  if (memory.host_pinned()) return std::make_unique<PinnedHostAssembler>(batch_size, cuda_device);
+#else
+  (void)cuda_device;
 #endif
-  (void)session;  // a host pool needs nothing from it
+  if (!memory.pin_failure().empty())
+    spdlog::warn(
+        "pin_memory: the pool of {} stays pageable ({}); copies of its batches to the GPU are "
+        "staged through pinned buffers",
+        session->endpoint(), memory.pin_failure());
   return std::make_unique<HostAssembler>(batch_size);
 }
 

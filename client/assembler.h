@@ -5,7 +5,9 @@
 // chunks are in decides the implementation, chosen once per session by create():
 // - HostAssembler (client/host_assembler.h): host pools, copies with memcpy;
 // - CudaAssembler (client/cuda_assembler.h, CUDA builds only): GPU pools, device-to-device
-//   copies, stream-ordered readiness and releases (BatchDeviceState).
+//   copies, stream-ordered readiness and releases (BatchDeviceState);
+// - PinnedHostAssembler (the same file): host pools page-locked for copies to a GPU
+//   (ConsumerOptions::pin_memory), whose views release their slot after the copy on the device.
 // Ownership: the Consumer owns its assembler; batches own what it put in them (views keep their
 // chunk, copies their buffers) and outlive it. Thread-safety: the Consumer's thread only.
 #pragma once
@@ -38,9 +40,10 @@ class BatchDeviceState {
 
 class Assembler {
  public:
-  // The assembler for the session's slot memory; batch_size bounds a batch's rows.
+  // The assembler for the session's slot memory; batch_size bounds a batch's rows; cuda_device:
+  // where a pinned host pool's batches are copied to (ConsumerOptions::cuda_device).
   static std::unique_ptr<Assembler> create(const std::shared_ptr<Session>& session,
-                                           uint32_t batch_size);
+                                           uint32_t batch_size, int cuda_device);
   virtual ~Assembler() = default;
 
   // The batch's next rows.

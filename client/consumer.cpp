@@ -51,7 +51,7 @@ Consumer::Consumer(ConsumerOptions options)
       session_(std::make_shared<Session>(options_)),
       rebatcher_(batch_size_of(options_, *session_), options_.drop_last,
                  session_->welcome().first_epoch, session_->welcome().epoch_samples),
-      assembler_(Assembler::create(session_, rebatcher_.batch_size())) {
+      assembler_(Assembler::create(session_, rebatcher_.batch_size(), options_.cuda_device)) {
   const auto& w = session_->welcome();
   uint64_t spans = slots_per_batch(w, rebatcher_.batch_size());
   // Held zero-copy batches pin their slots: if they could pin every slot the next batch needs,

@@ -33,6 +33,9 @@
 // reads it. Copies (batches spanning chunks, or beyond max_held) are device-to-device on the
 // consumer's own copy stream. A consumer on another GPU than the server's gets a clear Error (no
 // peer copy): options.cuda_device must be the server's GPU or -1.
+// Host pools with pin_memory (CUDA builds): the mapping is page-locked once at the welcome, so
+// views (Batch::pinned) can be copied to a GPU asynchronously; after use_on_stream(stream) the
+// slot is released only once that stream's work up to the batch's destruction has completed.
 //
 // Inside (client/README.md): a Session talks to the server, a Rebatcher decides which rows form
 // each batch, an Assembler (host or CUDA) builds it.
@@ -65,6 +68,11 @@ struct ConsumerOptions {
   // GPU pools: the CUDA device (this process's index) the consumer computes on; -1: the
   // server's. Any other GPU is refused with an Error naming the server's.
   int cuda_device = -1;
+  // Host pools, CUDA builds: page-lock the pool's mapping once so batches copy to cuda_device
+  // (-1: the current device) asynchronously; a batch's slot is then released only after the
+  // work on its stream (Batch::use_on_stream) has completed. Failing to pin is logged once and
+  // leaves batches pageable (Batch::pinned says which).
+  bool pin_memory = false;
   // Called on the constructing thread while no server has answered (see Errors above).
   std::function<void(const std::string& endpoint, double waited_s)> on_waiting;
 };
@@ -95,19 +103,24 @@ class Batch {
   uint64_t sample_start = 0;  // position of its first sample inside the epoch
   uint32_t size = 0;
   bool copied = false;
+  // A host view of page-locked memory (ConsumerOptions::pin_memory): copy it to the GPU
+  // asynchronously after use_on_stream(stream), on that stream.
+  bool pinned = false;
   std::vector<TensorView> tensors;
 
   // CUDA batches: work enqueued on `stream` from now on waits (on the device) until the server
   // has written this batch; the slot is released only after the work enqueued on the stream of
   // the last call, up to the batch's destruction, has completed. `stream` is a cudaStream_t as
   // an integer: 0 or 1 = the legacy default stream, 2 = the per-thread default stream. Call it
-  // before reading the tensors on the device. No-op for host batches.
+  // before reading the tensors on the device. Pinned host batches: the slot is released only
+  // after that stream's work up to the batch's destruction. No-op for other host batches.
   void use_on_stream(uintptr_t stream);
 
  private:
   friend class Consumer;
   friend class HostAssembler;
   friend class CudaAssembler;
+  friend class PinnedHostAssembler;
   Batch() = default;
   std::vector<std::shared_ptr<ChunkRef>> chunks_;  // zero-copy: the chunk it views
   std::vector<std::unique_ptr<uint8_t[]>> owned_;  // host copies

@@ -55,13 +55,15 @@ class CudaBatchState : public BatchDeviceState {
   void on_destroy(const std::vector<std::shared_ptr<ChunkRef>>& chunks) noexcept override {
     try {
       CudaDeviceGuard guard(device_);
-      // Never used on a stream: the only device work on it is our own copy.
-      cudaStream_t s = stream_ ? reinterpret_cast<cudaStream_t>(*stream_) : copy_stream_->get();
       if (stream_ && !chunks.empty()) {
-        auto done = record_fence(device_, s, "recording a batch's release event");
+        auto done = record_fence(device_, reinterpret_cast<cudaStream_t>(*stream_),
+                                 "recording a batch's release event");
         for (const auto& c : chunks) c->add_fence(done);
       }
-      for (void* p : owned) (void)cudaFreeAsync(p, s);
+      // Never used on a stream: the only device work on it is our own copy.
+      for (void* p : owned)
+        (void)cudaFreeAsync(
+            p, stream_ ? reinterpret_cast<cudaStream_t>(*stream_) : copy_stream_->get());
     } catch (const std::exception& e) {
       spdlog::warn("releasing a CUDA batch: {}", e.what());
     }
@@ -73,8 +75,9 @@ class CudaBatchState : public BatchDeviceState {
 
  private:
   int device_;
-  std::shared_ptr<CudaStream> copy_stream_;  // frees the copies of batches never used on a stream
-  std::optional<uintptr_t> stream_;          // the user's stream (use_on_stream)
+  // Frees the copies of batches never used on a stream; null for pinned host views (no copies).
+  std::shared_ptr<CudaStream> copy_stream_;
+  std::optional<uintptr_t> stream_;  // the user's stream (use_on_stream)
 };
 
 }  // namespace
@@ -138,6 +141,19 @@ void CudaAssembler::copy(Batch& batch) {
   state->copy_done = done;
   state->ready.push_back(done->get());
   pieces_.clear();
+}
+
+PinnedHostAssembler::PinnedHostAssembler(uint32_t batch_size, int device)
+    : HostAssembler(batch_size), device_(device) {
+  if (device_ < 0) cuda_check(cudaGetDevice(&device_), "cudaGetDevice");
+}
+
+void PinnedHostAssembler::view(Batch& batch) {
+  HostAssembler::view(batch);
+  // Host memory needs no readiness wait (the server wrote it before the descriptor was sent):
+  // the state only fences the release behind the user's copy.
+  batch.device_ = std::make_unique<CudaBatchState>(device_, nullptr);
+  batch.pinned = true;
 }
 
 }  // namespace batchcast

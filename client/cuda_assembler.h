@@ -1,5 +1,7 @@
-// CudaAssembler: batches of GPU pools (see client/assembler.h); compiled in CUDA builds only.
+// The assemblers of CUDA builds (see client/assembler.h): CudaAssembler for GPU pools,
+// PinnedHostAssembler for host pools page-locked for copies to a GPU.
 //
+// CudaAssembler: batches of GPU pools.
 // Views are device pointers into the server's arena. Readiness is stream-ordered: a batch's
 // tensors are ready once the server's slot event (or, for copies, our copy's event) has
 // completed; Batch::use_on_stream makes the user's stream wait for it, with no host blocking.
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "client/assembler.h"
+#include "client/host_assembler.h"
 
 namespace batchcast {
 
@@ -33,6 +36,21 @@ class CudaAssembler : public Assembler {
   int device_;
   std::shared_ptr<CudaStream> copy_stream_;
   std::vector<Piece> pieces_;  // every chunk a batch spans is held until it is copied
+};
+
+// PinnedHostAssembler: a HostAssembler over a page-locked mapping (SlotMemory::host_pinned).
+// Its views are marked Batch::pinned: the user copies them to the GPU asynchronously on a
+// stream given to use_on_stream, and the slot is released only once an event recorded on that
+// stream when the batch is destroyed has completed (the same fence as GPU views: no host
+// blocking, no device-wide sync). Copies are private pageable buffers, as on any host pool.
+class PinnedHostAssembler : public HostAssembler {
+ public:
+  // device: the GPU the batches are copied to; -1: the current device.
+  PinnedHostAssembler(uint32_t batch_size, int device);
+  void view(Batch& batch) override;
+
+ private:
+  int device_;
 };
 
 }  // namespace batchcast

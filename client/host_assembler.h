@@ -5,6 +5,7 @@
 // a batch spanned more chunks than the pool has slots (e.g. batch 250 over chunks of 32 in 8
 // slots): the producer waited for a slot, the consumer for a chunk.
 // Ownership: the staging buffers go to the copied Batch. Thread-safety: one thread.
+// PinnedHostAssembler (client/cuda_assembler.h) extends its views.
 #pragma once
 
 #include <memory>

@@ -44,7 +44,7 @@ Session::Session(const ConsumerOptions& options)
     : endpoint_(options.endpoint.empty() ? protocol::default_endpoint() : options.endpoint),
       welcome_(handshake(options)),
       server_local_(welcome_.boot_id == host_boot_id()),
-      memory_(SlotMemory::attach(welcome_)) {
+      memory_(SlotMemory::attach(welcome_, options.pin_memory, options.cuda_device)) {
   if (memory_.cuda_device() >= 0 && options.cuda_device >= 0 &&
       options.cuda_device != memory_.cuda_device())
     throw Error("server at " + endpoint_ +

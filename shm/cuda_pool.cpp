@@ -202,33 +202,39 @@ DeviceBuffer::~DeviceBuffer() noexcept {
 // --- HostRegistration ---
 
 std::optional<HostRegistration> HostRegistration::try_register(const void* data, size_t bytes,
-                                                               bool read_only, std::string* why) {
-  int device = 0;
-  int supported = 0;
-  if (cuda_device_count() == 0) {
-    *why = "no CUDA device is usable";
-    return std::nullopt;
-  }
-  if (read_only && (cudaGetDevice(&device) != cudaSuccess ||
-                    cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported,
-                                           device) != cudaSuccess ||
-                    !supported)) {
-    (void)cudaGetLastError();
+                                                               int device, bool read_only,
+                                                               std::string* why) {
+  const int n = cuda_device_count();
+  if (n == 0 || device >= n) {
     *why =
-        "this platform cannot page-lock read-only memory (cudaDevAttrHostRegisterReadOnlySupported "
-        "is 0)";
+        n == 0 ? "no CUDA device is usable" : "cuda:" + std::to_string(device) + " does not exist";
     return std::nullopt;
   }
-  void* p = const_cast<void*>(data);
-  unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
-  cudaError_t st = cudaHostRegister(p, bytes, flags);
+  int previous = 0;
+  (void)cudaGetDevice(&previous);
+  if (device < 0) device = previous;
+  // Registering creates a context on the current device: make that the copies' device (and
+  // switch only when needed: setting a device creates its context too).
+  if (device != previous) (void)cudaSetDevice(device);
+  int supported = 0;
+  cudaError_t st =
+      cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, device);
+  if (st == cudaSuccess && read_only && !supported) {
+    *why = "cuda:" + std::to_string(device) +
+           " cannot page-lock read-only memory (cudaDevAttrHostRegisterReadOnlySupported is 0)";
+  } else if (st == cudaSuccess) {
+    unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+    st = cudaHostRegister(const_cast<void*>(data), bytes, flags);
+  }
   if (st != cudaSuccess) {
     (void)cudaGetLastError();
-    *why = std::string("cudaHostRegister of ") + std::to_string(bytes >> 20) +
-           " MiB failed: " + cudaGetErrorString(st) + " (a locked-memory limit? see ulimit -l)";
-    return std::nullopt;
+    *why = "cudaHostRegister of " + std::to_string(bytes >> 20) +
+           " MiB on cuda:" + std::to_string(device) + " failed: " + cudaGetErrorString(st) +
+           " (the locked-memory limit? see ulimit -l)";
   }
-  return HostRegistration(p);
+  if (device != previous) (void)cudaSetDevice(previous);
+  if (!why->empty()) return std::nullopt;
+  return HostRegistration(const_cast<void*>(data));
 }
 
 HostRegistration& HostRegistration::operator=(HostRegistration&& o) noexcept {

@@ -114,11 +114,13 @@ class PinnedBuffer {
 // A range of host memory page-locked in place for copies to any GPU (cudaHostRegister with
 // cudaHostRegisterPortable, plus cudaHostRegisterReadOnly for a read-only mapping, which CUDA
 // requires there). Failure is an expected outcome (no GPU, no read-only registration on this
-// platform, the locked-memory limit): try_register() returns nullopt and says why. Unregisters on
+// platform, the locked-memory limit): try_register() returns nullopt and sets *why (which must
+// be empty on entry). Unregisters on
 // destruction, which must come before the range is unmapped.
 class HostRegistration {
  public:
-  static std::optional<HostRegistration> try_register(const void* data, size_t bytes,
+  // device: where the registration is made (a context is created there); -1: the current one.
+  static std::optional<HostRegistration> try_register(const void* data, size_t bytes, int device,
                                                       bool read_only, std::string* why);
   HostRegistration(HostRegistration&& o) noexcept : data_(o.data_) { o.data_ = nullptr; }
   HostRegistration& operator=(HostRegistration&& o) noexcept;

@@ -33,9 +33,12 @@ SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_cou
   return m;
 }
 
-SlotMemory SlotMemory::attach(const protocol::Welcome& w) {
+SlotMemory SlotMemory::attach(const protocol::Welcome& w, bool pin_host, int pin_device) {
   SlotMemory m(SlotPool::attach(w.segment_name, w.slot_count, w.slot_bytes, w.slots_offset));
-  if (w.device == protocol::DeviceKind::kCpu) return m;
+  if (w.device == protocol::DeviceKind::kCpu) {
+    if (pin_host) m.pin_slots(pin_device);
+    return m;
+  }
 #ifdef BATCHCAST_HAVE_CUDA
   m.mapping_ = std::make_unique<ArenaMapping>(ArenaMapping::open(
       w.cuda_device_uuid, w.cuda_memory_handle, w.cuda_event_handles, w.slot_bytes));
@@ -45,6 +48,19 @@ SlotMemory SlotMemory::attach(const protocol::Welcome& w) {
   throw Error("the pool " + w.segment_name +
               " is in CUDA memory; this build has no CUDA support (rebuild with nvcc: see "
               "scripts/README.md)");
+#endif
+}
+
+void SlotMemory::pin_slots(int device) {
+#ifdef BATCHCAST_HAVE_CUDA
+  // The consumer's mapping is read-only, which cudaHostRegister accepts only as such.
+  registration_ =
+      HostRegistration::try_register(pool_.slot_data(0), pool_.slot_count() * pool_.slot_bytes(),
+                                     device, /*read_only=*/true, &pin_failure_);
+  pinned_ = registration_.has_value();
+#else
+  (void)device;
+  pin_failure_ = "this build of batchcast has no CUDA support";
 #endif
 }
 

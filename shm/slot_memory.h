@@ -7,6 +7,11 @@
 //
 // Factories: the server create()s (segment + arena) and describe()s it into the Welcome; a
 // consumer attach()es from that Welcome. A CPU-only build refuses GPU pools with an Error.
+// A consumer that copies host batches to a GPU may ask attach() to page-lock its read-only
+// mapping in place (pin_host), once for the whole pool: copies from it are then asynchronous DMA
+// that overlaps compute. Failing to pin is an expected outcome (no GPU, a platform without
+// read-only registration, the locked-memory limit): host_pinned() is false and pin_failure()
+// says why; the consumer stages through pinned buffers instead.
 // Ownership and lifetime: move-only; owns the segment mapping and the arena (server) or arena
 // mapping (consumer), all freed on destruction. Pointers from slot_data() live as long as this.
 // Thread-safety: const members may be called from any thread; slot contents are synchronised by
@@ -15,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "protocol/messages.h"
@@ -31,8 +37,10 @@ class SlotMemory {
   static SlotMemory create(const std::string& segment_name, uint32_t slot_count,
                            uint64_t slot_bytes, protocol::DeviceKind device, int cuda_device);
   // Consumer: maps the pool a Welcome announces (read-only segment, and the GPU arena on the
-  // server's GPU, found by UUID).
-  static SlotMemory attach(const protocol::Welcome& welcome);
+  // server's GPU, found by UUID); pin_host: page-lock a host pool's slots (see above) for
+  // copies to pin_device (this process's index; -1: the current device).
+  static SlotMemory attach(const protocol::Welcome& welcome, bool pin_host = false,
+                           int pin_device = -1);
 
   SlotMemory(SlotMemory&&) noexcept;
   SlotMemory& operator=(SlotMemory&&) noexcept;
@@ -50,6 +58,9 @@ class SlotMemory {
   }
   // The GPU holding the slots (this process's index); -1 for host pools.
   int cuda_device() const { return cuda_device_; }
+  // Host pools attached with pin_host: whether the slots are page-locked, and if not, why.
+  bool host_pinned() const { return pinned_; }
+  const std::string& pin_failure() const { return pin_failure_; }
 
 #ifdef BATCHCAST_HAVE_CUDA
   // GPU pools: the event recorded after the slot's chunk was written; nullptr for host pools.
@@ -60,12 +71,17 @@ class SlotMemory {
 
  private:
   explicit SlotMemory(SlotPool pool);
+  void pin_slots(int device);  // attach(pin_host): sets pinned_ or pin_failure_
 
   SlotPool pool_;
   int cuda_device_ = -1;
+  bool pinned_ = false;
+  std::string pin_failure_;
 #ifdef BATCHCAST_HAVE_CUDA
   std::unique_ptr<DeviceArena> arena_;     // server
   std::unique_ptr<ArenaMapping> mapping_;  // consumer
+  // Declared after pool_, so destroyed first: unregistered before the segment is unmapped.
+  std::optional<HostRegistration> registration_;
 #endif
 };
 

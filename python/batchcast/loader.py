@@ -27,6 +27,7 @@ Structure: tensors named ``"#0", "#1", ...`` become a tuple (the native server s
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -64,6 +65,59 @@ def _cuda_index(device: Any) -> int:
     import torch
 
     return torch.cuda.current_device()
+
+
+class _DeviceCopy:
+    """Moves a batch's tensors to the Loader's ``device``: the one seam between the pool and the
+    trainer's GPU.
+
+    With ``pin_memory`` and a CUDA device, host batches reach the GPU through page-locked memory
+    by ``non_blocking`` copies on the current stream: the host queues them and goes on preparing
+    the next step while the GPU copies (torch's ``pin_memory`` idiom). The consumer
+    page-locks its read-only mapping of the pool once (``batch.pinned`` views) and the slot is
+    released only once the stream has done the copy: an event recorded there when the batch is
+    freed (no host wait, no device-wide sync). Other host batches (private copies, or a pool
+    that could not be page-locked, logged once by the consumer) are staged through torch's
+    pinned allocator, which keeps each buffer until its copy has completed. Without a device,
+    ``pin_memory`` returns pinned host copies, as torch's DataLoader does; without a usable CUDA
+    device it is ignored, with one log line (torch warns likewise).
+    """
+
+    def __init__(self, device: Any, pin_memory: bool) -> None:
+        import torch
+
+        self.device = torch.device(device) if device is not None else None
+        cuda = torch.cuda.is_available()
+        self.pin_host = pin_memory and cuda and self.device is None
+        on_gpu = self.device is not None and self.device.type == "cuda"
+        self.pin_copies = pin_memory and cuda and on_gpu
+        if pin_memory and not (self.pin_host or self.pin_copies):
+            logging.getLogger("batchcast").warning(
+                "pin_memory=True is ignored: %s",
+                "no CUDA device is usable" if not cuda else f"device {self.device} is not a GPU",
+            )
+
+    def stream(self, batch: Any) -> int:
+        """The stream that reads the batch: it waits for a GPU pool's writes, and the slot is
+        released once it has finished (``batch.capsules(stream)``); 0 for host reads."""
+        import torch
+
+        if batch.cuda_device >= 0:
+            return int(torch.cuda.current_stream(batch.cuda_device).cuda_stream)
+        if self.pin_copies and batch.pinned:
+            return int(torch.cuda.current_stream(self.device).cuda_stream)
+        return 0
+
+    def __call__(self, batch: Any, tensors: list) -> list:
+        if self.pin_host and batch.cuda_device < 0:
+            return [t.pin_memory() for t in tensors]
+        if self.device is None:
+            return tensors
+        if not self.pin_copies or batch.cuda_device >= 0:
+            return [t.to(self.device) for t in tensors]
+        if batch.pinned:
+            return [t.to(self.device, non_blocking=True) for t in tensors]
+        return [t.pin_memory().to(self.device, non_blocking=True) for t in tensors]
 
 
 def _structure(names: Sequence[str]) -> Tuple[str, Optional[List[int]]]:
@@ -106,6 +160,10 @@ class Loader(Closeable):
             default ``ipc:///tmp/batchcast-<uid>.sock``.
         batch_size: samples per batch; None: the server's batch size.
         device: move every tensor there (``"cuda:0"``); None: leave them in shared memory.
+        pin_memory: with a CUDA ``device``, copy host batches there from page-locked memory
+            asynchronously (``non_blocking``) so the copies overlap compute; without a device,
+            return pinned host copies (torch's DataLoader semantics). Ignored, with one log
+            line, where no CUDA device is usable.
         drop_last: drop each epoch's short last batch, as torch's DataLoader does.
         timeout: seconds to wait for the server's welcome and for each batch
             (:class:`batchcast.TimeoutError` after that); <= 0: forever.
@@ -132,6 +190,7 @@ class Loader(Closeable):
         late_join: str = "replay",
         name: Optional[str] = None,
         framework: str = "torch",
+        pin_memory: bool = False,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: use an integer >= 1 (or None)")
@@ -139,10 +198,11 @@ class Loader(Closeable):
             raise ValueError(f"framework={framework!r}: use one of {', '.join(_FRAMEWORKS)}")
         if late_join not in ("replay", "next_epoch"):
             raise ValueError(f"late_join={late_join!r}: use 'replay' or 'next_epoch'")
-        if device is not None and framework != "torch":
-            raise ValueError("device= needs framework='torch'")
+        if (device is not None or pin_memory) and framework != "torch":
+            raise ValueError("device= and pin_memory= need framework='torch'")
         self._consumer: Optional[Any] = None
-        self._convert = self._converter(framework, device)
+        copy = _DeviceCopy(device, pin_memory) if framework == "torch" else None
+        self._convert = self._converter(framework, copy)
         self._consumer = _batchcast.Consumer(
             endpoint or "",
             batch_size or 0,
@@ -153,6 +213,7 @@ class Loader(Closeable):
             late_join,
             name or f"loader-{os.getpid()}",
             _cuda_index(device),
+            bool(copy and copy.pin_copies),
         )
         self.endpoint = endpoint or _batchcast.default_endpoint()
         self.device = device
@@ -235,25 +296,20 @@ class Loader(Closeable):
     # -- conversion --------------------------------------------------------------------------
 
     @staticmethod
-    def _converter(framework: str, device: Any) -> Callable[["Loader", Any], Any]:
+    def _converter(framework: str, copy: Optional[_DeviceCopy]) -> Callable[["Loader", Any], Any]:
         """Returns the function turning a native batch into the user's structure of tensors."""
         if framework == "torch":
             import torch
             from torch.utils.dlpack import from_dlpack
 
+            assert copy is not None
+
             def tensors(batch: Any) -> list:
-                # A CUDA batch: the current stream waits for the server's writes, and the slot
-                # is released once that stream has finished with the tensors.
-                stream = 0
-                if batch.cuda_device >= 0:
-                    stream = torch.cuda.current_stream(batch.cuda_device).cuda_stream
-                out = [from_dlpack(c) for c in batch.capsules(stream)]
+                out = [from_dlpack(c) for c in batch.capsules(copy.stream(batch))]
                 for i, dtype in enumerate(batch.dtypes):
                     if dtype == "bool":  # bool travels as uint8 (DLPack 0.6 has no bool)
                         out[i] = out[i].view(torch.bool)
-                if device is not None:
-                    out = [t.to(device) for t in out]
-                return out
+                return copy(batch, out)
 
         elif framework == "numpy":
             import numpy

@@ -250,6 +250,9 @@ void bind_consumer(py::module_& m) {
       .def_readonly("sample_start", &Batch::sample_start)
       .def_readonly("size", &Batch::size)
       .def_readonly("copied", &Batch::copied)
+      .def_readonly("pinned", &Batch::pinned,
+                    "A host view of page-locked memory (Consumer pin_memory): copy it to the "
+                    "GPU with non_blocking=True on the stream given to capsules().")
       .def_property_readonly(
           "cuda_device",
           [](const Batch& b) {
@@ -284,7 +287,8 @@ void bind_consumer(py::module_& m) {
           "One 'dltensor' PyCapsule per tensor (for torch.utils.dlpack.from_dlpack). CUDA "
           "batches: `stream` (a cudaStream_t as int, 0 = legacy default, e.g. "
           "torch.cuda.current_stream().cuda_stream) waits for the server's writes, and the slot "
-          "is released once it has finished with the tensors.")
+          "is released once it has finished with the tensors. Pinned host batches: the slot is "
+          "released once that stream has finished with them (the asynchronous copy).")
       .def(
           "tensors",
           [](const std::shared_ptr<Batch>& b) {
@@ -298,7 +302,8 @@ void bind_consumer(py::module_& m) {
   py::class_<PyConsumer>(m, "Consumer", "Native consumer; use batchcast.Loader instead.")
       .def(py::init([](const std::string& endpoint, uint32_t batch_size, bool drop_last,
                        double timeout, uint32_t prefetch, uint32_t max_held,
-                       const std::string& late_join, const std::string& name, int cuda_device) {
+                       const std::string& late_join, const std::string& name, int cuda_device,
+                       bool pin_memory) {
              ConsumerOptions o;
              o.endpoint = endpoint;
              o.batch_size = batch_size;
@@ -309,6 +314,7 @@ void bind_consumer(py::module_& m) {
              o.late_join = parse_late_join(late_join);
              o.name = name;
              o.cuda_device = cuda_device;
+             o.pin_memory = pin_memory;
              o.on_waiting = [](const std::string& at, double waited_s) {
                py::gil_scoped_acquire gil;  // the handshake runs with the GIL released
                py::module_::import("logging")
@@ -320,7 +326,8 @@ void bind_consumer(py::module_& m) {
            }),
            py::arg("endpoint") = "", py::arg("batch_size") = 0, py::arg("drop_last") = false,
            py::arg("timeout") = 60.0, py::arg("prefetch") = 2, py::arg("max_held") = 2,
-           py::arg("late_join") = "replay", py::arg("name") = "", py::arg("cuda_device") = -1)
+           py::arg("late_join") = "replay", py::arg("name") = "", py::arg("cuda_device") = -1,
+           py::arg("pin_memory") = false)
       .def("next", &PyConsumer::next,
            "The next batch of the current epoch, or None at its end (and forever after the "
            "stream's end).")

@@ -216,3 +216,72 @@ def test_nvjpeg_without_a_gpu_pool_is_a_clear_error(jpeg_folder, batchcast_bin, 
         with pytest.raises(batchcast.BatchcastError,
                            match=r"no CUDA device is usable|no CUDA support|no nvJPEG"):
             batchcast.serve(data=jpeg_folder, endpoint=endpoint, device="cuda:0", decoder="nvjpeg")
+
+
+# --- pin_memory: host pools copied to the GPU from page-locked memory -------------------------
+
+def expected_rows(labels: torch.Tensor, width: int) -> torch.Tensor:
+    """The synthetic payload of each sample index, on the labels' device."""
+    i = labels.to(torch.int64).unsqueeze(1)
+    j = torch.arange(width, device=labels.device, dtype=torch.int64).unsqueeze(0)
+    return (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the machine without a GPU")
+def test_pin_memory_without_cuda_is_ignored_with_one_log_line(endpoint, batchcast_bin, caplog):
+    with batchcast.serve(synthetic=40, sample_bytes=64, endpoint=endpoint, batch_size=16,
+                         epochs=1, workers=1) as server:
+        with caplog.at_level("INFO", logger="batchcast"):
+            loader = batchcast.Loader(endpoint, pin_memory=True, timeout=60)
+            batches = [(x.clone(), y.clone()) for x, y in loader]
+        loader.close()
+        assert server.wait(30) == 0
+    notes = [r.getMessage() for r in caplog.records if "pin_memory" in r.getMessage()]
+    assert notes == ["pin_memory=True is ignored: no CUDA device is usable"], notes
+    assert sum(len(y) for _, y in batches) == 40
+    assert all(torch.equal(x, expected_rows(y, 64)) for x, y in batches)
+
+
+@needs_gpu
+@pytest.mark.parametrize("batch_size", [32, 48], ids=["views", "copies"])
+def test_pin_memory_copies_reach_the_gpu_intact_before_the_slot_is_reused(
+        endpoint, batchcast_bin, batch_size):
+    # Each copy is queued behind ~30 ms of GPU sleep and nothing waits for the GPU until the
+    # end, while the host reads on: a slot released before its copy ran would be rewritten at
+    # once in a ring of 2, and the batch copied late would not match its label.
+    with batchcast.serve(synthetic=400, sample_bytes=4096, endpoint=endpoint, batch_size=32,
+                         epochs=1, workers=2, ring=2) as server:
+        loader = batchcast.Loader(endpoint, batch_size=batch_size, device="cuda:0",
+                                  pin_memory=True, timeout=60)
+        kept = []
+        for x, y in loader:
+            assert x.is_cuda and y.is_cuda
+            kept.append((x, y))
+            torch.cuda._sleep(50_000_000)  # the next batch's copy waits behind this
+        torch.cuda.synchronize()
+        assert all(torch.equal(x, expected_rows(y, 4096)) for x, y in kept), "a copy was late"
+        seen = sum(len(y) for _, y in kept)
+        loader.close()
+        assert seen == 400
+        assert server.wait(30) == 0
+
+
+@needs_gpu
+def test_pin_memory_page_locks_the_mapping_or_says_why(endpoint, batchcast_bin, capfd):
+    from batchcast import _batchcast
+
+    with batchcast.serve(synthetic=64, sample_bytes=256, endpoint=endpoint, batch_size=32,
+                         epochs=1, workers=1) as server:
+        consumer = _batchcast.Consumer(endpoint, cuda_device=0, pin_memory=True)
+        batch = consumer.next()
+        pinned, copied = batch.pinned, batch.copied
+        del batch
+        while consumer.next() is not None:
+            pass
+        consumer.close()
+        assert server.wait(30) == 0
+    err = capfd.readouterr().err
+    print(f"pool page-locked in place: {pinned}")
+    assert not copied
+    # Either the read-only mapping was registered, or the consumer said once why not.
+    assert pinned or err.count("stays pageable") == 1, err

@@ -30,6 +30,27 @@ TEST(SlotMemory, AConsumerAttachedFromTheWelcomeSeesTheServersSlots) {
   EXPECT_EQ(consumer.pool().slot_seq(2), 5u);
 }
 
+// pin_memory: a host pool's mapping is page-locked in place where CUDA allows it, and reads the
+// same either way; where it cannot be (no CUDA build, no GPU), the consumer is told why.
+TEST(SlotMemory, PinningAHostPoolEitherSucceedsOrSaysWhy) {
+  auto server = SlotMemory::create(test_name("pin"), 2, 8192, protocol::DeviceKind::kCpu, -1);
+  server.slot_data(1)[100] = 42;
+  protocol::Welcome w;
+  server.describe(w);
+  auto consumer = SlotMemory::attach(w, /*pin_host=*/true, /*pin_device=*/-1);
+  EXPECT_EQ(consumer.slot_data(1)[100], 42);
+  EXPECT_NE(consumer.host_pinned(), !consumer.pin_failure().empty()) << consumer.pin_failure();
+#ifndef BATCHCAST_HAVE_CUDA
+  EXPECT_NE(consumer.pin_failure().find("no CUDA support"), std::string::npos);
+#else
+  if (cuda_device_count() == 0)
+    EXPECT_NE(consumer.pin_failure().find("no CUDA device"), std::string::npos);
+#endif
+  auto plain = SlotMemory::attach(w);
+  EXPECT_FALSE(plain.host_pinned());
+  EXPECT_TRUE(plain.pin_failure().empty());
+}
+
 // Consumers find slot k of a GPU arena at k * Welcome::slot_bytes, the pool's rounded size: the
 // server's arena must use the same stride even when the size asked for is not aligned.
 TEST(SlotMemory, AGpuArenaUsesTheSlotSizeTheWelcomeAnnounces) {
