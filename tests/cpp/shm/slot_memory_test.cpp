@@ -43,8 +43,9 @@ TEST(SlotMemory, PinningAHostPoolEitherSucceedsOrSaysWhy) {
 #ifndef BATCHCAST_HAVE_CUDA
   EXPECT_NE(consumer.pin_failure().find("no CUDA support"), std::string::npos);
 #else
-  if (cuda_device_count() == 0)
+  if (cuda_device_count() == 0) {
     EXPECT_NE(consumer.pin_failure().find("no CUDA device"), std::string::npos);
+  }
 #endif
   auto plain = SlotMemory::attach(w);
   EXPECT_FALSE(plain.host_pinned());
