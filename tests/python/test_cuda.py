@@ -248,9 +248,9 @@ def test_pin_memory_copies_reach_the_gpu_intact_before_the_slot_is_reused(
         endpoint, batchcast_bin, batch_size):
     # Each copy is queued behind ~30 ms of GPU sleep and nothing waits for the GPU until the
     # end, while the host reads on: a slot released before its copy ran would be rewritten at
-    # once in a ring of 2, and the batch copied late would not match its label.
+    # once in a ring of 3, and the batch copied late would not match its label.
     with batchcast.serve(synthetic=400, sample_bytes=4096, endpoint=endpoint, batch_size=32,
-                         epochs=1, workers=2, ring=2) as server:
+                         epochs=1, workers=2, ring=3) as server:
         loader = batchcast.Loader(endpoint, batch_size=batch_size, device="cuda:0",
                                   pin_memory=True, timeout=60)
         kept = []
@@ -261,6 +261,7 @@ def test_pin_memory_copies_reach_the_gpu_intact_before_the_slot_is_reused(
         torch.cuda.synchronize()
         assert all(torch.equal(x, expected_rows(y, 4096)) for x, y in kept), "a copy was late"
         seen = sum(len(y) for _, y in kept)
+        print(f"batch {batch_size}: {len(kept)} batches, {loader.stats.copies} private copies")
         loader.close()
         assert seen == 400
         assert server.wait(30) == 0
