@@ -6,7 +6,6 @@ namespace batchcast {
 
 SlotMemory::SlotMemory(SlotPool pool) : pool_(std::move(pool)) {}
 SlotMemory::SlotMemory(SlotMemory&&) noexcept = default;
-SlotMemory& SlotMemory::operator=(SlotMemory&&) noexcept = default;
 SlotMemory::~SlotMemory() = default;
 
 SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_count,

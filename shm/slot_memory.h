@@ -12,7 +12,7 @@
 // that overlaps compute. Failing to pin is an expected outcome (no GPU, a platform without
 // read-only registration, the locked-memory limit): host_pinned() is false and pin_failure()
 // says why; the consumer stages through pinned buffers instead.
-// Ownership and lifetime: move-only; owns the segment mapping and the arena (server) or arena
+// Ownership and lifetime: move-constructible only; owns the segment mapping and the arena (server) or arena
 // mapping (consumer), all freed on destruction. Pointers from slot_data() live as long as this.
 // Thread-safety: const members may be called from any thread; slot contents are synchronised by
 // the slot protocol (sequence words on the host, slot events on the GPU), not by this class.
@@ -43,7 +43,8 @@ class SlotMemory {
                            int pin_device = -1);
 
   SlotMemory(SlotMemory&&) noexcept;
-  SlotMemory& operator=(SlotMemory&&) noexcept;
+  // No assignment: member-wise it would unmap the old pool before unregistering its pinning.
+  SlotMemory& operator=(SlotMemory&&) = delete;
   ~SlotMemory();
 
   // Server: writes the pool's geometry and GPU handles into the Welcome that attach() reads.
