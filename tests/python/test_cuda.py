@@ -218,6 +218,21 @@ def test_nvjpeg_without_a_gpu_pool_is_a_clear_error(jpeg_folder, batchcast_bin, 
             batchcast.serve(data=jpeg_folder, endpoint=endpoint, device="cuda:0", decoder="nvjpeg")
 
 
+# --- device identity: --device by UUID (MIG instances) ------------------------------------------
+
+def test_device_takes_gpu_and_mig_uuids_and_refuses_an_unseen_one_naming_the_fix(endpoint):
+    with pytest.raises(batchcast.BatchcastError, match=r"MIG-<uuid> from nvidia-smi -L"):
+        batchcast.serve(synthetic=8, endpoint=endpoint, device="MIG-GPU-" + "1" * 8 + "/1/0")
+    with pytest.raises(batchcast.BatchcastError, match=r"cuda:K .*MIG-<uuid>"):
+        batchcast.serve(synthetic=8, endpoint=endpoint, device="MIG-12")
+    # Well formed but not this machine's: refused before anything starts, naming the fix (a
+    # CPU-only build says it has no CUDA; a CUDA build lists its devices and the variable).
+    unseen = "MIG-11111111-2222-3333-4444-555555555555"
+    with pytest.raises(batchcast.BatchcastError,
+                       match=rf"no CUDA support|CUDA_VISIBLE_DEVICES={unseen}"):
+        batchcast.serve(synthetic=8, endpoint=endpoint, device=unseen)
+
+
 # --- pin_memory: host pools copied to the GPU from page-locked memory -------------------------
 
 def expected_rows(labels: torch.Tensor, width: int) -> torch.Tensor:
