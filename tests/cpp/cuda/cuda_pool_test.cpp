@@ -37,6 +37,42 @@ TEST(CudaPool, DeviceIndexOutOfRangeNamesTheRange) {
   }
 }
 
+// --device GPU-<uuid> (or MIG-<uuid> inside an instance) finds the device CUDA numbers.
+TEST(CudaPool, ADeviceNamedByItsUuidIsFoundAndAnUnseenOneNamesTheFix) {
+  REQUIRE_GPU();
+  auto devices = visible_cuda_devices();
+  ASSERT_FALSE(devices.empty());
+  const VisibleDevice& first = devices.front();
+  EXPECT_EQ(first.uuid, cuda_device_uuid(0));
+  auto spec = parse_device_spec(format_device_uuid(first.uuid, is_mig_device(first.name)));
+  ASSERT_TRUE(spec);
+  EXPECT_EQ(require_cuda_device(*spec), 0);
+  DeviceSpec unseen = *spec;
+  unseen.uuid[0] ^= 0xff;
+  try {
+    require_cuda_device(unseen);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA_VISIBLE_DEVICES="), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(describe_device(first)), std::string::npos) << e.what();
+  }
+}
+
+// pin_memory: a read-only host range is page-locked in place (or says why) and reads the same.
+TEST(CudaPool, AReadOnlyHostRangeIsPageLockedOrSaysWhy) {
+  REQUIRE_GPU();
+  std::vector<uint8_t> host(1 << 20, 7);
+  std::string why;
+  auto reg = HostRegistration::try_register(host.data(), host.size(), 0, /*read_only=*/true, &why);
+  EXPECT_NE(reg.has_value(), !why.empty()) << why;
+  if (!reg) GTEST_SKIP() << "not page-locked here: " << why;
+  auto dev = DeviceBuffer::allocate(host.size());
+  cuda_check(cudaMemcpy(dev.data(), host.data(), host.size(), cudaMemcpyHostToDevice), "copy");
+  uint8_t back = 0;
+  cuda_check(cudaMemcpy(&back, dev.data() + 12345, 1, cudaMemcpyDeviceToHost), "copy back");
+  EXPECT_EQ(back, 7);
+}
+
 TEST(CudaPool, ArenaExportsMemoryAndOneEventPerSlot) {
   REQUIRE_GPU();
   auto arena = DeviceArena::create(0, 3, 1 << 20);
@@ -49,7 +85,8 @@ TEST(CudaPool, ArenaExportsMemoryAndOneEventPerSlot) {
   // The slots are real device memory.
   std::vector<uint8_t> in(1 << 20, 7), out(1 << 20, 0);
   cuda_check(cudaMemcpy(arena.slot_data(1), in.data(), in.size(), cudaMemcpyHostToDevice), "up");
-  cuda_check(cudaMemcpy(out.data(), arena.slot_data(1), out.size(), cudaMemcpyDeviceToHost), "down");
+  cuda_check(cudaMemcpy(out.data(), arena.slot_data(1), out.size(), cudaMemcpyDeviceToHost),
+             "down");
   EXPECT_EQ(in, out);
   // A never-recorded event counts as complete (the producer relies on it for fresh slots).
   EXPECT_EQ(cudaEventQuery(arena.slot_event(0)), cudaSuccess);
