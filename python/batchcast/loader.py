@@ -161,7 +161,8 @@ class Loader(Closeable):
         batch_size: samples per batch; None: the server's batch size.
         device: move every tensor there (``"cuda:0"``); None: leave them in shared memory.
         pin_memory: with a CUDA ``device``, copy host batches there from page-locked memory
-            asynchronously (``non_blocking``) so the copies overlap compute; without a device,
+            asynchronously (``non_blocking``, on the current stream), so the host never waits
+            for them and prepares the next step meanwhile; without a device,
             return pinned host copies (torch's DataLoader semantics). Ignored, with one log
             line, where no CUDA device is usable.
         drop_last: drop each epoch's short last batch, as torch's DataLoader does.
