@@ -2,19 +2,28 @@
 
 Started by the first process that uses KEY as ``python -m batchcast._share_producer SPEC``:
 SPEC is a temp file holding a pickled header (key, file paths, the trainer's sys.path, cwd and
-main script) followed by the pickled dataset and torch DataLoader arguments. It serves
-unbounded epochs of a torch DataLoader through a :class:`batchcast.Producer` and exits once
+main script) followed by the pickled pipeline (``_share.pipeline_of``). It serves unbounded
+epochs of what :func:`make_stream` builds through a :class:`batchcast.Producer` and exits once
 the last Loader has left (after at least one attached) for GRACE_S seconds, or when no Loader
 attached within STARTUP_TIMEOUT_S, or on SIGTERM/SIGINT/SIGHUP (each removes the pool, the
 socket and the share's files; after SIGKILL the next producer of the key, or the stale-segment
 sweep of any batchcast server, removes them). It decides to exit while holding the
 share's lock file, and keeps it until its endpoint and files are gone, so a process attaching
 at that moment either is counted or starts a fresh producer. Output goes to the share's log.
+
+Epoch e of the stream is the pipeline's sampler after ``sampler.set_epoch(e)`` (a
+DistributedSampler), or a RandomSampler drawn from ``seed + e``: any epoch's order can be
+rebuilt, so a map-style dataset also gives ``regenerate(epoch, index)``, which decodes chunk
+``index`` of epoch ``epoch`` again (in this process, not in the workers) for Loaders that
+join late or resume. An IterableDataset cannot: its late joiners wait for the next epoch.
+Thread-safety: single process; the watcher thread only stops the Producer and takes the lock.
 """
 
 from __future__ import annotations
 
+import copy
 import fcntl
+import inspect
 import json
 import os
 import pickle
@@ -24,12 +33,76 @@ import sys
 import threading
 import time
 import types
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.utils.data
+
+from batchcast.producer import Producer
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
 _POLL_S = 0.1
 _STOPPING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+# MERGE(wip/positions): Producer takes regenerate= there; then this is always True.
+REGENERATES = "regenerate" in inspect.signature(Producer).parameters
+
+
+def order_epoch(sampler: Any, epoch: int, seed: Optional[int]) -> None:
+    """Makes ``sampler`` yield the order of stream epoch ``epoch``."""
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    elif isinstance(sampler, torch.utils.data.RandomSampler) and seed is not None:
+        sampler.generator = torch.Generator().manual_seed((seed + epoch) % (1 << 63))
+
+
+class _EpochLoader(torch.utils.data.DataLoader):
+    """A torch DataLoader whose pass e yields stream epoch e (order_epoch before each pass)."""
+
+    def __init__(self, *args: Any, seed: Optional[int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seed = seed
+        self.next_epoch = 0
+
+    def __iter__(self) -> Any:
+        order_epoch(self.sampler, self.next_epoch, self.seed)
+        self.next_epoch += 1
+        return super().__iter__()
+
+
+def make_stream(pipeline: Dict[str, Any]) -> Tuple[Iterable[Any], Optional[Callable]]:
+    """What produces a share's stream: (a re-iterable, one pass per epoch; ``regenerate(epoch,
+    index) -> batch``, or None where the order cannot be rebuilt). The one place where another
+    way of producing the same batches (the native pipeline) plugs in."""
+    dataset, sampler, seed = pipeline["dataset"], pipeline["sampler"], pipeline["seed"]
+    batch_size, drop_last = pipeline["batch_size"], pipeline["drop_last"]
+    collate = pipeline["collate_fn"] or torch.utils.data.default_collate
+    stream = _EpochLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=drop_last,
+        collate_fn=collate,
+        seed=seed,
+        **pipeline["decoding"],
+    )
+    if sampler is None:  # an IterableDataset
+        return stream, None
+    ordering = copy.copy(sampler)  # regenerate's own: the stream's sampler is in use
+    orders: Dict[int, list] = {}
+
+    def regenerate(epoch: int, index: int) -> Any:
+        order = orders.get(epoch)
+        if order is None:
+            order_epoch(ordering, epoch, seed)
+            orders.clear()  # one epoch at a time: late joiners and resumes cluster
+            order = orders[epoch] = list(ordering)
+        chunk = order[index * batch_size : (index + 1) * batch_size]
+        if not chunk or (drop_last and len(chunk) < batch_size):
+            raise IndexError(f"epoch {epoch} has no chunk {index} ({len(order)} samples)")
+        return collate([dataset[i] for i in chunk])
+
+    return stream, regenerate
 
 
 def _load_main(path: str) -> None:
@@ -113,16 +186,12 @@ def main(argv: list) -> int:
     # Signals are taken by the watcher thread (sigtimedwait): the main thread spends its time
     # in native calls, where Python signal handlers would not run.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING_SIGNALS)
-    header, payload = _read_spec(argv[1])
+    header, pipeline = _read_spec(argv[1])
     paths = header["paths"]
-
-    import torch.utils.data
-
-    from batchcast.producer import Producer
-
-    torch_args = dict(payload["torch_args"], pin_memory=False)  # shared memory is the target
-    loader = torch.utils.data.DataLoader(payload["dataset"], **torch_args, **payload["extra"])
-    producer = Producer(loader, endpoint=paths["endpoint"], min_consumers=1)
+    stream, regenerate = make_stream(pipeline)
+    # MERGE(wip/positions): pass regenerate=regenerate unconditionally.
+    extra = {"regenerate": regenerate} if REGENERATES and regenerate is not None else {}
+    producer = Producer(stream, endpoint=paths["endpoint"], min_consumers=1, **extra)
     held: Dict[str, int] = {}
     done = threading.Event()
     watcher = threading.Thread(target=_watch, args=(producer, paths, held, done), daemon=True)

@@ -1,91 +1,55 @@
 """batchcast.DataLoader: torch's DataLoader, optionally shared between processes.
 
-Without ``share`` it *is* ``torch.utils.data.DataLoader`` (an instance of it is returned).
-With ``share=KEY`` every process that uses the same key (same user, same machine) reads one
-stream, decoded once::
+A subclass of ``torch.utils.data.DataLoader`` (isinstance works, every attribute is torch's).
+Without ``share`` it iterates exactly as torch's. With ``share=KEY`` every process that uses
+the same key (same user, same machine; per distributed rank) reads one stream, decoded once::
 
-    loader = batchcast.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=4,
-                                  share="cifar-train")
+    loader = batchcast.DataLoader(dataset, batch_size=64, sampler=DistributedSampler(dataset),
+                                  num_workers=4, share="cifar-train")
     for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
         for images, labels in loader:
             ...
 
-Share protocol (see python/README.md):
+With ``share``, torch's arguments mean:
 
-- endpoint ``ipc:///tmp/batchcast-<uid>-<key>.sock``; an fcntl lock file next to it
-  serialises starting, attaching and exiting;
-- the first process pickles the dataset and the loader arguments into a temp file and starts a
-  detached producer (``python -m batchcast._share_producer``, its own session, output in a log
-  file under /tmp) that runs a torch DataLoader over the dataset for unbounded epochs;
-- every process attaches as a Loader with ``late_join="next_epoch"``, so every epoch it
-  iterates is whole; it attaches at its first iteration (an idle attached Loader would hold
-  the others back), while holding the lock;
-- the producer exits after the last Loader left (it takes the lock to decide, so it never
-  leaves under a process that is attaching) and removes its files.
+- ``dataset``, ``batch_size``, ``shuffle``, ``sampler``, ``drop_last``, ``collate_fn``: the
+  pipeline, run by the detached producer; a process with another pipeline under the same key
+  gets a ValueError naming the difference (one key is one pipeline).
+- ``num_workers``, ``worker_init_fn``, ``multiprocessing_context``, ``prefetch_factor``,
+  ``persistent_workers``, ``in_order``: how the producer decodes (the first process's rule).
+- ``generator``: its seed orders the shuffle (epoch e is drawn from seed + e).
+- ``pin_memory`` (``pin_memory_device``): batches are handed out in pinned memory.
+- ``timeout``: the longest wait for a batch, as torch's; 0 (default): as long as the producer
+  is alive (a slow peer or an epoch boundary is no error; a dead producer is).
+- refused: ``batch_sampler`` and ``batch_size=None`` (the stream is chunks of one batch size).
+
+Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
+DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
+without draining the rest. Resume: ``state_dict()`` / ``load_state_dict()`` (torchdata's
+StatefulDataLoader convention, keys ``epoch`` and ``sample``, load before iterating).
 
 Batches are zero-copy views of shared memory: clone before modifying in place (see Loader).
+The share protocol is in ``_share.py``; the producer process in ``_share_producer.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import pickle
-import re
-import shlex
-import subprocess
-import sys
-import tempfile
-import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch.utils.data
 
-from . import _batchcast
-from ._share_producer import _lock
-from .loader import Closeable, Loader
+from ._share import SharedStream, fingerprint, pipeline_of, share_paths
+from .loader import Closeable
 
-__all__ = ["DataLoader", "SharedDataLoader", "share_paths"]
-
-_ATTACH_TIMEOUT = 120.0  # the producer's first batch may need a worker pool to start
+__all__ = ["DataLoader", "share_paths"]
 
 
-def share_paths(key: str) -> dict:
-    """Files of a share key: endpoint, socket, lock, state (producer pid) and log."""
-    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:48]
-    if clean != key:  # keep distinct keys distinct after sanitising
-        clean += "-" + hashlib.sha1(key.encode()).hexdigest()[:8]
-    base = f"/tmp/batchcast-{os.getuid()}-{clean}"
-    return {
-        "endpoint": f"ipc://{base}.sock",
-        "socket": f"{base}.sock",
-        "lock": f"{base}.lock",
-        "state": f"{base}.json",
-        "log": f"{base}.log",
-    }
+class DataLoader(torch.utils.data.DataLoader, Closeable):
+    """torch.utils.data.DataLoader with one more argument, ``share`` (see the module doc)."""
 
-
-def _producer_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return b"batchcast._share_producer" in cmdline and state != b"Z"
-
-
-class DataLoader(torch.utils.data.DataLoader):
-    """torch.utils.data.DataLoader with one more argument, ``share``.
-
-    ``share=None``: returns a plain ``torch.utils.data.DataLoader``. ``share=KEY``: returns a
-    :class:`SharedDataLoader` that reads the stream of the detached producer for KEY.
-    """
-
-    def __new__(  # type: ignore[misc]
-        cls,
+    def __init__(
+        self,
         dataset: Any,
         batch_size: Optional[int] = 1,
         shuffle: Optional[bool] = None,
@@ -97,165 +61,95 @@ class DataLoader(torch.utils.data.DataLoader):
         drop_last: bool = False,
         timeout: float = 0,
         worker_init_fn: Optional[Callable] = None,
-        *args: Any,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
         share: Optional[str] = None,
         **kwargs: Any,
-    ) -> Any:
-        torch_args = dict(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            batch_sampler=batch_sampler,
-            num_workers=num_workers,
-            collate_fn=collate_fn,
-            pin_memory=pin_memory,
-            drop_last=drop_last,
-            timeout=timeout,
-            worker_init_fn=worker_init_fn,
+    ) -> None:
+        self._stream: Optional[SharedStream] = None  # before torch's __init__: __del__ reads it
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            **kwargs,
         )
+        self.share = share
         if share is None:
-            return torch.utils.data.DataLoader(dataset, *args, **torch_args, **kwargs)
-        if args:
-            raise TypeError("pass the arguments after worker_init_fn by keyword with share=")
-        return SharedDataLoader(dataset, share, torch_args, kwargs)
+            return
+        if batch_size is None or batch_sampler is not None:
+            raise ValueError(
+                f"DataLoader(share={share!r}) streams chunks of one batch size: pass batch_size "
+                "(an integer) and, for a custom order, sampler= instead of batch_sampler="
+            )
+        device = kwargs.get("pin_memory_device") or ""
+        if device and not device.startswith("cuda"):
+            raise ValueError(
+                f"pin_memory_device={device!r}: DataLoader(share=) pins for CUDA only; leave "
+                "it empty or name a cuda device"
+            )
+        pipeline, seed = pipeline_of(self, multiprocessing_context)
+        self._stream = SharedStream(
+            share,
+            pipeline,
+            fingerprint(self, seed),
+            {"timeout": timeout, "pin_memory": pin_memory},
+        )
 
+    # -- iteration ---------------------------------------------------------------------------
 
-class SharedDataLoader(Closeable):
-    """The ``share=KEY`` form of :class:`DataLoader` (construct it through DataLoader)."""
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if self._stream is None:
+            return super().__iter__()
+        epoch = getattr(self.sampler, "epoch", None)
+        return self._stream.iterate(epoch if isinstance(epoch, int) else None)
 
-    def __init__(self, dataset: Any, key: str, torch_args: dict, extra: dict) -> None:
-        # The local torch loader is never iterated: it validates the arguments as torch does
-        # and gives len() and the usual attributes.
-        self._local = torch.utils.data.DataLoader(dataset, **torch_args, **extra)
-        self.dataset = dataset
-        self.batch_size = self._local.batch_size
-        self.drop_last = self._local.drop_last
-        self.share = key
-        self.paths = share_paths(key)
-        self._torch_args = torch_args
-        self._extra = extra
-        self._loader: Optional[Loader] = None
+    # -- share -------------------------------------------------------------------------------
+
+    @property
+    def paths(self) -> Dict[str, str]:
+        """The share's files (endpoint, socket, lock, state, log) of this process's rank."""
+        return self._shared().paths
 
     @property
     def endpoint(self) -> str:
-        return self.paths["endpoint"]
-
-    def __len__(self) -> int:
-        return len(self._local)
-
-    def __iter__(self) -> Iterator[Any]:
-        if self._loader is None:
-            self._loader = self._attach()
-        return iter(self._loader)
+        return self._shared().paths["endpoint"]
 
     @property
     def stats(self) -> Any:
-        """The Loader's counters (None before the first iteration)."""
-        return self._loader.stats if self._loader is not None else None
+        """The shared stream's Loader counters (None before the first iteration)."""
+        return self._shared().stats
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"epoch", "sample"}``: where this trainer's next iteration resumes (mid-epoch
+        too); ``epoch`` None before the first batch."""
+        return self._shared().state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at a :meth:`state_dict` position at the next iteration (which then yields
+        the rest of that epoch), however far the other trainers of the key are."""
+        self._shared().load_state_dict(state)
 
     def close(self) -> None:
-        """Leaves the stream; the producer exits once no process reads it."""
-        loader, self._loader = self._loader, None
-        if loader is not None:
-            loader.close()
+        """Leaves the shared stream; its producer exits once no process reads it."""
+        stream = getattr(self, "_stream", None)
+        if stream is not None:
+            stream.close()
 
-    # -- share protocol ----------------------------------------------------------------------
-
-    def _attach(self) -> Loader:
-        fd = _lock(self.paths["lock"])
-        try:
-            pid = self._running_producer()
-            if pid is None:
-                pid = self._start_producer()
-            self._wait_socket(pid)
-            # Attach while holding the lock: the producer decides to exit under it, so it
-            # counts this Loader before deciding.
-            return Loader(
-                self.endpoint,
-                batch_size=self.batch_size,
-                drop_last=self.drop_last,
-                late_join="next_epoch",
-                timeout=_ATTACH_TIMEOUT,
-                name=f"share:{self.share}:{os.getpid()}",
-            )
-        finally:
-            os.close(fd)  # releases the lock
-
-    def _running_producer(self) -> Optional[int]:
-        try:
-            with open(self.paths["state"]) as f:
-                pid = int(json.load(f)["pid"])
-        except (OSError, ValueError, KeyError):
-            return None
-        return pid if _producer_alive(pid) else None
-
-    def _start_producer(self) -> int:
-        main = sys.modules.get("__main__")
-        spec = {
-            "key": self.share,
-            "paths": self.paths,
-            "sys_path": [p or os.getcwd() for p in sys.path],
-            "cwd": os.getcwd(),
-            "main_path": os.path.abspath(main.__file__) if getattr(main, "__file__", None) else None,
-        }
-        try:
-            payload = pickle.dumps(
-                {"dataset": self.dataset, "torch_args": self._torch_args, "extra": self._extra},
-                protocol=pickle.HIGHEST_PROTOCOL,
-            )
-        except Exception as e:
+    def _shared(self) -> SharedStream:
+        if self._stream is None:
             raise TypeError(
-                f"DataLoader(share={self.share!r}) must pickle the dataset and the loader "
-                f"arguments for its producer process, which failed: {e}; define datasets, "
-                "collate_fn and worker_init_fn at module level (no lambdas or local classes)"
-            ) from e
-        fd, spec_path = tempfile.mkstemp(prefix="batchcast-share-", suffix=".pkl")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.write(payload)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
-        # Double fork through sh: the producer is reparented to init (nobody's zombie), runs
-        # in its own session (a Ctrl-C on the first trainer's terminal does not reach it) and
-        # outlives the first trainer.
-        command = " ".join(
-            shlex.quote(a) for a in [sys.executable, "-m", "batchcast._share_producer", spec_path]
-        )
-        log = shlex.quote(self.paths["log"])
-        launcher = subprocess.run(
-            ["/bin/sh", "-c", f"{command} </dev/null >>{log} 2>&1 & echo $!"],
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-            env=env,
-            check=True,
-        )
-        pid = int(launcher.stdout.decode().strip())
-        with open(self.paths["state"] + ".tmp", "w") as f:
-            json.dump({"pid": pid, "started_by": os.getpid()}, f)
-        os.replace(self.paths["state"] + ".tmp", self.paths["state"])
-        return pid
-
-    def _wait_socket(self, pid: int) -> None:
-        deadline = time.monotonic() + _ATTACH_TIMEOUT
-        while not os.path.exists(self.paths["socket"]):
-            if not _producer_alive(pid):
-                raise _batchcast.BatchcastError(
-                    f"the producer of DataLoader(share={self.share!r}) (pid {pid}) exited "
-                    f"before serving; its log {self.paths['log']} ends with:\n{self._log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise _batchcast.TimeoutError(
-                    f"the producer of DataLoader(share={self.share!r}) (pid {pid}) did not "
-                    f"serve within {_ATTACH_TIMEOUT} s; see {self.paths['log']}"
-                )
-            time.sleep(0.02)
-
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.paths["log"], "rb") as f:
-                return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+                "this batchcast.DataLoader has no share= key: it is torch's DataLoader; "
+                "state_dict/paths/stats belong to DataLoader(..., share=KEY)"
+            )
+        return self._stream

@@ -9,7 +9,15 @@ of its own batch size. Iterating yields one epoch and stops at its end, so::
         for images, labels in loader:
             ...
 
-works like torch's DataLoader. Iterating after the server's last epoch ends at once.
+works like torch's DataLoader. Iterating after the server's last epoch ends at once. Leaving
+an epoch early (``break``) and iterating again starts the next epoch; nothing is drained.
+
+Resume follows torchdata's StatefulDataLoader: ``state_dict()`` (callable mid-epoch) returns
+``{"epoch": E, "sample": S}``, the position of the next sample this Loader would yield (S
+samples of epoch E were yielded; after an epoch's end that is ``(E + 1, 0)``; ``{"epoch":
+None, "sample": 0}`` before the first batch: wherever the stream is). ``load_state_dict()``
+on a new Loader, before iterating, makes its next iteration start there (``seek``); a server
+that cannot serve that position raises :class:`batchcast.PositionUnavailableError`.
 
 Batches are zero-copy views of the server's shared memory handed over through DLPack: the
 server's slot is released when the last tensor of the batch is freed. Host views are
@@ -167,7 +175,10 @@ class Loader(Closeable):
             line, where no CUDA device is usable.
         drop_last: drop each epoch's short last batch, as torch's DataLoader does.
         timeout: seconds to wait for the server's welcome and for each batch
-            (:class:`batchcast.TimeoutError` after that); <= 0: forever.
+            (:class:`batchcast.TimeoutError` after that); <= 0 (default): as long as the
+            server is alive. A slow peer or an epoch boundary is no error; a dead server is
+            detected by heartbeats (:class:`batchcast.ServerGoneError`). Before a server
+            exists the Loader logs that it waits for one.
         max_held: zero-copy batches alive at once before further ones are private copies
             (lowered to the server's ring size minus one when the ring is smaller, so that
             held batches can never pin every slot).
@@ -185,7 +196,7 @@ class Loader(Closeable):
         batch_size: Optional[int] = None,
         device: Any = None,
         drop_last: bool = False,
-        timeout: float = 60.0,
+        timeout: float = 0.0,
         max_held: int = 2,
         prefetch: int = 2,
         late_join: str = "replay",
@@ -220,6 +231,7 @@ class Loader(Closeable):
         self.device = device
         self.drop_last = drop_last
         self._in_epoch = False  # a batch of the current epoch was yielded, its end not yet seen
+        self._position: Tuple[Optional[int], int] = (None, 0)  # next sample yielded: state_dict
         self._layouts: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Callable[[list], Any]] = {}
 
     # -- iteration ---------------------------------------------------------------------------
@@ -228,10 +240,8 @@ class Loader(Closeable):
         consumer = self._open()
         if self._in_epoch:
             # The previous iteration stopped early (break): like a new pass over torch's
-            # DataLoader, this one starts at the next epoch, so skip what is left of that one.
-            while consumer.next() is not None:
-                pass
-            self._in_epoch = False
+            # DataLoader, this one starts at the next epoch; the server skips the rest.
+            self.seek(int(consumer.epoch) + 1)
         return self._epoch(consumer)
 
     def _epoch(self, consumer: Any) -> Iterator[Any]:
@@ -239,8 +249,11 @@ class Loader(Closeable):
             batch = consumer.next()
             if batch is None:
                 self._in_epoch = False
+                if self._position[0] is not None:
+                    self._position = (self._position[0] + 1, 0)
                 return
             self._in_epoch = True
+            self._position = (int(batch.epoch), int(batch.sample_start) + int(batch.size))
             yield self._convert(self, batch)
 
     def __len__(self) -> int:
@@ -278,6 +291,40 @@ class Loader(Closeable):
     def stats(self) -> LoaderStats:
         """Counters since the Loader connected (batches, samples, skipped, copies, wait_s)."""
         return LoaderStats(**self._open().stats())
+
+    # -- position ----------------------------------------------------------------------------
+
+    def seek(self, epoch: int, sample: int = 0) -> None:
+        """The next iteration starts at sample ``sample`` of epoch ``epoch`` (the server
+        regenerates what it no longer holds, or raises PositionUnavailableError)."""
+        if epoch < 0 or sample < 0:
+            raise ValueError(f"seek({epoch}, {sample}): epoch and sample must be >= 0")
+        consumer = self._open()
+        if hasattr(consumer, "seek"):
+            consumer.seek(int(epoch), int(sample))
+        elif self._in_epoch:
+            # MERGE(wip/positions): remove this branch; Consumer.seek arrives there. Until
+            # then a seek can only skip the rest of the current epoch, by reading it.
+            while consumer.next() is not None:
+                pass
+        self._in_epoch = False
+        self._position = (int(epoch), int(sample))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"epoch", "sample"}``: where the next iteration resumes (see the module doc)."""
+        epoch, sample = self._position
+        return {"epoch": epoch, "sample": sample}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at a :meth:`state_dict` position: call it before iterating."""
+        missing = {"epoch", "sample"} - set(state)
+        if missing:
+            raise KeyError(
+                f"Loader.load_state_dict: the state lacks {sorted(missing)}; pass what "
+                "Loader.state_dict() returned"
+            )
+        if state["epoch"] is not None:
+            self.seek(state["epoch"], state["sample"])
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
-"""batchcast.DataLoader: plain torch without share; with share=KEY one detached producer.
+"""batchcast.DataLoader: torch's DataLoader (a subclass); with share=KEY one detached producer.
 
 Run: .venv/bin/python -m pytest tests/python/test_dataloader.py
+Datasets live at module level: the share producer unpickles them by importing this module.
 """
 
 from __future__ import annotations
@@ -10,10 +11,56 @@ import textwrap
 import time
 import uuid
 
+import pytest
 import torch
+from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 
 import batchcast
 from conftest import watch_endpoint
+
+
+class Numbers(Dataset):
+    """Sample i is (a row of i, label i): a batch shows which samples it holds."""
+
+    def __init__(self, n: int = 40, transform: str = "none") -> None:
+        self.n = n
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((4,), float(i)), i
+
+
+def labels_of(batches) -> list:
+    out = []
+    for x, y in batches:
+        assert torch.equal(x[:, 0].long(), y)  # whole samples, never mixed up
+        out += y.tolist()
+    return out
+
+
+@pytest.fixture
+def new_key():
+    """Makes fresh share keys whose endpoints the leak check watches; removes their lock,
+    state and log files afterwards."""
+    keys = []
+
+    def make() -> str:
+        key = f"test-{uuid.uuid4().hex[:8]}"
+        watch_endpoint(batchcast.dataloader.share_paths(key)["endpoint"])
+        keys.append(key)
+        return key
+
+    yield make
+    for key in keys:
+        for name in ("lock", "state", "log"):
+            try:
+                os.unlink(batchcast.dataloader.share_paths(key)[name])
+            except FileNotFoundError:
+                pass
+
 
 TRAINER = textwrap.dedent(
     """
@@ -36,32 +83,64 @@ TRAINER = textwrap.dedent(
             for x, y in loader:
                 assert torch.equal(x[:, 0].long(), y)
                 labels += y.tolist()
-                time.sleep(0.01)
             print("epoch", sorted(labels) == list(range(40)), flush=True)
         loader.close()
     """
 )
 
 
-def test_without_share_it_is_torch():
+def test_without_share_it_iterates_as_torch():
     loader = batchcast.DataLoader(list(range(10)), batch_size=4, drop_last=True)
-    assert type(loader) is torch.utils.data.DataLoader
+    assert isinstance(loader, torch.utils.data.DataLoader)
     assert len(loader) == 2
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_share_two_processes_whole_epochs_and_producer_exits(tmp_path, run_py):
-    key = f"test-{uuid.uuid4().hex[:8]}"
+def test_share_is_a_torch_dataloader_with_its_attributes():
+    generator = torch.Generator().manual_seed(3)
+    loader = batchcast.DataLoader(Numbers(), batch_size=6, shuffle=True, num_workers=2,
+                                  drop_last=True, generator=generator, persistent_workers=True,
+                                  share="unused")
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    assert isinstance(loader.sampler, RandomSampler)
+    assert (loader.batch_size, loader.num_workers, loader.drop_last) == (6, 2, True)
+    assert loader.batch_sampler.batch_size == 6 and loader.generator is generator
+    assert loader.persistent_workers and loader.timeout == 0 and loader.share == "unused"
+    assert loader.collate_fn is torch.utils.data.default_collate
+    assert len(loader) == 6  # no producer is started before iterating
+    loader.close()
+
+
+def test_share_refuses_what_a_stream_cannot_honour():
+    with pytest.raises(ValueError, match="batch_sampler"):
+        batchcast.DataLoader(Numbers(), batch_sampler=[[0, 1], [2]], share="unused")
+    with pytest.raises(ValueError, match="batch_size"):
+        batchcast.DataLoader(Numbers(), batch_size=None, share="unused")
+    with pytest.raises(ValueError, match="pin_memory_device"):
+        batchcast.DataLoader(Numbers(), pin_memory=True, pin_memory_device="xpu", share="unused")
+    with pytest.raises(TypeError):  # torch's own check of unknown arguments
+        batchcast.DataLoader(Numbers(), share="unused", no_such_argument=1)
+
+
+def test_shared_len_follows_torch_with_drop_last():
+    data = list(range(10))
+    for drop_last in (False, True):
+        shared = batchcast.DataLoader(data, batch_size=4, drop_last=drop_last, share="unused")
+        plain = torch.utils.data.DataLoader(data, batch_size=4, drop_last=drop_last)
+        assert len(shared) == len(plain)
+        shared.close()
+
+
+def test_share_two_processes_whole_epochs_and_producer_exits(tmp_path, run_py, new_key):
+    key = new_key()
     paths = batchcast.dataloader.share_paths(key)
-    watch_endpoint(paths["endpoint"])
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
-    first = run_py(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-                   key, "1")
-    time.sleep(1.0)
-    second = run_py(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-                    key, "3")
-    out1, err1 = first.communicate(timeout=30)
-    out2, err2 = second.communicate(timeout=30)
+    run = f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')"
+    first = run_py(run, key, "1")
+    second = run_py(run, key, "3")
+    out1, err1 = first.communicate(timeout=60)
+    out2, err2 = second.communicate(timeout=60)
     assert first.returncode == 0, err1.decode()
     assert second.returncode == 0, err2.decode()
     assert out1.decode().split("\n")[:2] == ["len 7", "epoch True"]
@@ -70,13 +149,52 @@ def test_share_two_processes_whole_epochs_and_producer_exits(tmp_path, run_py):
     while os.path.exists(paths["state"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(paths["state"]) and not os.path.exists(paths["lock"])
-    os.unlink(paths["log"])
 
 
-def test_shared_len_follows_torch_with_drop_last():
-    data = list(range(10))
-    for drop_last in (False, True):
-        shared = batchcast.DataLoader(data, batch_size=4, drop_last=drop_last, share="unused")
-        plain = torch.utils.data.DataLoader(data, batch_size=4, drop_last=drop_last)
-        assert len(shared) == len(plain)  # no producer is started before iterating
-        shared.close()
+def test_same_key_with_another_pipeline_is_an_error_naming_the_difference(new_key):
+    key = new_key()
+    first = batchcast.DataLoader(Numbers(), batch_size=4, share=key)
+    it = iter(first)
+    next(it)
+    other = batchcast.DataLoader(Numbers(transform="flip"), batch_size=5,
+                                 sampler=SequentialSampler(range(40)), share=key)
+    with pytest.raises(ValueError) as error:
+        iter(other)
+    message = str(error.value)
+    assert "transform: running 'none', this process 'flip'" in message
+    assert "batch_size: running 4, this process 5" in message
+    assert "another share key" in message
+    other.close()
+    first.close()
+
+
+def test_break_then_iterate_starts_the_next_whole_epoch(new_key):
+    key = new_key()
+    loader = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, share=key)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break  # what Lightning's sanity check does
+    assert loader.state_dict() == {"epoch": 0, "sample": 8}
+    assert sorted(labels_of(loader)) == list(range(40))
+    assert loader.state_dict() == {"epoch": 2, "sample": 0}  # epoch 1 was whole
+    loader.close()
+
+
+def test_a_trainer_starting_mid_epoch_gets_whole_epochs_from_its_first_batch(new_key):
+    # The sweep case: the second trainer starts while the first is in epoch 0; it neither
+    # idles until epoch 1 nor gets a partial epoch 0 (the producer regenerates what it missed).
+    key = new_key()
+    first = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, share=key)
+    it1 = iter(first)
+    head = labels_of([next(it1) for _ in range(3)])
+    second = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, share=key)
+    it2 = iter(second)
+    batch = next(it2)
+    assert second.state_dict() == {"epoch": 0, "sample": 4}
+    epoch0_first = head + labels_of(it1)
+    epoch0_second = labels_of([batch]) + labels_of(it2)
+    assert epoch0_second == epoch0_first and sorted(epoch0_first) == list(range(40))
+    pairs = list(zip(first, second))  # epoch 1, read in step (the ring bounds the lead)
+    assert labels_of(b for b, _ in pairs) == labels_of(b for _, b in pairs)
+    second.close()
+    first.close()

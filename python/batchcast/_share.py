@@ -1,0 +1,374 @@
+"""The trainer side of ``batchcast.DataLoader(share=KEY)``: one share stream per process.
+
+What it is: :class:`SharedStream` finds or starts the detached producer of a key (module
+``_share_producer``), checks that it serves the same pipeline, attaches a :class:`Loader` and
+positions it for each iteration (the trainer's ``sampler.epoch``, a resumed position, or the
+next epoch). Helpers: :func:`share_paths`, :func:`distributed_rank`, :func:`fingerprint`.
+
+Thread-safety: none; a SharedStream belongs to the DataLoader that made it, used by one thread.
+Ownership and lifetime: the SharedStream owns its Loader (closed by ``close()``); the producer
+process is owned by nobody: it exits once no Loader reads its stream (``_share_producer``).
+
+Protocol (files ``/tmp/batchcast-<uid>-<effective key>.{sock,lock,json,log}``): under an fcntl
+lock on ``.lock`` a trainer reads ``.json`` (the producer's pid, the pipeline's fingerprint);
+with no live producer it pickles the pipeline (dataset, sampler, loader arguments, plus its
+sys.path, cwd and main script) and starts ``python -m batchcast._share_producer`` through
+``sh -c '... &'`` (reparented to init, own session, output appended to ``.log``); still under
+the lock it waits for the socket and attaches, so the producer, which decides to exit under
+the same lock, counts it. The effective key is KEY, plus ``-rank<r>of<w>`` when the trainer is
+one of w > 1 distributed ranks: rank r of every job shares one stream.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import pickle
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import torch
+import torch.utils.data
+
+from . import _batchcast
+from ._share_producer import REGENERATES, _lock
+from .loader import Loader
+
+__all__ = ["SharedStream", "distributed_rank", "fingerprint", "share_paths"]
+
+_log = logging.getLogger("batchcast")
+# MERGE(wip/positions): use _batchcast.PositionUnavailableError directly once it exists.
+_POSITION_UNAVAILABLE = getattr(_batchcast, "PositionUnavailableError", ())
+
+
+def share_paths(key: str) -> Dict[str, str]:
+    """Files of an effective share key: endpoint, socket, lock, state and log."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:48]
+    if clean != key:  # keep distinct keys distinct after sanitising
+        clean += "-" + hashlib.sha1(key.encode()).hexdigest()[:8]
+    base = f"/tmp/batchcast-{os.getuid()}-{clean}"
+    return {
+        "endpoint": f"ipc://{base}.sock",
+        "socket": f"{base}.sock",
+        "lock": f"{base}.lock",
+        "state": f"{base}.json",
+        "log": f"{base}.log",
+    }
+
+
+def distributed_rank() -> Tuple[int, int]:
+    """(rank, world size): torch.distributed's once initialised, else the torchrun
+    environment (RANK, or LOCAL_RANK, and WORLD_SIZE), else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK"))
+    world = os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        return 0, 1
+    return int(rank), int(world)
+
+
+def _plain(value: Any) -> Any:
+    """A stable text of a value: no memory addresses (they differ between processes)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _qualified(obj: Any) -> Optional[str]:
+    if obj is None:
+        return None
+    kind = obj if hasattr(obj, "__qualname__") else type(obj)  # functions name themselves
+    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', kind)}"
+
+
+def fingerprint(loader: torch.utils.data.DataLoader, seed: Optional[int]) -> Dict[str, Any]:
+    """What makes two pipelines one stream: dataset type, root, length and transforms, the
+    sampler (type, shuffle, seed, replicas, rank), batch size, drop_last, collate_fn."""
+    dataset = loader.dataset
+    try:
+        length: Optional[int] = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        length = None
+    sampler = loader.sampler
+    described = {
+        name: _plain(getattr(sampler, name))
+        for name in ("shuffle", "seed", "num_replicas", "rank", "drop_last", "replacement")
+        if hasattr(sampler, name)
+    }
+    if seed is not None:
+        described["seed"] = seed
+    return {
+        "dataset": _qualified(dataset),
+        "root": _plain(getattr(dataset, "root", None)),
+        "len": length,
+        "transform": _plain(getattr(dataset, "transform", None)),
+        "target_transform": _plain(getattr(dataset, "target_transform", None)),
+        "transforms": _plain(getattr(dataset, "transforms", None)),
+        "sampler": f"{_qualified(sampler)}{sorted(described.items())}",
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "collate_fn": _qualified(loader.collate_fn),
+    }
+
+
+def _producer_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return b"batchcast._share_producer" in cmdline and state != b"Z"
+
+
+class SharedStream:
+    """The stream of one share key as one trainer reads it (see the module doc).
+
+    ``pipeline`` is what the producer rebuilds (pickled): dataset, sampler, seed, batch_size,
+    drop_last, collate_fn and the torch arguments that shape decoding (``loader_args``).
+    """
+
+    def __init__(
+        self, key: str, pipeline: Dict[str, Any], prints: Dict[str, Any], loader_args: dict
+    ) -> None:
+        self.key = key
+        rank, world = distributed_rank()
+        self.effective_key = key if world == 1 else f"{key}-rank{rank}of{world}"
+        self.paths = share_paths(self.effective_key)
+        self._pipeline = pipeline
+        self._fingerprint = prints
+        self._loader_args = loader_args  # Loader(...) arguments: timeout, pin_memory
+        self._loader: Optional[Loader] = None
+        self._resume: Optional[Tuple[int, int]] = None
+        self._private = False
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def iterate(self, sampler_epoch: Optional[int]) -> Iterator[Any]:
+        """One epoch: the resumed position if one was loaded, else the sampler's epoch (when
+        the sampler has one), else the next epoch of the stream."""
+        loader = self._loader or self._attach()
+        if self._resume is not None:
+            (epoch, sample), self._resume = self._resume, None
+            return self._seek(epoch, sample)
+        if sampler_epoch is not None:
+            return self._seek(sampler_epoch, 0)
+        return iter(loader)
+
+    def _seek(self, epoch: int, sample: int) -> Iterator[Any]:
+        assert self._loader is not None
+        try:
+            self._loader.seek(epoch, sample)
+            return iter(self._loader)
+        except _POSITION_UNAVAILABLE as e:
+            if self._private:
+                raise
+            _log.warning(
+                "DataLoader(share=%r): the shared stream cannot serve epoch %d sample %d (%s); "
+                "this trainer reads a private producer of the same pipeline from now on "
+                "(its samples are decoded again)", self.key, epoch, sample, e,
+            )
+            self.close()
+            self._private = True
+            self.effective_key += f"-private{os.getpid()}"
+            self.paths = share_paths(self.effective_key)
+            self._attach()
+            return self._seek(epoch, sample)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        if self._resume is not None:
+            return {"epoch": self._resume[0], "sample": self._resume[1]}
+        if self._loader is None:
+            return {"epoch": None, "sample": 0}
+        return self._loader.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if state.get("epoch") is not None:
+            self._resume = (int(state["epoch"]), int(state.get("sample", 0)))
+
+    @property
+    def stats(self) -> Any:
+        return self._loader.stats if self._loader is not None else None
+
+    def close(self) -> None:
+        loader, self._loader = self._loader, None
+        if loader is not None:
+            loader.close()
+
+    # -- share protocol ----------------------------------------------------------------------
+
+    def _attach(self) -> Loader:
+        fd = _lock(self.paths["lock"])
+        try:
+            state = self._running_producer()
+            if state is None:
+                state = self._start_producer()
+            else:
+                self._check_fingerprint(state.get("fingerprint", {}))
+            self._wait_socket(int(state["pid"]))
+            # Attach while holding the lock: the producer decides to exit under it, so it
+            # counts this Loader before deciding. A producer that regenerates gives a late
+            # joiner whole epochs from its first batch; one that cannot, the next whole epoch.
+            self._loader = Loader(
+                self.paths["endpoint"],
+                batch_size=self._pipeline["batch_size"],
+                drop_last=self._pipeline["drop_last"],
+                late_join="replay" if state.get("regenerates") else "next_epoch",
+                name=f"share:{self.effective_key}:{os.getpid()}",
+                **self._loader_args,
+            )
+            return self._loader
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _check_fingerprint(self, running: Dict[str, Any]) -> None:
+        differ = [
+            f"{name}: running {running.get(name)!r}, this process {mine!r}"
+            for name, mine in self._fingerprint.items()
+            if running.get(name) != mine
+        ]
+        if differ:
+            raise ValueError(
+                f"DataLoader(share={self.key!r}): the stream of that key serves another "
+                "pipeline; " + "; ".join(differ) + ". One key is one pipeline: use another "
+                "share key for this one (or the same dataset, transform, sampler, batch_size, "
+                "drop_last and collate_fn)"
+            )
+
+    def _running_producer(self) -> Optional[Dict[str, Any]]:
+        try:
+            with open(self.paths["state"]) as f:
+                state = json.load(f)
+            pid = int(state["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+        return state if _producer_alive(pid) else None
+
+    def _start_producer(self) -> Dict[str, Any]:
+        main = sys.modules.get("__main__")
+        spec = {
+            "key": self.effective_key,
+            "paths": self.paths,
+            "sys_path": [p or os.getcwd() for p in sys.path],
+            "cwd": os.getcwd(),
+            "main_path": os.path.abspath(main.__file__) if getattr(main, "__file__", None) else None,
+        }
+        try:
+            payload = pickle.dumps(self._pipeline, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise TypeError(
+                f"DataLoader(share={self.key!r}) must pickle the dataset, sampler and loader "
+                f"arguments for its producer process, which failed: {e}; define datasets, "
+                "collate_fn and worker_init_fn at module level (no lambdas or local classes)"
+            ) from e
+        fd, spec_path = tempfile.mkstemp(prefix="batchcast-share-", suffix=".pkl")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(payload)
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
+        # Double fork through sh: the producer is reparented to init (nobody's zombie), runs
+        # in its own session (a Ctrl-C on the first trainer's terminal does not reach it) and
+        # outlives the first trainer.
+        command = " ".join(
+            shlex.quote(a) for a in [sys.executable, "-m", "batchcast._share_producer", spec_path]
+        )
+        log = shlex.quote(self.paths["log"])
+        launcher = subprocess.run(
+            ["/bin/sh", "-c", f"{command} </dev/null >>{log} 2>&1 & echo $!"],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            check=True,
+        )
+        state = {
+            "pid": int(launcher.stdout.decode().strip()),
+            "started_by": os.getpid(),
+            "fingerprint": self._fingerprint,
+            "regenerates": REGENERATES and self._pipeline["sampler"] is not None,
+        }
+        with open(self.paths["state"] + ".tmp", "w") as f:
+            json.dump(state, f)
+        os.replace(self.paths["state"] + ".tmp", self.paths["state"])
+        return state
+
+    def _wait_socket(self, pid: int) -> None:
+        """Waits while the producer starts (its first batch may need a worker pool); torch's
+        ``timeout`` bounds it when > 0, the producer's death always does."""
+        timeout = float(self._loader_args.get("timeout") or 0)
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        while not os.path.exists(self.paths["socket"]):
+            if not _producer_alive(pid):
+                raise _batchcast.BatchcastError(
+                    f"the producer of DataLoader(share={self.key!r}) (pid {pid}) exited before "
+                    f"serving; its log {self.paths['log']} ends with:\n{self._log_tail()}"
+                )
+            if deadline is not None and time.monotonic() > deadline:
+                raise _batchcast.TimeoutError(
+                    f"the producer of DataLoader(share={self.key!r}) (pid {pid}) did not serve "
+                    f"within timeout={timeout} s; see {self.paths['log']}"
+                )
+            time.sleep(0.02)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.paths["log"], "rb") as f:
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def pipeline_of(loader: torch.utils.data.DataLoader, multiprocessing_context: Any) -> tuple:
+    """(pipeline to pickle for the producer, its seed): the loader's dataset and sampler, the
+    sampler's generator replaced by its seed (generators do not pickle; the producer orders
+    epoch e from seed + e, so that any epoch can be regenerated)."""
+    iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
+    sampler = None if iterable else copy.copy(loader.sampler)
+    seed: Optional[int] = None
+    if isinstance(sampler, torch.utils.data.RandomSampler):
+        generator = sampler.generator or loader.generator
+        seed = (
+            int(generator.initial_seed())
+            if generator is not None
+            else int(torch.empty((), dtype=torch.int64).random_().item())
+        )
+        sampler.generator = None
+    if multiprocessing_context is not None and not isinstance(multiprocessing_context, str):
+        multiprocessing_context = multiprocessing_context.get_start_method()
+    decoding = {
+        "num_workers": loader.num_workers,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": multiprocessing_context,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        decoding["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):
+        decoding["in_order"] = loader.in_order
+    pipeline = {
+        "dataset": loader.dataset,
+        "sampler": sampler,
+        "seed": seed,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "collate_fn": loader.collate_fn,
+        "decoding": decoding,
+    }
+    return pipeline, seed

@@ -1,0 +1,112 @@
+"""DDP with batchcast.DataLoader(share=): two data-parallel jobs of two ranks each, started as
+torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), gloo on CPU,
+DistributedSampler with set_epoch. Rank r of job A and rank r of job B read one stream.
+
+Run: .venv/bin/python -m pytest tests/python/test_ddp.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+
+from torch.utils.data import DistributedSampler
+
+import batchcast
+from conftest import watch_endpoint
+
+SAMPLES, EPOCHS, SEED = 24, 2, 7
+
+RANK = textwrap.dedent(
+    f"""
+    import json, sys, torch, torch.distributed as dist, batchcast
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import Dataset, DistributedSampler
+
+    class Numbers(Dataset):
+        def __len__(self):
+            return {SAMPLES}
+        def __getitem__(self, i):
+            return torch.full((4,), float(i)), i
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        data = Numbers()
+        sampler = DistributedSampler(data, shuffle=True, seed={SEED})
+        loader = batchcast.DataLoader(data, batch_size=3, sampler=sampler, share=sys.argv[1])
+        model = DistributedDataParallel(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+        epochs = []
+        for epoch in range({EPOCHS}):
+            sampler.set_epoch(epoch)
+            labels = []
+            for x, y in loader:
+                assert torch.equal(x[:, 0].long(), y)
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y.float())
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                labels += y.tolist()
+            epochs.append(labels)
+        print(json.dumps({{"rank": dist.get_rank(), "endpoint": loader.endpoint,
+                          "epochs": epochs}}), flush=True)
+        loader.close()
+        dist.destroy_process_group()
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shard(rank: int, epoch: int) -> list:
+    sampler = DistributedSampler(range(SAMPLES), num_replicas=2, rank=rank, shuffle=True,
+                                 seed=SEED)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path):
+    key = f"test-ddp-{uuid.uuid4().hex[:8]}"
+    rank_paths = [batchcast.dataloader.share_paths(f"{key}-rank{r}of2") for r in range(2)]
+    for paths in rank_paths:
+        watch_endpoint(paths["endpoint"])
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    procs = []
+    try:
+        for job in range(2):
+            port = free_port()
+            for rank in range(2):
+                env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                procs.append(subprocess.Popen([sys.executable, str(script), key], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err.decode()[-3000:]
+            results.append(json.loads(out.decode().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for paths in rank_paths:
+            for name in ("lock", "state", "log"):
+                if os.path.exists(paths[name]):
+                    os.unlink(paths[name])
+    for result in results:
+        rank = result["rank"]
+        assert result["endpoint"] == rank_paths[rank]["endpoint"]  # the sharing is per rank
+        assert result["epochs"] == [shard(rank, e) for e in range(EPOCHS)]
+    by_rank = {r: [res["epochs"] for res in results if res["rank"] == r] for r in range(2)}
+    assert all(len(v) == 2 and v[0] == v[1] for v in by_rank.values())  # job A == job B

@@ -1,0 +1,57 @@
+"""Resume: a trainer that checkpoints DataLoader(share=).state_dict() at (epoch, batch) and
+restarts reads the same next samples as an uninterrupted run, while another trainer keeps
+reading the stream.
+
+Run: .venv/bin/python -m pytest tests/python/test_resume.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+
+import batchcast
+from conftest import watch_endpoint
+from test_dataloader import Numbers, labels_of
+
+
+@pytest.fixture
+def key():
+    key = f"test-{uuid.uuid4().hex[:8]}"
+    paths = batchcast.dataloader.share_paths(key)
+    watch_endpoint(paths["endpoint"])
+    yield key
+    for name in ("lock", "state", "log"):
+        if os.path.exists(paths[name]):
+            os.unlink(paths[name])
+
+
+def make(key):
+    return batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, share=key)
+
+
+def test_a_restarted_trainer_reads_the_same_next_samples(key):
+    other, trainer = make(key), make(key)
+    assert trainer.state_dict() == {"epoch": None, "sample": 0}  # nothing read yet
+    reference, before = [], []
+    it_other, it_trainer = iter(other), iter(trainer)
+    for _ in range(3):
+        reference += labels_of([next(it_other)])
+        before += labels_of([next(it_trainer)])
+    checkpoint = json.loads(json.dumps(trainer.state_dict()))  # what a checkpoint stores
+    assert checkpoint == {"epoch": 0, "sample": 12}
+    trainer.close()  # the trainer dies; the other one reads on
+    reference += labels_of(it_other)
+    assert before == reference[:12]
+
+    restarted = make(key)
+    restarted.load_state_dict(checkpoint)
+    assert restarted.state_dict() == checkpoint  # loaded, not yet read
+    assert labels_of(restarted) == reference[12:]  # the rest of epoch 0, in stream order
+    pairs = list(zip(other, restarted))  # epoch 1 again with the others
+    assert labels_of(b for b, _ in pairs) == labels_of(b for _, b in pairs)
+    restarted.close()
+    other.close()
