@@ -159,7 +159,7 @@ class SharedStream:
     def iterate(self, sampler_epoch: Optional[int]) -> Iterator[Any]:
         """One epoch: the resumed position if one was loaded, else the sampler's epoch (when
         the sampler has one), else the next epoch of the stream."""
-        loader = self._loader or self._attach()
+        loader = self._attach() if self._loader is None else self._loader
         if self._resume is not None:
             (epoch, sample), self._resume = self._resume, None
             return self._seek(epoch, sample)
@@ -336,19 +336,20 @@ class SharedStream:
 
 
 def pipeline_of(loader: torch.utils.data.DataLoader, multiprocessing_context: Any) -> tuple:
-    """(pipeline to pickle for the producer, its seed): the loader's dataset and sampler, the
-    sampler's generator replaced by its seed (generators do not pickle; the producer orders
-    epoch e from seed + e, so that any epoch can be regenerated)."""
+    """(pipeline to pickle for the producer, the seed the user chose or None): the loader's
+    dataset and sampler, the sampler's generator replaced by its seed (generators do not
+    pickle; the producer orders epoch e from seed + e, so that any epoch can be regenerated).
+    Without a generator the seed is drawn here, like torch's RandomSampler draws one."""
     iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
     sampler = None if iterable else copy.copy(loader.sampler)
+    chosen: Optional[int] = None
     seed: Optional[int] = None
     if isinstance(sampler, torch.utils.data.RandomSampler):
         generator = sampler.generator or loader.generator
-        seed = (
-            int(generator.initial_seed())
-            if generator is not None
-            else int(torch.empty((), dtype=torch.int64).random_().item())
-        )
+        if generator is not None:
+            seed = chosen = int(generator.initial_seed())
+        else:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
         sampler.generator = None
     if multiprocessing_context is not None and not isinstance(multiprocessing_context, str):
         multiprocessing_context = multiprocessing_context.get_start_method()
@@ -371,4 +372,4 @@ def pipeline_of(loader: torch.utils.data.DataLoader, multiprocessing_context: An
         "collate_fn": loader.collate_fn,
         "decoding": decoding,
     }
-    return pipeline, seed
+    return pipeline, chosen

@@ -132,7 +132,7 @@ def _read_spec(path: str) -> tuple:
 
 
 def _lock(path: str) -> int:
-    """Takes the share's lock (the same inode trainers lock; see dataloader._attach)."""
+    """Takes the share's lock (the same inode trainers lock; see _share.SharedStream._attach)."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)

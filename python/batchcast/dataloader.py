@@ -98,11 +98,11 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 f"pin_memory_device={device!r}: DataLoader(share=) pins for CUDA only; leave "
                 "it empty or name a cuda device"
             )
-        pipeline, seed = pipeline_of(self, multiprocessing_context)
+        pipeline, chosen_seed = pipeline_of(self, multiprocessing_context)
         self._stream = SharedStream(
             share,
             pipeline,
-            fingerprint(self, seed),
+            fingerprint(self, chosen_seed),
             {"timeout": timeout, "pin_memory": pin_memory},
         )
 
