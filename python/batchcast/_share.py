@@ -130,7 +130,8 @@ def _producer_alive(pid: int) -> bool:
             state = f.read().rsplit(b")", 1)[1].split()[0]
     except OSError:
         return False
-    return b"batchcast._share_producer" in cmdline and state != b"Z"
+    # An empty cmdline: the process is in execve (sh -> python) at this instant.
+    return (not cmdline or b"batchcast._share_producer" in cmdline) and state != b"Z"
 
 
 class SharedStream:

@@ -254,7 +254,10 @@ class Loader(Closeable):
                 return
             self._in_epoch = True
             self._position = (int(batch.epoch), int(batch.sample_start) + int(batch.size))
-            yield self._convert(self, batch)
+            # The suspended generator keeps no reference: the user's tensors alone hold the slot.
+            held = [batch]
+            del batch
+            yield self._convert(self, held.pop())
 
     def __len__(self) -> int:
         """Batches per whole epoch (exact, respecting drop_last).

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 
 import batchcast
+from batchcast.dataloader import share_paths
 from conftest import watch_endpoint
 
 
@@ -49,7 +50,7 @@ def new_key():
 
     def make() -> str:
         key = f"test-{uuid.uuid4().hex[:8]}"
-        watch_endpoint(batchcast.dataloader.share_paths(key)["endpoint"])
+        watch_endpoint(share_paths(key)["endpoint"])
         keys.append(key)
         return key
 
@@ -57,7 +58,7 @@ def new_key():
     for key in keys:
         for name in ("lock", "state", "log"):
             try:
-                os.unlink(batchcast.dataloader.share_paths(key)[name])
+                os.unlink(share_paths(key)[name])
             except FileNotFoundError:
                 pass
 
@@ -133,7 +134,7 @@ def test_shared_len_follows_torch_with_drop_last():
 
 def test_share_two_processes_whole_epochs_and_producer_exits(tmp_path, run_py, new_key):
     key = new_key()
-    paths = batchcast.dataloader.share_paths(key)
+    paths = share_paths(key)
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     run = f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')"

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 import batchcast
+from batchcast.dataloader import share_paths
 from conftest import watch_endpoint
 
 
@@ -38,7 +39,7 @@ class Tokens(Dataset):
 def key():
     """A fresh share key (and its "-val" twin): endpoints watched, files removed after."""
     key = f"test-{uuid.uuid4().hex[:8]}"
-    all_paths = [batchcast.dataloader.share_paths(k) for k in (key, key + "-val")]
+    all_paths = [share_paths(k) for k in (key, key + "-val")]
     for paths in all_paths:
         watch_endpoint(paths["endpoint"])
     yield key

@@ -18,6 +18,7 @@ import uuid
 from torch.utils.data import DistributedSampler
 
 import batchcast
+from batchcast.dataloader import share_paths
 from conftest import watch_endpoint
 
 SAMPLES, EPOCHS, SEED = 24, 2, 7
@@ -76,7 +77,7 @@ def shard(rank: int, epoch: int) -> list:
 
 def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path):
     key = f"test-ddp-{uuid.uuid4().hex[:8]}"
-    rank_paths = [batchcast.dataloader.share_paths(f"{key}-rank{r}of2") for r in range(2)]
+    rank_paths = [share_paths(f"{key}-rank{r}of2") for r in range(2)]
     for paths in rank_paths:
         watch_endpoint(paths["endpoint"])
     script = tmp_path / "rank.py"

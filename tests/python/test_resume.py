@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 import batchcast
+from batchcast.dataloader import share_paths
 from conftest import watch_endpoint
 from test_dataloader import Numbers, labels_of
 
@@ -21,7 +22,7 @@ from test_dataloader import Numbers, labels_of
 @pytest.fixture
 def key():
     key = f"test-{uuid.uuid4().hex[:8]}"
-    paths = batchcast.dataloader.share_paths(key)
+    paths = share_paths(key)
     watch_endpoint(paths["endpoint"])
     yield key
     for name in ("lock", "state", "log"):
