@@ -185,10 +185,11 @@ def test_a_trainer_starting_mid_epoch_gets_whole_epochs_from_its_first_batch(new
     # The sweep case: the second trainer starts while the first is in epoch 0; it neither
     # idles until epoch 1 nor gets a partial epoch 0 (the producer regenerates what it missed).
     key = new_key()
-    first = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, share=key)
+    # timeout: a failure is an error, not a hang (the default waits while the producer lives)
+    first = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, timeout=30, share=key)
     it1 = iter(first)
     head = labels_of([next(it1) for _ in range(3)])
-    second = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, share=key)
+    second = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, timeout=30, share=key)
     it2 = iter(second)
     batch = next(it2)
     assert second.state_dict() == {"epoch": 0, "sample": 4}

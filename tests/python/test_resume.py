@@ -31,7 +31,8 @@ def key():
 
 
 def make(key):
-    return batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, share=key)
+    # timeout: a failure is an error, not a hang (the default waits while the producer lives)
+    return batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, timeout=30, share=key)
 
 
 def test_a_restarted_trainer_reads_the_same_next_samples(key):
