@@ -151,6 +151,14 @@ void Session::release(protocol::Release release, std::vector<std::shared_ptr<Rel
 }
 
 void Session::goodbye() {
+  {
+    // Chunks delivered but never read are released now, and any arriving later too: the
+    // server keeps a leaving consumer (and its slots) until it has released every chunk.
+    std::lock_guard lk(mu_);
+    for (const auto& d : queue_) outbox_.push_back(protocol::Release{d.seq, d.slot});
+    queue_.clear();
+    leaving_ = true;
+  }
   post(protocol::Heartbeat{samples.load(), wait_s.load()});  // final counters for the metrics
   post(protocol::Goodbye{});
 }
@@ -199,6 +207,10 @@ void Session::on_message(const void* data, size_t size, double now) {
     if (!invalid.empty()) {
       dropped++;
       spdlog::warn("dropped a descriptor from {}: {}", endpoint_, invalid);
+      outbox_.push_back(protocol::Release{d->seq, d->slot});
+      return;
+    }
+    if (leaving_) {
       outbox_.push_back(protocol::Release{d->seq, d->slot});
       return;
     }

@@ -96,6 +96,7 @@ class Session {
   bool ended_ = false;
   bool gone_ = false;
   bool stopping_ = false;
+  bool leaving_ = false;  // goodbye() was posted: chunks that arrive are released at once
   std::string gone_reason_;
   std::string server_error_;
   double last_heard_ = 0;
