@@ -260,13 +260,13 @@ class SharedStream:
         return state if _producer_alive(pid) else None
 
     def _start_producer(self) -> Dict[str, Any]:
-        main = sys.modules.get("__main__")
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
         spec = {
             "key": self.effective_key,
             "paths": self.paths,
             "sys_path": [p or os.getcwd() for p in sys.path],
             "cwd": os.getcwd(),
-            "main_path": os.path.abspath(main.__file__) if getattr(main, "__file__", None) else None,
+            "main_path": os.path.abspath(main_file) if main_file else None,
         }
         try:
             payload = pickle.dumps(self._pipeline, protocol=pickle.HIGHEST_PROTOCOL)

@@ -181,22 +181,23 @@ def test_break_then_iterate_starts_the_next_whole_epoch(new_key):
     loader.close()
 
 
+def make(key: str) -> batchcast.DataLoader:
+    """A shared loader with a timeout: a failure is an error, not a hang."""
+    return batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, timeout=30, share=key)
+
+
 def test_a_trainer_starting_mid_epoch_gets_whole_epochs_from_its_first_batch(new_key):
     # The sweep case: the second trainer starts while the first is in epoch 0; it neither
     # idles until epoch 1 nor gets a partial epoch 0 (the producer regenerates what it missed).
     key = new_key()
-    # timeout: a failure is an error, not a hang (the default waits while the producer lives)
-    first = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, timeout=30, share=key)
-    it1 = iter(first)
-    head = labels_of([next(it1) for _ in range(3)])
-    second = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, timeout=30, share=key)
-    it2 = iter(second)
-    batch = next(it2)
-    assert second.state_dict() == {"epoch": 0, "sample": 4}
-    epoch0_first = head + labels_of(it1)
-    epoch0_second = labels_of([batch]) + labels_of(it2)
-    assert epoch0_second == epoch0_first and sorted(epoch0_first) == list(range(40))
-    pairs = list(zip(first, second))  # epoch 1, read in step (the ring bounds the lead)
-    assert labels_of(b for b, _ in pairs) == labels_of(b for _, b in pairs)
-    second.close()
-    first.close()
+    with make(key) as first, make(key) as second:
+        it1 = iter(first)
+        head = labels_of([next(it1) for _ in range(3)])
+        it2 = iter(second)  # attaches now, mid-epoch 0
+        start = labels_of([next(it2)])
+        assert second.state_dict() == {"epoch": 0, "sample": 4}
+        epoch0_first = head + labels_of(it1)
+        epoch0_second = start + labels_of(it2)
+        assert epoch0_second == epoch0_first and sorted(epoch0_first) == list(range(40))
+        pairs = list(zip(first, second))  # epoch 1, read in step (the ring bounds the lead)
+        assert labels_of(b for b, _ in pairs) == labels_of(b for _, b in pairs)

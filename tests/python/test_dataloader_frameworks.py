@@ -51,7 +51,8 @@ def key():
 
 def test_dict_batches_train_an_hf_style_model(key):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(64, 4), torch.nn.Flatten(), torch.nn.Linear(32, 2))
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 4), torch.nn.Flatten(),
+                                torch.nn.Linear(32, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = batchcast.DataLoader(Tokens(), batch_size=8, shuffle=True, share=key)
     for _ in range(2):
@@ -110,12 +111,6 @@ def test_jax_training_loop_through_dlpack(endpoint, batchcast_bin):
             assert seen == 64
         loader.close()
     assert bool(jnp.isfinite(w).all())
-
-
-class _Regression(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
 
 
 def test_lightning_datamodule_returning_batchcast_dataloader(key, tmp_path):

@@ -17,7 +17,6 @@ import uuid
 
 from torch.utils.data import DistributedSampler
 
-import batchcast
 from batchcast.dataloader import share_paths
 from conftest import watch_endpoint
 

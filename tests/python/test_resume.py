@@ -13,10 +13,9 @@ import uuid
 
 import pytest
 
-import batchcast
 from batchcast.dataloader import share_paths
 from conftest import watch_endpoint
-from test_dataloader import Numbers, labels_of
+from test_dataloader import labels_of, make
 
 
 @pytest.fixture
@@ -30,30 +29,23 @@ def key():
             os.unlink(paths[name])
 
 
-def make(key):
-    # timeout: a failure is an error, not a hang (the default waits while the producer lives)
-    return batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, timeout=30, share=key)
-
-
 def test_a_restarted_trainer_reads_the_same_next_samples(key):
-    other, trainer = make(key), make(key)
-    assert trainer.state_dict() == {"epoch": None, "sample": 0}  # nothing read yet
-    reference, before = [], []
-    it_other, it_trainer = iter(other), iter(trainer)
-    for _ in range(3):
-        reference += labels_of([next(it_other)])
-        before += labels_of([next(it_trainer)])
-    checkpoint = json.loads(json.dumps(trainer.state_dict()))  # what a checkpoint stores
-    assert checkpoint == {"epoch": 0, "sample": 12}
-    trainer.close()  # the trainer dies; the other one reads on
-    reference += labels_of(it_other)
-    assert before == reference[:12]
-
-    restarted = make(key)
-    restarted.load_state_dict(checkpoint)
-    assert restarted.state_dict() == checkpoint  # loaded, not yet read
-    assert labels_of(restarted) == reference[12:]  # the rest of epoch 0, in stream order
-    pairs = list(zip(other, restarted))  # epoch 1 again with the others
-    assert labels_of(b for b, _ in pairs) == labels_of(b for _, b in pairs)
-    restarted.close()
-    other.close()
+    with make(key) as other:
+        with make(key) as trainer:
+            assert trainer.state_dict() == {"epoch": None, "sample": 0}  # nothing read yet
+            reference, before = [], []
+            it_other, it_trainer = iter(other), iter(trainer)
+            for _ in range(3):
+                reference += labels_of([next(it_other)])
+                before += labels_of([next(it_trainer)])
+            checkpoint = json.loads(json.dumps(trainer.state_dict()))  # a checkpoint's copy
+            assert checkpoint == {"epoch": 0, "sample": 12}
+        # the trainer died; the other one reads on
+        reference += labels_of(it_other)
+        assert before == reference[:12]
+        with make(key) as restarted:
+            restarted.load_state_dict(checkpoint)
+            assert restarted.state_dict() == checkpoint  # loaded, not yet read
+            assert labels_of(restarted) == reference[12:]  # the rest of epoch 0, in order
+            pairs = list(zip(other, restarted))  # epoch 1 again with the others
+            assert labels_of(b for b, _ in pairs) == labels_of(b for _, b in pairs)
