@@ -201,3 +201,32 @@ def test_a_trainer_starting_mid_epoch_gets_whole_epochs_from_its_first_batch(new
         assert epoch0_second == epoch0_first and sorted(epoch0_first) == list(range(40))
         pairs = list(zip(first, second))  # epoch 1, read in step (the ring bounds the lead)
         assert labels_of(b for b, _ in pairs) == labels_of(b for _, b in pairs)
+
+
+@pytest.mark.parametrize("sampler", ["shuffle", "distributed"])
+def test_the_producer_regenerates_any_chunk_of_any_epoch(sampler):
+    # What late joiners and resumed trainers receive: chunk i of epoch e, rebuilt, equals the
+    # stream's; epoch e follows set_epoch(e) (DistributedSampler) or seed + e (shuffle).
+    from torch.utils.data import DistributedSampler
+
+    from batchcast._share import pipeline_of
+    from batchcast._share_producer import make_stream
+
+    if sampler == "shuffle":
+        loader = batchcast.DataLoader(Numbers(), batch_size=6, shuffle=True, share="unused")
+    else:
+        shard = DistributedSampler(Numbers(), num_replicas=2, rank=1, shuffle=True, seed=5)
+        loader = batchcast.DataLoader(Numbers(), batch_size=6, sampler=shard, share="unused")
+    stream, regenerate = make_stream(pipeline_of(loader, None)[0])
+    epochs = [[y.tolist() for _, y in stream] for _ in range(2)]
+    assert epochs[0] != epochs[1]
+    if sampler == "distributed":
+        for e in range(2):
+            shard.set_epoch(e)
+            assert sum(epochs[e], []) == list(shard)
+    for e in (1, 0):
+        for i, labels in enumerate(epochs[e]):
+            assert regenerate(e, i)[1].tolist() == labels
+    with pytest.raises(IndexError, match="has no chunk"):
+        regenerate(0, len(epochs[0]))
+    loader.close()
