@@ -288,8 +288,11 @@ class SharedStream:
         # Double fork through sh: the producer is reparented to init (nobody's zombie), runs
         # in its own session (a Ctrl-C on the first trainer's terminal does not reach it) and
         # outlives the first trainer.
+        # The endpoint on the command line says which share a process serves (ps, tests).
         command = " ".join(
-            shlex.quote(a) for a in [sys.executable, "-m", "batchcast._share_producer", spec_path]
+            shlex.quote(a)
+            for a in [sys.executable, "-m", "batchcast._share_producer", spec_path,
+                      self.paths["endpoint"]]
         )
         log = shlex.quote(self.paths["log"])
         launcher = subprocess.run(

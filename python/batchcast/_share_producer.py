@@ -1,6 +1,7 @@
 """The detached producer process of ``batchcast.DataLoader(share=KEY)``.
 
-Started by the first process that uses KEY as ``python -m batchcast._share_producer SPEC``:
+Started by the first process that uses KEY as ``python -m batchcast._share_producer SPEC
+ENDPOINT`` (ENDPOINT only shows in ps which share it serves):
 SPEC is a temp file holding a pickled header (key, file paths, the trainer's sys.path, cwd and
 main script) followed by the pickled pipeline (``_share.pipeline_of``). It serves unbounded
 epochs of what :func:`make_stream` builds through a :class:`batchcast.Producer` and exits once

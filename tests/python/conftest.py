@@ -56,7 +56,8 @@ def _leaked_files() -> List[str]:
 
 def _our_processes() -> set:
     """Live processes this test may have started: descendants of pytest running batchcast
-    code, and detached share producers (reparented to init, so not descendants)."""
+    code, and the detached share producers of its endpoints (reparented to init, so not
+    descendants)."""
     parents: dict = {}
     cmds: dict = {}
     for entry in os.listdir("/proc"):
@@ -86,9 +87,16 @@ def _our_processes() -> set:
         pid
         for pid in parents
         if pid != me
-        and (b"batchcast._share_producer" in cmds.get(pid, b"")
+        and (_is_our_share_producer(cmds.get(pid, b""))
              or (descends(pid) and b"batchcast" in cmds.get(pid, b"")))
     }
+
+
+def _is_our_share_producer(cmdline: bytes) -> bool:
+    """A share producer names its endpoint on its command line: only those of the watched
+    endpoints are this test's (other runs on the machine have their own)."""
+    return b"batchcast._share_producer" in cmdline and any(
+        ep.encode() in cmdline for ep in _WATCHED)
 
 
 @pytest.fixture
