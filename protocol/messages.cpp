@@ -235,6 +235,28 @@ void write_body(Writer& w, const End& m) { w.put(m.epochs); }
 void read_body(Reader& r, End& m) { m.epochs = r.get<uint64_t>(); }
 void write_body(Writer& w, const ErrorMessage& m) { w.put_string(m.message); }
 void read_body(Reader& r, ErrorMessage& m) { m.message = r.get_string(); }
+void write_body(Writer& w, const Seek& m) {
+  w.put(m.epoch);
+  w.put(m.sample);
+}
+void read_body(Reader& r, Seek& m) {
+  m.epoch = r.get<uint64_t>();
+  m.sample = r.get<uint64_t>();
+}
+void write_body(Writer& w, const SeekReply& m) {
+  w.put(m.epoch);
+  w.put(m.sample);
+  w.put(static_cast<uint8_t>(m.available ? 1 : 0));
+  w.put_string(m.message);
+}
+void read_body(Reader& r, SeekReply& m) {
+  m.epoch = r.get<uint64_t>();
+  m.sample = r.get<uint64_t>();
+  auto available = r.get<uint8_t>();
+  if (available > 1) r.fail("unknown seek reply value " + std::to_string(available));
+  m.available = available == 1;
+  m.message = r.get_string();
+}
 
 template <size_t I = 0>
 bool read_alternative(Reader& r, size_t index, Message& out) {

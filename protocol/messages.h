@@ -26,7 +26,8 @@
 namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x53414342;  // "BCAS"
-constexpr uint16_t kVersion = 1;
+// 2: adds Seek and SeekReply; the messages of version 1 keep their layouts.
+constexpr uint16_t kVersion = 2;
 constexpr size_t kMaxTensors = 16;
 constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxString = 1024;
@@ -132,8 +133,26 @@ struct ErrorMessage {  // server -> consumer: the stream failed (e.g. a bad samp
   std::string message;
 };
 
+// consumer -> server: the next chunk this consumer is sent is the one holding sample `sample` of
+// epoch `epoch`. Descriptors that arrive before the SeekReply were sent for the old cursor.
+struct Seek {
+  uint64_t epoch = 0;
+  uint64_t sample = 0;
+};
+// server -> consumer: the answer to the last Seek, in order with the descriptors: every
+// descriptor after it starts at the sought position. available=false ("position unavailable",
+// not fatal: the consumer stays attached and may seek again): `message` names the position,
+// what the server still has and the fix.
+struct SeekReply {
+  uint64_t epoch = 0;
+  uint64_t sample = 0;
+  bool available = true;
+  std::string message;
+};
+
+// The type code on the wire is the index in this variant + 1: append, never reorder.
 using Message = std::variant<Hello, Welcome, BatchDescriptor, Credit, Release, Heartbeat, Goodbye,
-                             End, ErrorMessage>;
+                             End, ErrorMessage, Seek, SeekReply>;
 
 std::string encode(const Message& message);
 

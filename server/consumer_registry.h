@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "protocol/messages.h"
@@ -26,6 +27,8 @@ struct ConsumerRecord {
   std::string name;
   uint64_t next_seq = 0;
   bool waiting_epoch_start = false;  // late_join=next_epoch, until it reaches an epoch start
+  // A Seek waiting for its chunk to be published: it pins nothing and passes what comes before.
+  std::optional<protocol::Seek> seek;
   uint32_t credits = 0;
   bool end_sent = false;
   bool error_sent = false;

@@ -14,6 +14,20 @@ constexpr double kLivenessPeriodS = 0.2;
 constexpr uint32_t kMaxCredits = 1024;
 constexpr size_t kMaxDeparted = 1000;
 constexpr uint64_t kLoggedDrops = 20;
+
+bool before(const protocol::ChunkPosition& p, const protocol::Seek& t) {
+  return p.epoch < t.epoch || (p.epoch == t.epoch && p.sample_start + p.sample_count <= t.sample);
+}
+bool holds(const protocol::ChunkPosition& p, const protocol::Seek& t) {
+  return p.epoch == t.epoch && p.sample_start <= t.sample &&
+         t.sample < p.sample_start + p.sample_count;
+}
+bool operator<(const protocol::Seek& a, const protocol::Seek& b) {
+  return a.epoch < b.epoch || (a.epoch == b.epoch && a.sample < b.sample);
+}
+std::string describe(const protocol::Seek& p) {
+  return "epoch " + std::to_string(p.epoch) + " sample " + std::to_string(p.sample);
+}
 }  // namespace
 
 StreamState::StreamState(StreamRules rules, Send send, Alive alive)
@@ -25,7 +39,14 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive)
 }
 
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
-  if (!failure_.empty()) return std::nullopt;
+  if (!failure_.empty() || finished_) return std::nullopt;
+  // A consumer catching up pins its merge chunk and everything after it: the stream's chunks
+  // must leave it slots for its private ones, or it would never reach the merge chunk.
+  if ((private_.catching_up() || private_.next_request()) &&
+      reusable_slots(now) <= std::max<uint32_t>(1, rules_.slot_count / 4)) {
+    if (!blocked_since_) blocked_since_ = now;
+    return std::nullopt;
+  }
   auto slot = ring_.begin_fill(next_acquire_seq_, [this, now](uint64_t seq, bool delivered) {
     return may_reuse(seq, delivered, now);
   });
@@ -37,11 +58,81 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
     it = ring_.find_published(it->first) ? std::next(it) : descriptors_.erase(it);
   if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
   blocked_since_.reset();
-  return Fill{next_acquire_seq_++, *slot};
+  return Fill{next_acquire_seq_++, *slot, std::nullopt};
+}
+
+std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
+  if (!failure_.empty()) return std::nullopt;
+  auto request = private_.next_request();
+  if (!request) return std::nullopt;
+  uint64_t seq = private_.next_seq();
+  auto slot = ring_.begin_fill(
+      seq, [this, now](uint64_t old, bool delivered) { return may_reuse(old, delivered, now); });
+  if (!slot) return std::nullopt;
+  private_.take_request(seq);
+  for (auto it = descriptors_.begin(); it != descriptors_.end();)
+    it = ring_.find_published(it->first) ? std::next(it) : descriptors_.erase(it);
+  return Fill{seq, *slot, request->chunk};
+}
+
+uint32_t StreamState::reusable_slots(double now) const {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < ring_.size(); ++i) {
+    const SlotEntry& e = ring_.slot(i);
+    if (e.state == SlotState::kFree || (e.state == SlotState::kPublished && e.holders.empty() &&
+                                        may_reuse(e.seq, e.delivered, now)))
+      ++n;
+  }
+  return n;
+}
+
+uint64_t StreamState::tail_begin() const {
+  uint64_t tail = next_publish_seq_;
+  while (tail > 0 && ring_.published().count(tail - 1)) --tail;
+  return tail;
+}
+
+protocol::Seek StreamState::stream_next() const {
+  if (!newest_) return {rules_.welcome.first_epoch, 0};
+  if (newest_->epoch_end) return {newest_->epoch + 1, 0};
+  return {newest_->epoch, newest_->sample_start + newest_->sample_count};
+}
+
+uint64_t StreamState::chunks_per_epoch() const {
+  uint64_t chunk = rules_.welcome.server_batch_size;
+  if (!rules_.regenerates || chunk == 0 || rules_.epoch_samples == 0) return 0;
+  return (rules_.epoch_samples + chunk - 1) / chunk;
+}
+
+uint64_t StreamState::end_epoch() const {
+  return rules_.epochs ? rules_.welcome.first_epoch + rules_.epochs : 0;
+}
+
+void StreamState::abandon(const std::vector<uint32_t>& slots) {
+  for (uint32_t slot : slots) ring_.mark_passed(slot);  // nobody will be sent it: reusable
 }
 
 void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
                           std::vector<protocol::TensorSpec> tensors) {
+  if (is_private_seq(seq)) {
+    BatchDescriptor d;
+    d.seq = seq;
+    d.position = position;
+    if (!d.position.epoch_samples) d.position.epoch_samples = rules_.epoch_samples;
+    d.slot = slot;
+    d.tensors = std::move(tensors);
+    auto invalid = protocol::validate_descriptor(d, rules_.slot_count, rules_.slot_bytes);
+    if (!invalid.empty()) {
+      failure_ = "producer regenerated an invalid chunk of epoch " +
+                 std::to_string(position.epoch) + ": " + invalid;
+      spdlog::error("{}", failure_);
+      return;
+    }
+    ring_.finish_fill(slot);
+    counters_.chunks_regenerated++;
+    if (!private_.filled(seq, std::move(d))) ring_.mark_passed(slot);
+    return;
+  }
   ready_[seq] = {slot, position, std::move(tensors)};
   for (auto it = ready_.find(next_publish_seq_); it != ready_.end();
        it = ready_.find(next_publish_seq_)) {
@@ -64,6 +155,7 @@ void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition p
     stream_position_ += d.position.sample_count;
     counters_.chunks_published++;
     counters_.samples_published += d.position.sample_count;
+    newest_ = d.position;
     descriptors_[d.seq] = std::move(d);
     ready_.erase(it);
     ++next_publish_seq_;
@@ -102,10 +194,15 @@ ServerStats StreamState::stats() const {
 // consumer that joined after it and started later). A chunk nobody has seen or passed (before
 // the stream starts, or while nobody is attached) is never discarded.
 bool StreamState::may_reuse(uint64_t old_seq, bool delivered, double now) const {
+  // A private chunk is its consumer's alone: reusable once sent (and released) or abandoned.
+  if (is_private_seq(old_seq)) return delivered || !private_.owner(old_seq);
   bool passed = false;
   for (const auto& [id, c] : consumers_.all()) {
+    const auto* p = private_.find(id);
+    if (p && !p->until) continue;  // private for good: the shared stream is not its
     if (c.next_seq > old_seq) passed = true;
-    if (c.end_sent || c.closing || c.waiting_epoch_start || c.next_seq > old_seq) continue;
+    if (c.end_sent || c.closing || c.waiting_epoch_start || c.seek || c.next_seq > old_seq)
+      continue;
     bool stalled = c.credits == 0 && now - c.last_activity > rules_.stall_timeout_s;
     if (rules_.stall_policy == StallPolicy::kSkip && stalled) continue;
     return false;  // this consumer has not been sent the chunk yet
@@ -141,6 +238,9 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
   } else if (auto* hb = std::get_if<protocol::Heartbeat>(&m)) {
     c->samples = hb->samples;
     c->wait_s = hb->wait_s;
+  } else if (auto* seek = std::get_if<protocol::Seek>(&m)) {
+    c->last_activity = now;
+    on_seek(*c, *seek, true);
   } else if (std::holds_alternative<protocol::Goodbye>(m)) {
     // It wants no more chunks, but batches it handed out may still view slots it holds: keep
     // those holds (and the record) until they are released or the process dies.
@@ -165,9 +265,8 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   // published. next_epoch joiners then skip forward to an epoch start.
   std::optional<uint64_t> start;
   const auto& retained = ring_.published();
-  uint64_t tail = next_publish_seq_;
-  while (tail > 0 && retained.count(tail - 1)) --tail;
-  for (auto it = retained.lower_bound(tail); it != retained.end(); ++it) {
+  for (auto it = retained.lower_bound(tail_begin());
+       it != retained.end() && !is_private_seq(it->first); ++it) {
     if (!start) start = it->first;
     if (descriptors_.at(it->first).position.index_in_epoch == 0) {
       start = it->first;
@@ -185,6 +284,82 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   spdlog::info("consumer {} attached ({}pid {}{}, starts at chunk {})", added.id,
                added.name.empty() ? "" : added.name + ", ", added.pid,
                added.local ? "" : ", remote", added.next_seq);
+  // A replay joiner that would start mid-epoch gets that epoch whole when the producer can
+  // regenerate what the ring no longer holds (the sweep case: nobody waits for a boundary).
+  if (hello.late_join != protocol::LateJoin::kReplay || !chunks_per_epoch()) return;
+  auto first = descriptors_.find(added.next_seq);
+  if (first != descriptors_.end()) {
+    if (first->second.position.index_in_epoch != 0)
+      on_seek(added, {first->second.position.epoch, 0}, false);
+  } else if (newest_ && !newest_->epoch_end) {
+    on_seek(added, {newest_->epoch, 0}, false);
+  }
+}
+
+void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) {
+  abandon(private_.stop(c.id));
+  c.seek.reset();
+  c.waiting_epoch_start = false;
+  if (rules_.epoch_samples && target.sample >= rules_.epoch_samples)
+    target = {target.epoch + 1, 0};  // the end of an epoch is the start of the next
+  auto answer = [&](bool available, const std::string& message) {
+    if (reply)
+      send_(c.identity, protocol::SeekReply{target.epoch, target.sample, available,
+                                            message.substr(0, protocol::kMaxString)});
+  };
+  const uint64_t tail = tail_begin();
+  for (uint64_t seq = tail; seq < next_publish_seq_; ++seq) {
+    if (holds(descriptors_.at(seq).position, target)) {  // retained: shared from there
+      c.next_seq = seq;
+      return answer(true, "");
+    }
+  }
+  const protocol::Seek next = stream_next();
+  const bool ahead = !(target < next);
+  if (ahead && target.epoch <= next.epoch + 1) {  // not published yet: wait, pinning nothing
+    c.next_seq = next_publish_seq_;
+    c.seek = target;
+    return;  // answered once its chunk is published
+  }
+  if (chunks_per_epoch()) {
+    const uint64_t chunk = rules_.welcome.server_batch_size;
+    const ChunkAddress from{target.epoch, target.sample / chunk};
+    std::optional<ChunkAddress> until;
+    uint64_t position = stream_position_;
+    c.next_seq = next_publish_seq_;
+    if (!ahead && next.epoch - target.epoch <= 1) {
+      // Catch up and merge a quarter ring past the oldest retained chunk: the chunks before the
+      // merge chunk stay reusable, so there are slots to regenerate into.
+      uint64_t join =
+          std::min(next_publish_seq_, tail + std::max<uint64_t>(1, rules_.slot_count / 4));
+      c.next_seq = join;
+      if (join < next_publish_seq_) {
+        const auto& p = descriptors_.at(join).position;
+        until = ChunkAddress{p.epoch, p.index_in_epoch};
+        position = descriptors_.at(join).position.stream_position;
+      } else {
+        until = ChunkAddress{next.epoch, next.sample / chunk};
+      }
+      uint64_t missed = (until->epoch - from.epoch) * rules_.epoch_samples + until->index * chunk -
+                        from.index * chunk;
+      position = position > missed ? position - missed : 0;
+    }
+    abandon(private_.start(c.id, from, until, position));
+    spdlog::info("consumer {} reads from {} in chunks regenerated for it{}", c.id, describe(target),
+                 until ? " until it reaches the stream" : "");
+    return answer(true, "");
+  }
+  std::string held = "nothing retained";
+  if (tail < next_publish_seq_) {
+    const auto& oldest = descriptors_.at(tail).position;
+    held = "from " + describe({oldest.epoch, oldest.sample_start}) + " to before " + describe(next);
+  }
+  c.next_seq = next_publish_seq_;
+  answer(false, "position unavailable: " + describe(target) +
+                    " is not in the server's ring (it holds " + held +
+                    ") and its producer cannot regenerate chunks; seek to a retained position, "
+                    "or serve with a producer that regenerates (batchcast serve, or "
+                    "Producer(regenerate=...))");
 }
 
 void StreamState::tick(double now) {
@@ -212,6 +387,14 @@ void StreamState::deliver() {
   }
   for (auto& [id, c] : consumers_.all()) {
     while (!c.end_sent && !c.closing) {
+      if (private_.find(id)) {
+        if (deliver_private(c)) break;
+        continue;
+      }
+      if (c.seek) {
+        if (deliver_sought(c)) break;
+        continue;
+      }
       if (finished_ && c.next_seq >= end_seq_ && next_publish_seq_ >= end_seq_) {
         c.end_sent = send_(c.identity, protocol::End{rules_.epochs});
         break;
@@ -219,7 +402,8 @@ void StreamState::deliver() {
       if (c.credits == 0 || c.next_seq >= next_publish_seq_) break;
       auto slot = ring_.find_published(c.next_seq);
       if (!slot) {  // reused before this consumer was sent it (late join, or left behind)
-        c.next_seq = ring_.oldest_published_from(c.next_seq).value_or(next_publish_seq_);
+        auto oldest = ring_.oldest_published_from(c.next_seq);
+        c.next_seq = oldest && !is_private_seq(*oldest) ? *oldest : next_publish_seq_;
         continue;
       }
       const auto& d = descriptors_.at(c.next_seq);
@@ -242,6 +426,67 @@ void StreamState::deliver() {
   }
 }
 
+bool StreamState::deliver_private(ConsumerRecord& c) {
+  auto* p = private_.find(c.id);
+  if (p->until && !(p->next_send < *p->until)) {  // reached its merge chunk
+    ChunkAddress at = p->next_send;
+    abandon(private_.stop(c.id));
+    if (c.next_seq < next_publish_seq_ && !ring_.find_published(c.next_seq))
+      on_seek(c, {at.epoch, at.index * rules_.welcome.server_batch_size}, false);  // left behind
+    return false;
+  }
+  if (end_epoch() && !(p->next_send.epoch < end_epoch())) {
+    c.end_sent = send_(c.identity, protocol::End{rules_.epochs});
+    return true;
+  }
+  private_.top_up(c.id, std::max<uint32_t>(c.credits, 2), chunks_per_epoch(), end_epoch());
+  if (c.credits == 0) return true;
+  auto it = p->ready.find(p->next_send);
+  if (it == p->ready.end()) return true;
+  BatchDescriptor d = it->second;
+  d.position.stream_position = p->stream_position;
+  if (!send_(c.identity, d)) return true;
+  ring_.add_holder(d.slot, c.id);
+  private_.forget(d.seq);
+  --c.credits;
+  counters_.descriptors_sent++;
+  p->stream_position += d.position.sample_count;
+  p->next_send = d.position.epoch_end
+                     ? ChunkAddress{d.position.epoch + 1, 0}
+                     : ChunkAddress{d.position.epoch, d.position.index_in_epoch + 1};
+  p->ready.erase(it);
+  return false;  // loop again: the next private chunk, or the merge
+}
+
+bool StreamState::deliver_sought(ConsumerRecord& c) {
+  if (finished_ && c.next_seq >= end_seq_ && next_publish_seq_ >= end_seq_) {
+    c.seek.reset();  // the stream ended first: End follows
+    return false;
+  }
+  if (c.next_seq >= next_publish_seq_) return true;
+  auto slot = ring_.find_published(c.next_seq);
+  if (!slot) {
+    auto oldest = ring_.oldest_published_from(c.next_seq);
+    c.next_seq = oldest && !is_private_seq(*oldest) ? *oldest : next_publish_seq_;
+    return false;
+  }
+  const auto& p = descriptors_.at(c.next_seq).position;
+  if (before(p, *c.seek)) {
+    if (p.epoch_end && p.epoch == c.seek->epoch) c.seek = protocol::Seek{p.epoch + 1, 0};
+    ring_.mark_passed(*slot);  // passed by choice: it pins nothing for this consumer
+    ++c.next_seq;
+    return false;
+  }
+  protocol::Seek target = *c.seek;
+  if (holds(p, target)) {
+    c.seek.reset();
+    send_(c.identity, protocol::SeekReply{target.epoch, target.sample, true, ""});
+  } else {
+    on_seek(c, target, true);  // it went past (a gap in the stream): regenerate, or refuse
+  }
+  return false;
+}
+
 void StreamState::check_liveness(double now) {
   std::vector<uint64_t> dead;
   for (const auto& [id, c] : consumers_.all()) {
@@ -256,6 +501,7 @@ void StreamState::check_liveness(double now) {
 
 void StreamState::drop_consumer(uint64_t id, const char* why) {
   auto& c = consumers_.all().at(id);
+  abandon(private_.stop(id));
   size_t held = ring_.release_all(id);
   spdlog::info("consumer {} (pid {}) {}; released {} slot reference(s)", id, c.pid, why, held);
   if (departed_.size() >= kMaxDeparted) departed_.erase(departed_.begin());

@@ -18,7 +18,14 @@
 //   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
 // - Late join: within the retained chunks that run without a gap up to the newest, a new
 //   consumer starts at the first epoch start, else at the first chunk; late_join=next_epoch
-//   then skips to an epoch start.
+//   then skips to an epoch start. On a producer that regenerates, a replay joiner that would
+//   start mid-epoch seeks to that epoch's start instead (a whole epoch from its first batch).
+// - Seek (consumer -> (epoch, sample)): a retained chunk holding it becomes the cursor; a
+//   position at most the next epoch ahead of the stream is waited for (pinning nothing); any
+//   other position is regenerated (PrivateStreams: behind by at most an epoch, the consumer
+//   pins a shared chunk a quarter ring past the oldest retained and merges there; further,
+//   private for good) or answered "position unavailable". While a consumer catches up, the
+//   stream's producer keeps that quarter ring reusable for the private chunks.
 // - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
 // - End to every consumer after finish(); fail() sends the error to everyone, also later joiners.
 //
@@ -37,6 +44,7 @@
 
 #include "protocol/messages.h"
 #include "server/consumer_registry.h"
+#include "server/private_streams.h"
 #include "shm/slot_ring.h"
 
 namespace batchcast {
@@ -53,6 +61,9 @@ struct StreamRules {
   double heartbeat_timeout_s = 2.0;  // remote consumers silent this long are dropped
   uint64_t epochs = 0;               // announced in End
   uint64_t epoch_samples = 0;        // for chunks whose producer did not say
+  // The producer can fill any chunk (epoch, index) again, byte for byte (try_acquire_private);
+  // chunks then hold welcome.server_batch_size samples, an epoch's last one fewer.
+  bool regenerates = false;
   // Sent (with consumer_id and epoch_samples filled in) in answer to every Hello; its boot_id
   // tells which consumers are local.
   protocol::Welcome welcome;
@@ -60,6 +71,7 @@ struct StreamRules {
 
 struct ServerStats {
   uint64_t chunks_published = 0;
+  uint64_t chunks_regenerated = 0;  // private chunks filled for consumers catching up
   uint64_t samples_published = 0;
   uint64_t descriptors_sent = 0;
   uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
@@ -93,10 +105,16 @@ class StreamState {
   struct Fill {
     uint64_t seq;
     uint32_t slot;
+    std::optional<ChunkAddress> regenerate;  // a private chunk: fill this chunk of the stream
   };
+  // The stream's next chunk; nullopt after finish(), or while every slot is kept.
   std::optional<Fill> try_acquire(double now);
-  // Chunk `seq` is filled; it goes out once every earlier chunk did. An invalid chunk (a
-  // producer bug) fails the stream.
+  // A chunk to regenerate for a consumer catching up; nullopt while none is asked for or every
+  // slot is kept. Only producers with rules.regenerates call it.
+  std::optional<Fill> try_acquire_private(double now);
+  // Chunk `seq` is filled; a stream chunk goes out once every earlier chunk did, a private one
+  // to its consumer in that consumer's order. An invalid chunk (a producer bug) fails the
+  // stream.
   void publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
                std::vector<protocol::TensorSpec> tensors);
   void finish();                          // no chunk follows the ones acquired so far
@@ -120,10 +138,24 @@ class StreamState {
 
  private:
   void on_hello(const std::string& identity, const protocol::Hello& hello, double now);
+  // Moves `c`'s cursor to `target` (docs/stream.md, "Seek"); `reply`: answer with a SeekReply.
+  void on_seek(ConsumerRecord& c, protocol::Seek target, bool reply);
+  // One step of delivery to a consumer with a private stream (or a pending seek): true when
+  // nothing more can be sent to it now, false to look at it again.
+  bool deliver_private(ConsumerRecord& c);
+  bool deliver_sought(ConsumerRecord& c);
   void deliver();
   void check_liveness(double now);
   void drop_consumer(uint64_t id, const char* why);
   bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
+  uint32_t reusable_slots(double now) const;
+  // First seq of the retained chunks that run without a gap up to the newest published one.
+  uint64_t tail_begin() const;
+  // Where the stream's next chunk will sit: after the newest published one.
+  protocol::Seek stream_next() const;
+  uint64_t chunks_per_epoch() const;  // 0 unless the producer regenerates and both are known
+  uint64_t end_epoch() const;         // first epoch not served (0: unbounded)
+  void abandon(const std::vector<uint32_t>& slots);
 
   StreamRules rules_;
   Send send_;
@@ -140,7 +172,9 @@ class StreamState {
   };
   std::map<uint64_t, Filled> ready_;                           // waiting for their turn
   std::map<uint64_t, protocol::BatchDescriptor> descriptors_;  // by seq, for retained chunks
-  bool started_ = false;                                       // min_consumers reached
+  std::optional<protocol::ChunkPosition> newest_;              // of the last chunk published
+  PrivateStreams private_;
+  bool started_ = false;  // min_consumers reached
   bool finished_ = false;
   uint64_t end_seq_ = 0;
   std::string failure_;

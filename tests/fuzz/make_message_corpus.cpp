@@ -63,5 +63,9 @@ int main(int argc, char** argv) {
   write("goodbye", p::Goodbye{});
   write("end", p::End{3});
   write("error", p::ErrorMessage{"/data/train/cat/001.jpg: truncated JPEG"});
+  write("seek", p::Seek{1, 192});
+  write("seek_reply", p::SeekReply{1, 192, true, ""});
+  write("seek_reply_unavailable",
+        p::SeekReply{0, 64, false, "position unavailable: epoch 0 sample 64 is gone"});
   return 0;
 }

@@ -66,6 +66,23 @@ TEST(Messages, EveryTypeRoundTrips) {
   round_trip(Goodbye{});
   EXPECT_EQ(round_trip(End{4}).epochs, 4u);
   EXPECT_EQ(round_trip(ErrorMessage{"img.jpg: truncated"}).message, "img.jpg: truncated");
+  auto seek = round_trip(Seek{3, 130});
+  EXPECT_EQ(seek.epoch, 3u);
+  EXPECT_EQ(seek.sample, 130u);
+  auto reply = round_trip(SeekReply{3, 130, false, "position unavailable"});
+  EXPECT_EQ(reply.epoch, 3u);
+  EXPECT_EQ(reply.sample, 130u);
+  EXPECT_FALSE(reply.available);
+  EXPECT_EQ(reply.message, "position unavailable");
+  EXPECT_TRUE(round_trip(SeekReply{1, 0, true, ""}).available);
+}
+
+// Version 2 only added types: the frames of version 1's messages keep their bodies, and the
+// new types take the next codes.
+TEST(Messages, NewTypesAreAppended) {
+  EXPECT_EQ(encode(Seek{}).substr(6, 2), std::string("\x0a\x00", 2));
+  EXPECT_EQ(encode(SeekReply{}).substr(6, 2), std::string("\x0b\x00", 2));
+  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x02\x00\x08\x00\x04\0\0\0\0\0\0\0", 12));
 }
 
 std::string rejected(const std::string& bytes) {
@@ -126,6 +143,9 @@ TEST(Messages, FieldsOutOfRangeAreRejected) {
   EXPECT_NE(rejected(hb).find("late_join"), std::string::npos);
   std::string long_name(kMaxString + 1, 'n');
   EXPECT_NE(rejected(encode(ErrorMessage{long_name})).find("string"), std::string::npos);
+  auto reply = encode(SeekReply{1, 2, true, ""});
+  reply[reply.size() - 3] = 2;  // available
+  EXPECT_NE(rejected(reply).find("seek reply"), std::string::npos);
 }
 
 TEST(Messages, DescriptorsAreCheckedAgainstThePool) {
