@@ -42,7 +42,7 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
   // A consumer catching up pins its merge chunk and everything after it: the stream's chunks
   // must leave it slots for its private ones, or it would never reach the merge chunk.
-  if ((private_.catching_up() || private_.next_request()) &&
+  if (private_.catching_up() &&
       reusable_slots(now) <= std::max<uint32_t>(1, rules_.slot_count / 4)) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
@@ -300,7 +300,9 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
   abandon(private_.stop(c.id));
   c.seek.reset();
   c.waiting_epoch_start = false;
-  if (rules_.epoch_samples && target.sample >= rules_.epoch_samples)
+  const uint64_t epoch_samples =
+      rules_.epoch_samples ? rules_.epoch_samples : (newest_ ? newest_->epoch_samples : 0);
+  if (epoch_samples && target.sample >= epoch_samples)
     target = {target.epoch + 1, 0};  // the end of an epoch is the start of the next
   auto answer = [&](bool available, const std::string& message) {
     if (reply)
@@ -439,7 +441,8 @@ bool StreamState::deliver_private(ConsumerRecord& c) {
     c.end_sent = send_(c.identity, protocol::End{rules_.epochs});
     return true;
   }
-  private_.top_up(c.id, std::max<uint32_t>(c.credits, 2), chunks_per_epoch(), end_epoch());
+  // Asked ahead as far as its credits: no more of its chunks wait in slots than it can take.
+  private_.top_up(c.id, c.credits, chunks_per_epoch(), end_epoch());
   if (c.credits == 0) return true;
   auto it = p->ready.find(p->next_send);
   if (it == p->ready.end()) return true;

@@ -19,7 +19,18 @@ using protocol::Message;
 constexpr uint32_t kChunk = 4;  // samples per chunk
 constexpr const char* kBoot = "this-host";
 
-StreamRules rules(uint32_t slots, uint32_t min_consumers = 1) {
+StreamRules rules(uint32_t slots, uint32_t min_consumers = 1);
+
+// Rules of a producer that regenerates, with epochs of `per_epoch` chunks.
+StreamRules regenerating(uint32_t slots, uint64_t per_epoch) {
+  StreamRules r = rules(slots);
+  r.regenerates = true;
+  r.welcome.server_batch_size = kChunk;
+  r.epoch_samples = per_epoch * kChunk;
+  return r;
+}
+
+StreamRules rules(uint32_t slots, uint32_t min_consumers) {
   StreamRules r;
   r.slot_count = slots;
   r.slot_bytes = 4096;
@@ -75,9 +86,19 @@ class Stream {
   // Acquires and publishes the next chunk: chunk `index` of `epoch`, `per_epoch` chunks an epoch.
   std::optional<StreamState::Fill> fill() { return state.try_acquire(now); }
   void publish(const StreamState::Fill& f, uint64_t per_epoch) {
+    publish_at(f, f.seq / per_epoch, f.seq % per_epoch, per_epoch);
+  }
+  // Fills every private chunk asked for, as a regenerating producer does; returns how many.
+  int regenerate(uint64_t per_epoch) {
+    int n = 0;
+    for (auto f = state.try_acquire_private(now); f; f = state.try_acquire_private(now), ++n)
+      publish_at(*f, f->regenerate->epoch, f->regenerate->index, per_epoch);
+    return n;
+  }
+  void publish_at(const StreamState::Fill& f, uint64_t epoch, uint64_t index, uint64_t per_epoch) {
     protocol::ChunkPosition p;
-    p.epoch = f.seq / per_epoch;
-    p.index_in_epoch = f.seq % per_epoch;
+    p.epoch = epoch;
+    p.index_in_epoch = index;
     p.sample_start = p.index_in_epoch * kChunk;
     p.sample_count = kChunk;
     p.epoch_samples = per_epoch * kChunk;
@@ -591,5 +612,182 @@ TEST(StreamState, ProducerBlockedTimeIsTheTimeAcquireWasRefused) {
   EXPECT_DOUBLE_EQ(s.state.stats().producer_blocked_s, 1.5);
 }
 
+// --- Seek, catch-up and break (docs/stream.md, "Positions") ---
+
+using protocol::Seek;
+using protocol::SeekReply;
+
+std::vector<uint64_t> indexes(const std::vector<BatchDescriptor>& ds) {
+  std::vector<uint64_t> out;
+  for (const auto& d : ds) out.push_back(d.position.epoch * 1000 + d.position.index_in_epoch);
+  return out;
+}
+
+TEST(StreamState, ASeekIntoARetainedChunkMovesTheCursorThere) {
+  Stream s(rules(8));
+  s.join("a", 100);
+  s.produce(6, /*per_epoch=*/4);
+  s.tick();
+  EXPECT_EQ(s.consume("a"), (Seqs{0, 1, 2, 3, 4, 5}));
+  s.send("a", Seek{0, 5});
+  s.tick();
+  auto replies = s.take<SeekReply>("a");
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].available);
+  EXPECT_EQ(s.consume("a"), (Seqs{1, 2, 3, 4, 5})) << "from the chunk holding sample 5";
+  s.send("a", Seek{0, 16});  // the end of epoch 0 is the start of epoch 1
+  s.tick();
+  EXPECT_EQ(s.consume("a"), (Seqs{4, 5}));
+}
+
+TEST(StreamState, ASeekAheadWaitsForItsChunkAndPinsNothingBeforeIt) {
+  Stream s(rules(3));
+  s.join("a", 100);
+  s.join("b", 100);
+  s.send("b", Seek{1, 0});  // epoch 1 starts at chunk 4
+  EXPECT_EQ(s.produce_until_refused(4), 3);
+  s.tick();
+  EXPECT_EQ(s.consume("a"), (Seqs{0, 1, 2}));
+  EXPECT_EQ(s.seqs("b"), Seqs{}) << "chunks before its position are not sent";
+  EXPECT_TRUE(s.take<SeekReply>("b").empty()) << "answered once its chunk is there";
+  s.produce(2, 4);  // b pins none of chunks 0-2
+  s.tick();
+  auto replies = s.take<SeekReply>("b");
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].available);
+  EXPECT_EQ(s.consume("b"), (Seqs{4}));
+}
+
+TEST(StreamState, AGonePositionIsRefusedWithoutRegenerationAndTheConsumerStays) {
+  Stream s(rules(2));
+  s.join("a", 100);
+  for (int i = 0; i < 4; ++i) {
+    s.produce(1, 100);
+    s.tick();
+    s.consume("a");
+  }
+  s.send("a", Seek{0, 0});
+  s.tick();
+  auto replies = s.take<SeekReply>("a");
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_FALSE(replies[0].available);
+  EXPECT_NE(replies[0].message.find("position unavailable: epoch 0 sample 0"), std::string::npos)
+      << replies[0].message;
+  EXPECT_NE(replies[0].message.find("from epoch 0 sample 8"), std::string::npos)
+      << "names what the server holds: " << replies[0].message;
+  EXPECT_TRUE(s.take<protocol::ErrorMessage>("a").empty()) << "not a stream failure";
+  s.send("a", Seek{0, 13});  // chunk 3 is retained
+  s.tick();
+  replies = s.take<SeekReply>("a");
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].available);
+  EXPECT_EQ(s.consume("a"), (Seqs{3}));
+}
+
+TEST(StreamState, ABreakSeekToTheNextEpochReleasesTheChunksItSkipped) {
+  Stream s(rules(4));
+  s.join("a", 100);
+  s.join("b", 1);
+  EXPECT_EQ(s.produce_until_refused(8), 4);
+  s.tick();
+  s.consume("a");
+  auto b = s.take<BatchDescriptor>("b");
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_FALSE(s.fill()) << "b holds chunk 0 and pins chunks 1-3";
+  s.send("b", Seek{1, 0});  // b left epoch 0 after one batch
+  s.release("b", b[0]);     // its batch is gone: its client lets the chunk go at once
+  s.credit("b", 1);
+  s.tick();
+  EXPECT_EQ(s.produce_until_refused(8), 4) << "nothing b skipped is pinned any more";
+  s.tick();
+  EXPECT_EQ(s.seqs("b"), Seqs{}) << "epoch 1 starts at chunk 8";
+}
+
+TEST(StreamState, ALateJoinerCatchesUpOnRegeneratedChunksThenMergesIntoTheStream) {
+  const uint64_t per_epoch = 100;
+  Stream s(regenerating(8, per_epoch));
+  s.join("a", 100);
+  for (int i = 0; i < 12; ++i) {  // a is 12 chunks into epoch 0; chunks 0-3 are gone
+    s.produce(1, per_epoch);
+    s.tick();
+    s.consume("a");
+  }
+  s.join("b", 2);  // replay: the whole epoch, not a partial one from chunk 4
+  std::vector<BatchDescriptor> got;
+  for (int round = 0; round < 40 && got.size() < 20; ++round) {
+    s.regenerate(per_epoch);
+    if (auto f = s.fill()) s.publish(*f, per_epoch);
+    s.tick();
+    for (auto& d : s.take<BatchDescriptor>("b")) {
+      got.push_back(d);
+      s.release("b", d);
+      s.credit("b", 1);
+    }
+    s.consume("a");
+  }
+  ASSERT_GE(got.size(), 20u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].position.index_in_epoch, i) << "every chunk of the epoch, in order";
+    if (i) {
+      EXPECT_EQ(got[i].position.stream_position, got[i - 1].position.stream_position + kChunk)
+          << "no gap: nothing reported missed";
+    }
+  }
+  EXPECT_TRUE(is_private_seq(got.front().seq)) << "chunk 0 was regenerated";
+  EXPECT_FALSE(is_private_seq(got.back().seq)) << "b merged into the shared stream";
+  auto stats = s.state.stats();
+  EXPECT_GE(stats.chunks_regenerated, 4u);
+  EXPECT_LE(stats.chunks_regenerated, 6u) << "only what the ring had lost, and a quarter ring";
+}
+
+TEST(StreamState, ARegeneratedChunkGoesToItsConsumerOnlyAndItsSlotIsReusedAfterRelease) {
+  const uint64_t per_epoch = 100;
+  Stream s(regenerating(4, per_epoch));
+  s.join("a", 100);
+  for (int i = 0; i < 6; ++i) {
+    s.produce(1, per_epoch);
+    s.tick();
+    s.consume("a");
+  }
+  s.hello("b", protocol::LateJoin::kNextEpoch);
+  s.credit("b", 1);
+  s.send("b", Seek{0, 0});
+  s.tick();
+  EXPECT_TRUE(s.take<SeekReply>("b").front().available);
+  EXPECT_EQ(s.regenerate(per_epoch), 1) << "asked ahead as far as its credits";
+  s.tick();
+  auto b = s.take<BatchDescriptor>("b");
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].position.index_in_epoch, 0u);
+  EXPECT_TRUE(s.seqs("a").empty()) << "private chunks go to their consumer only";
+  EXPECT_EQ(s.regenerate(per_epoch), 0) << "its slots are held";
+  s.release("b", b[0]);
+  s.credit("b", 1);
+  s.tick();
+  EXPECT_EQ(s.regenerate(per_epoch), 1) << "the released slot took the next private chunk";
+  s.tick();
+  b = s.take<BatchDescriptor>("b");
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].position.index_in_epoch, 1u);
+}
+
+TEST(StreamState, APositionMoreThanAnEpochAwayIsPrivateForGoodAndPinsNothing) {
+  const uint64_t per_epoch = 4;
+  StreamRules r = regenerating(4, per_epoch);
+  r.epochs = 0;
+  Stream s(r);
+  s.join("a", 100);
+  s.join("b", 2);
+  s.send("b", Seek{5, 4});  // epoch 5 chunk 1, far ahead of the stream
+  s.tick();
+  EXPECT_TRUE(s.take<SeekReply>("b").front().available);
+  EXPECT_EQ(s.regenerate(per_epoch), 2);
+  s.tick();
+  EXPECT_EQ(indexes(s.take<BatchDescriptor>("b")), (Seqs{5001, 5002}));
+  s.produce(2, per_epoch);
+  s.tick();
+  EXPECT_EQ(s.consume("a"), (Seqs{0, 1}));
+  EXPECT_EQ(s.produce_until_refused(per_epoch), 2) << "b pins no shared chunk";
+}
 }  // namespace
 }  // namespace batchcast
