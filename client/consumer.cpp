@@ -94,8 +94,22 @@ std::shared_ptr<ChunkRef> Consumer::pop_chunk() {
   return std::make_shared<ChunkRef>(session_, std::move(*d));
 }
 
+void Consumer::seek(uint64_t epoch, uint64_t sample) { pending_seek_ = {epoch, sample}; }
+
+std::pair<uint64_t, uint64_t> Consumer::position() const {
+  if (pending_seek_) return {pending_seek_->epoch, pending_seek_->sample};
+  return rebatcher_.position();
+}
+
 std::shared_ptr<Batch> Consumer::next() {
   if (!session_) throw Error("consumer is closed");
+  if (pending_seek_) {
+    assembler_->discard();
+    chunk_.reset();
+    rebatcher_.seek(pending_seek_->epoch, pending_seek_->sample);
+    session_->seek(*pending_seek_);
+    pending_seek_.reset();
+  }
   while (true) {
     auto step = rebatcher_.step();
     if (!rebatcher_.holds_chunk()) chunk_.reset();  // its slot goes back before we wait

@@ -19,7 +19,10 @@
 //   "server failed: REASON ..."  Error from next() (the server's error message), or from the
 //                         constructor when the server recorded a failure and exited (ipc
 //                         endpoints: protocol::failure_record_path);
-// and TimeoutError ("no data ...") from next() when a live server sends nothing in timeout_s.
+// TimeoutError ("no data ...") from next() when a live server sends nothing in timeout_s (never
+// with timeout_s <= 0: then only a dead or silent server ends the wait, as ServerGoneError),
+// and PositionUnavailableError ("position unavailable: ...") from the next() after a seek()
+// the server refused.
 // While no server answers, the constructor calls options.on_waiting after 1 s and every 10 s
 // (spdlog info when it is empty).
 // Thread-safety: one thread at a time may call next(); Batches may be destroyed on any thread.
@@ -46,6 +49,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "client/rebatcher.h"
@@ -150,6 +154,18 @@ class Consumer {
   bool finished() const { return rebatcher_.finished(); }
   // Epoch of the batches being yielded (the last one started).
   uint64_t epoch() const { return rebatcher_.epoch(); }
+  // Moves to sample `sample` of epoch `epoch`, for the next iteration: the next next() starts
+  // there and yields the rest of that epoch (then the epochs after it). What was in flight for
+  // the old position is released unread. To leave an epoch early (break), seek to
+  // (position().first + 1, 0): nothing of the rest is drained. Positions the server no longer
+  // holds are regenerated where its producer can; else next() throws PositionUnavailableError
+  // and the consumer goes on at the stream's newest chunk unless it seeks again
+  // (docs/stream.md, "Positions").
+  void seek(uint64_t epoch, uint64_t sample = 0);
+  // (epoch, sample in epoch) of the next sample next() will yield, as Rebatcher::position()
+  // says; the pending seek's target once seek() was called. Resuming a consumer at this
+  // position (seek) continues exactly where this one stopped.
+  std::pair<uint64_t, uint64_t> position() const;
   uint32_t batch_size() const { return rebatcher_.batch_size(); }
   // Batches per whole epoch; nullopt while the server does not know the epoch's length.
   std::optional<uint64_t> batches_per_epoch() const;
@@ -167,6 +183,7 @@ class Consumer {
   Rebatcher rebatcher_;
   std::unique_ptr<Assembler> assembler_;
   std::shared_ptr<ChunkRef> chunk_;  // the chunk the rebatcher cuts (the last one received)
+  std::optional<protocol::Seek> pending_seek_;  // applied by the next next()
   ConsumerStats stats_;
 };
 

@@ -19,7 +19,8 @@ Rebatcher::Rebatcher(uint32_t batch_size, bool drop_last, uint64_t first_epoch,
     : batch_size_(batch_size),
       drop_last_(drop_last),
       epoch_(first_epoch),
-      epoch_samples_(announced_epoch_samples) {}
+      epoch_samples_(announced_epoch_samples),
+      next_(first_epoch, 0) {}
 
 std::optional<uint64_t> Rebatcher::batches_per_epoch() const {
   if (epoch_samples_ == 0) return std::nullopt;
@@ -30,7 +31,7 @@ std::optional<uint64_t> Rebatcher::batches_per_epoch() const {
 Rebatcher::Step Rebatcher::step() {
   if (pending_epoch_end_) {
     pending_epoch_end_ = false;
-    return step_of(Step::kEpochEnd);
+    return epoch_end();
   }
   if (batch_.size == batch_size_) return take_batch();
   if (!current_ || pos_ == current_->sample_count) {
@@ -63,7 +64,22 @@ Rebatcher::Step Rebatcher::step() {
 void Rebatcher::push(const protocol::ChunkPosition& c) {
   // Samples this consumer will never see: the part of the epoch before a late join, or chunks
   // reused before it was sent them (left behind under stall_policy=skip). Counted now, so the
-  // epoch they cut short already reports them.
+  // epoch they cut short already reports them. Samples before a sought position were asked
+  // away, not missed.
+  if (sought_) {
+    auto [epoch, sample] = *sought_;
+    sought_.reset();
+    expected_position_ = c.stream_position + c.sample_count;
+    if (c.epoch_samples) epoch_samples_ = c.epoch_samples;
+    epoch_open_ = true;
+    epoch_ = c.epoch;
+    current_ = c;
+    pos_ = 0;
+    if (c.epoch == epoch && sample > c.sample_start && sample < c.sample_start + c.sample_count)
+      pos_ = static_cast<uint32_t>(sample - c.sample_start);
+    next_ = {c.epoch, c.sample_start + pos_};
+    return;
+  }
   if (!expected_position_)
     skipped_ += c.sample_start;
   else if (c.stream_position > *expected_position_)
@@ -77,6 +93,7 @@ void Rebatcher::push(const protocol::ChunkPosition& c) {
   if (!epoch_open_) {
     epoch_open_ = true;
     epoch_ = c.epoch;
+    next_ = {c.epoch, c.sample_start};
   }
   current_ = c;
   pos_ = 0;
@@ -84,19 +101,37 @@ void Rebatcher::push(const protocol::ChunkPosition& c) {
 
 void Rebatcher::end_of_stream() { stream_ended_ = true; }
 
+void Rebatcher::seek(uint64_t epoch, uint64_t sample) {
+  current_.reset();
+  stash_.reset();
+  pos_ = 0;
+  batch_ = {};
+  epoch_open_ = false;
+  pending_epoch_end_ = false;
+  epoch_ = epoch;
+  next_ = {epoch, sample};
+  sought_ = next_;
+}
+
 Rebatcher::Step Rebatcher::close_epoch() {
   epoch_open_ = false;
   if (batch_.size == 0 || (drop_last_ && batch_.size < batch_size_)) {
     batch_ = {};
-    return step_of(Step::kEpochEnd);
+    return epoch_end();
   }
   pending_epoch_end_ = true;
   return take_batch();
 }
 
+Rebatcher::Step Rebatcher::epoch_end() {
+  next_ = {epoch_ + 1, 0};
+  return step_of(Step::kEpochEnd);
+}
+
 Rebatcher::Step Rebatcher::take_batch() {
   Step s = step_of(Step::kBatch);
   s.batch = batch_;
+  next_ = {batch_.epoch, batch_.sample_start + batch_.size};
   batch_ = {};
   return s;
 }

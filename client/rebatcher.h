@@ -16,6 +16,9 @@
 //   kPiece      rows [start, start+count) of the chunk pushed last are the batch's next rows;
 //   kBatch      the pieces since the previous kBatch/kEpochEnd form one batch (`batch`);
 //   kEpochEnd   the epoch is over; pieces not yet in a batch are dropped (drop_last).
+// seek(epoch, sample) forgets the chunk being cut and the batch being built: the next chunk
+// pushed is the one holding that sample, its rows before it are dropped (asked away, not
+// counted as skipped) and the epoch then yielded is the rest of that epoch.
 // After the stream ended, every step() is kEpochEnd. holds_chunk() says whether the chunk
 // pushed last may still yield pieces: once it is false the caller can let that chunk go.
 // Thread-safety: none (one consumer thread). Ownership: a plain value.
@@ -23,6 +26,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "protocol/messages.h"
 
@@ -51,12 +55,18 @@ class Rebatcher {
   Step step();
   void push(const protocol::ChunkPosition& chunk);  // answers kNeedChunk
   void end_of_stream();                             // answers kNeedChunk: no chunk follows
+  void seek(uint64_t epoch, uint64_t sample);
 
   bool holds_chunk() const { return current_.has_value() || stash_.has_value(); }
   // The stream ended and every chunk was cut: step() only ever returns kEpochEnd now.
   bool finished() const { return stream_ended_ && !holds_chunk(); }
   // The epoch of the batches being cut (the last one started).
   uint64_t epoch() const { return epoch_; }
+  // (epoch, sample in epoch) of the next sample a batch will hold: after a batch, the sample
+  // after it; after an epoch's end, the next epoch's first; after seek(), the position sought;
+  // before any batch, the first chunk's first sample (the announced first epoch's start until a
+  // chunk came).
+  std::pair<uint64_t, uint64_t> position() const { return next_; }
   uint32_t batch_size() const { return batch_size_; }
   // Batches per whole epoch; nullopt while the epoch's length is unknown.
   std::optional<uint64_t> batches_per_epoch() const;
@@ -64,6 +74,7 @@ class Rebatcher {
 
  private:
   Step close_epoch();
+  Step epoch_end();
   Step take_batch();
 
   uint32_t batch_size_;
@@ -80,6 +91,8 @@ class Rebatcher {
   BatchSpan batch_;                            // the batch being cut (size: rows so far)
   std::optional<uint64_t> expected_position_;  // stream position the next chunk should have
   uint64_t skipped_ = 0;
+  std::pair<uint64_t, uint64_t> next_;                   // position()
+  std::optional<std::pair<uint64_t, uint64_t>> sought_;  // seek() target, until its chunk came
 };
 
 }  // namespace batchcast

@@ -150,6 +150,21 @@ void Session::release(protocol::Release release, std::vector<std::shared_ptr<Rel
   wake();
 }
 
+void Session::seek(protocol::Seek target) {
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& d : queue_) {
+      outbox_.push_back(protocol::Release{d.seq, d.slot});
+      outbox_.push_back(protocol::Credit{1});
+    }
+    queue_.clear();
+    position_error_.clear();
+    ++seeks_unanswered_;
+    outbox_.push_back(target);
+  }
+  wake();
+}
+
 void Session::goodbye() {
   {
     // Chunks delivered but never read are released now, and any arriving later too: the
@@ -168,6 +183,11 @@ std::optional<protocol::BatchDescriptor> Session::pop(double timeout_s, double* 
   double start = monotonic_seconds();
   double deadline = deadline_from(timeout_s);
   while (queue_.empty()) {
+    if (!position_error_.empty()) {
+      std::string message = std::move(position_error_);
+      position_error_.clear();
+      throw PositionUnavailableError(message + " (batchcast server at " + endpoint_ + ")");
+    }
     if (!server_error_.empty())
       throw Error("server failed: " + server_error_ + " (reported by the batchcast server at " +
                   endpoint_ + ")");
@@ -200,6 +220,11 @@ void Session::on_message(const void* data, size_t size, double now) {
   last_heard_ = now;
   std::lock_guard lk(mu_);
   if (auto* d = std::get_if<protocol::BatchDescriptor>(&*r.message)) {
+    if (seeks_unanswered_) {  // sent for the cursor before the seek: let it go unread
+      outbox_.push_back(protocol::Release{d->seq, d->slot});
+      outbox_.push_back(protocol::Credit{1});
+      return;
+    }
     auto invalid = protocol::validate_descriptor(*d, welcome_.slot_count, welcome_.slot_bytes);
     if (invalid.empty() && memory_.pool().slot_seq(d->slot) != d->seq)
       invalid =
@@ -217,6 +242,9 @@ void Session::on_message(const void* data, size_t size, double now) {
     queue_.push_back(std::move(*d));
   } else if (std::holds_alternative<protocol::End>(*r.message)) {
     ended_ = true;
+  } else if (auto* reply = std::get_if<protocol::SeekReply>(&*r.message)) {
+    if (seeks_unanswered_ && --seeks_unanswered_ == 0 && !reply->available)
+      position_error_ = reply->message;
   } else if (auto* e = std::get_if<protocol::ErrorMessage>(&*r.message)) {
     server_error_ = e->message;
   } else if (!std::holds_alternative<protocol::Heartbeat>(*r.message)) {

@@ -3,7 +3,8 @@
 // The constructor does the handshake on the caller's thread (Hello, then Welcome within
 // timeout_s) and maps the pool (SlotMemory). Then an I/O thread owns the DEALER socket: it
 // receives descriptors, heartbeats, End and errors, and sends the credits, releases and
-// heartbeats other threads queue (woken through an eventfd). It heartbeats every
+// heartbeats other threads queue (woken through an eventfd). A seek() drops what was sent for
+// the old cursor until the server answers it. It heartbeats every
 // heartbeat_interval_s and watches the server: by pid on the same host, by silence past the
 // heartbeat timeout otherwise; pop() then throws ServerGoneError instead of waiting forever.
 //
@@ -52,9 +53,14 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   // Blocks for the next descriptor. nullopt once End was received and the queue is empty.
-  // Throws Error (the server's message), ServerGoneError, or TimeoutError (after timeout_s).
+  // Throws Error (the server's message), ServerGoneError, TimeoutError (after timeout_s, unless
+  // timeout_s <= 0), or PositionUnavailableError (the server's answer to the last seek()).
   std::optional<protocol::BatchDescriptor> pop(double timeout_s, double* waited);
   void post(protocol::Message message);
+  // Asks the server to move this consumer's cursor. Descriptors queued or in flight until the
+  // server's SeekReply were sent for the old cursor: they are released unread (their credits
+  // given back), so the next pop() returns the sought position's chunk.
+  void seek(protocol::Seek target);
   // Sends the Release for a chunk once every fence in `after` has passed (at once if none).
   void release(protocol::Release release, std::vector<std::shared_ptr<ReleaseFence>> after);
   void goodbye();
@@ -94,6 +100,8 @@ class Session {
   std::vector<protocol::Message> outbox_;
   std::vector<PendingRelease> pending_;  // taken by the I/O thread
   bool ended_ = false;
+  uint32_t seeks_unanswered_ = 0;  // descriptors arriving meanwhile are stale
+  std::string position_error_;     // the last seek was refused; pop() raises it once
   bool gone_ = false;
   bool stopping_ = false;
   bool leaving_ = false;  // goodbye() was posted: chunks that arrive are released at once

@@ -34,6 +34,13 @@ class ServerGoneError : public Error {
   using Error::Error;
 };
 
+// A position asked of the server (Consumer::seek) that it no longer holds and cannot produce
+// again; the consumer stays attached and may seek elsewhere.
+class PositionUnavailableError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A wait ran out; raised by blocking consumer calls whose caller asked for a deadline.
 class TimeoutError : public Error {
  public:

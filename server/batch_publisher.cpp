@@ -56,28 +56,46 @@ SlotLayout plan_batch(const std::vector<HostTensor>& tensors) {
   return SlotLayout::plan(rows, static_cast<uint32_t>(samples));
 }
 
-bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
-                   protocol::ChunkPosition position) {
+namespace {
+
+// The slot layout of `tensors`, checked against the core's slots.
+SlotLayout plan_for(const ServerCore& core, const std::vector<HostTensor>& tensors) {
   SlotLayout layout = plan_batch(tensors);
   if (layout.bytes > core.memory().pool().slot_bytes())
     throw Error("a batch of " + std::to_string(layout.bytes) + " bytes does not fit the " +
                 std::to_string(core.memory().pool().slot_bytes()) +
                 "-byte slots; give larger slots");
+  return layout;
+}
+
+void copy_and_publish(ServerCore& core, const FillLease& lease, const SlotLayout& layout,
+                      const std::vector<HostTensor>& tensors, protocol::ChunkPosition position) {
   position.sample_count = static_cast<uint32_t>(tensors[0].shape[0]);
   std::vector<protocol::TensorSpec> specs;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     specs.push_back({t.name, t.dtype, t.shape, contiguous_strides(t.shape), layout.offsets[i]});
+    uint64_t bytes = dtype_size(t.dtype);
+    for (auto d : t.shape) bytes *= static_cast<uint64_t>(d);
+    if (bytes) std::memcpy(lease.data + layout.offsets[i], t.data, bytes);
   }
+  core.publish(lease, position, std::move(specs));
+}
+
+}  // namespace
+
+bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
+                   protocol::ChunkPosition position) {
+  SlotLayout layout = plan_for(core, tensors);
   auto lease = core.acquire();
   if (!lease) return false;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    uint64_t bytes = dtype_size(tensors[i].dtype);
-    for (auto d : tensors[i].shape) bytes *= static_cast<uint64_t>(d);
-    if (bytes) std::memcpy(lease->data + layout.offsets[i], tensors[i].data, bytes);
-  }
-  core.publish(*lease, position, std::move(specs));
+  copy_and_publish(core, *lease, layout, tensors, position);
   return true;
+}
+
+void publish_batch_into(ServerCore& core, const FillLease& lease,
+                        const std::vector<HostTensor>& tensors, protocol::ChunkPosition position) {
+  copy_and_publish(core, lease, plan_for(core, tensors), tensors, position);
 }
 
 }  // namespace batchcast

@@ -43,5 +43,9 @@ SlotLayout plan_batch(const std::vector<HostTensor>& tensors);
 // batch is malformed or larger than the core's slots.
 bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
                    protocol::ChunkPosition position);
+// The same into a slot already leased (ServerCore::acquire_private()): a regenerated chunk.
+// Throws Error, before writing, when the batch is malformed or larger than the slot.
+void publish_batch_into(ServerCore& core, const FillLease& lease,
+                        const std::vector<HostTensor>& tensors, protocol::ChunkPosition position);
 
 }  // namespace batchcast

@@ -124,45 +124,76 @@ bool SampleProducer::run() {
     });
   }
 
+  const uint64_t epoch_samples = plan_.epoch_samples();
+  const uint64_t chunks = (epoch_samples + options_.batch_size - 1) / options_.batch_size;
+  // Queues the samples of chunk `c` of epoch `e` (in `order`) for the workers to fill into the
+  // leased slot. False if the stage refused the slot (the stream failed).
+  auto position_of = [&](uint64_t e, uint64_t c) {
+    protocol::ChunkPosition pos;
+    pos.epoch = e;
+    pos.index_in_epoch = c;
+    pos.sample_start = c * options_.batch_size;
+    pos.sample_count = static_cast<uint32_t>(
+        std::min<uint64_t>(options_.batch_size, epoch_samples - pos.sample_start));
+    pos.epoch_samples = epoch_samples;
+    pos.epoch_end = c + 1 == chunks;
+    return pos;
+  };
+  auto submit = [&](const FillLease& lease, uint64_t e, uint64_t c,
+                    std::shared_ptr<const std::vector<uint64_t>> order) {
+    auto job = std::make_shared<ChunkJob>();
+    job->lease = lease;
+    try {
+      if (options_.stage) options_.stage->begin(lease.slot);
+    } catch (const std::exception& ex) {
+      failed = true;
+      core_.fail(ex.what());
+      return false;
+    }
+    job->order = std::move(order);
+    job->position = position_of(e, c);
+    const auto& pos = job->position;
+    job->tensors = slot_layout_.specs(slot_tensors_, pos.sample_count);
+    job->remaining = pos.sample_count;
+    for (uint32_t p = 0; p < pos.sample_count; ++p) queue.push({job, p});
+    return true;
+  };
+  // Chunks asked for again by consumers catching up, until every consumer got End.
+  std::thread regenerating;
+  if (core_.regenerates()) {
+    regenerating = std::thread([&] {
+      std::shared_ptr<const std::vector<uint64_t>> order;  // of `order_epoch`: usually one epoch
+      uint64_t order_epoch = 0;
+      while (auto lease = core_.acquire_private(-1)) {
+        const ChunkAddress at = *lease->regenerate;
+        if (at.index >= chunks) {
+          core_.fail("a consumer asked for chunk " + std::to_string(at.index) + " of epoch " +
+                     std::to_string(at.epoch) + ", which has " + std::to_string(chunks));
+          return;
+        }
+        if (!order || order_epoch != at.epoch) {
+          order = std::make_shared<const std::vector<uint64_t>>(plan_.epoch_order(at.epoch));
+          order_epoch = at.epoch;
+        }
+        if (failed || !submit(*lease, at.epoch, at.index, order)) return;
+      }
+    });
+  }
+
   bool ok = true;
-  uint64_t epoch_samples = plan_.epoch_samples();
   for (uint64_t e = options_.first_epoch;
        ok && (options_.epochs == 0 || e < options_.first_epoch + options_.epochs); ++e) {
     auto order = std::make_shared<const std::vector<uint64_t>>(plan_.epoch_order(e));
-    uint64_t chunks = (epoch_samples + options_.batch_size - 1) / options_.batch_size;
-    for (uint64_t c = 0; c < chunks; ++c) {
+    for (uint64_t c = 0; ok && c < chunks; ++c) {
+      if (core_.skip_unwanted(position_of(e, c))) continue;  // every consumer left it (break)
       auto lease = core_.acquire();
-      if (!lease || failed) {
-        ok = false;
-        break;
-      }
-      auto job = std::make_shared<ChunkJob>();
-      job->lease = *lease;
-      try {
-        if (options_.stage) options_.stage->begin(lease->slot);
-      } catch (const std::exception& e) {
-        failed = true;
-        core_.fail(e.what());
-        ok = false;
-        break;
-      }
-      job->order = order;
-      auto& pos = job->position;
-      pos.epoch = e;
-      pos.index_in_epoch = c;
-      pos.sample_start = c * options_.batch_size;
-      pos.sample_count = static_cast<uint32_t>(
-          std::min<uint64_t>(options_.batch_size, epoch_samples - pos.sample_start));
-      pos.epoch_samples = epoch_samples;
-      pos.epoch_end = c + 1 == chunks;
-      job->tensors = slot_layout_.specs(slot_tensors_, pos.sample_count);
-      job->remaining = pos.sample_count;
-      for (uint32_t p = 0; p < pos.sample_count; ++p) queue.push({job, p});
+      ok = lease && !failed && submit(*lease, e, c, order);
     }
   }
+  if (ok && !failed) core_.finish();
+  if (regenerating.joinable()) regenerating.join();
   queue.close();
   for (auto& w : workers) w.join();
-  if (ok && !failed) core_.finish();
   return ok && !failed;
 }
 

@@ -7,6 +7,11 @@
 // instead, and the last worker of a chunk has the stage upload it into its device slot before
 // publishing.
 //
+// Regeneration: a chunk's content is a function of (seed, epoch, chunk index) (the plan's order
+// comes from (seed, epoch), each sample's augmentation from (seed, epoch, index)), so on a core
+// that regenerates, a second thread serves acquire_private() with the same workers, producing
+// any chunk again byte for byte for consumers catching up; run() then returns once every
+// consumer got End.
 // Bad samples: on_error=raise fails the stream with the file and reason (consumers get the
 // error); skip fills the position from the next good sample of the epoch's order and counts it.
 // Thread-safety: run() once, from one thread; stop() from any thread.

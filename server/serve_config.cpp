@@ -111,6 +111,7 @@ ServerOptions ServeConfig::server_options(const SampleSource& source,
   so.min_consumers = min_consumers;
   so.stall_policy = stall_policy;
   so.stall_timeout_s = stall_timeout;
+  so.regenerates = true;  // SampleProducer: a chunk is a function of (seed, epoch, index)
   return so;
 }
 

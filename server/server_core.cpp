@@ -114,6 +114,7 @@ ServerCore::ServerCore(ServerOptions options)
   rules.heartbeat_timeout_s = options_.heartbeat_timeout_s;
   rules.epochs = options_.epochs;
   rules.epoch_samples = options_.epoch_samples;
+  rules.regenerates = options_.regenerates;
   rules.welcome = welcome();
   state_.emplace(
       std::move(rules),
@@ -172,11 +173,36 @@ std::optional<FillLease> ServerCore::acquire() {
     if (auto fill = state_->try_acquire(monotonic_seconds())) {
       memory_.pool().set_slot_seq(fill->slot, SlotPool::kNoChunk);
       return FillLease{fill->seq, fill->slot, memory_.slot_data(fill->slot),
-                       memory_.pool().slot_bytes()};
+                       memory_.pool().slot_bytes(), std::nullopt};
     }
     // Re-check periodically: under stall_policy=skip a consumer becomes skippable with time.
     slot_freed_.wait_for(lk, std::chrono::milliseconds(50));
   }
+}
+
+std::optional<FillLease> ServerCore::acquire_private(double timeout_s) {
+  std::unique_lock lk(mu_);
+  const double deadline = timeout_s < 0 ? 1e300 : monotonic_seconds() + timeout_s;
+  while (!stopping_ && !state_->failed() && !state_->all_ended()) {
+    if (auto fill = state_->try_acquire_private(monotonic_seconds())) {
+      memory_.pool().set_slot_seq(fill->slot, SlotPool::kNoChunk);
+      return FillLease{fill->seq, fill->slot, memory_.slot_data(fill->slot),
+                       memory_.pool().slot_bytes(), fill->regenerate};
+    }
+    if (monotonic_seconds() >= deadline) break;
+    slot_freed_.wait_for(lk, std::chrono::milliseconds(50));
+  }
+  return std::nullopt;
+}
+
+bool ServerCore::skip_unwanted(const protocol::ChunkPosition& position) {
+  {
+    std::lock_guard lk(mu_);
+    if (stopping_ || state_->failed() || state_->wanted(position)) return false;
+    state_->skip(position);
+  }
+  wake();
+  return true;
 }
 
 void ServerCore::publish(const FillLease& lease, const protocol::ChunkPosition& position,

@@ -6,7 +6,9 @@
 // Producers (the native pipeline, the Python Producer, the synthetic source) talk to it through
 // acquire() / publish(): acquire() blocks until a slot may be (re)filled and hands it out with
 // the next stream sequence number; publish() may be called in any order, and chunks are
-// published to consumers in sequence order.
+// published to consumers in sequence order. A producer that can fill any chunk again (options.
+// regenerates) also serves acquire_private(): chunks asked for by consumers catching up on
+// positions the ring no longer holds, until every consumer got End.
 //
 // Threads: one internal event-loop thread owns the socket and does all I/O. Every public method
 // is thread-safe. Lifetime: the constructor removes stale segments of dead servers, creates the
@@ -66,6 +68,9 @@ struct ServerOptions {
   // Remote consumers silent this long are dropped; consumers use it to declare a silent server
   // gone. Local consumers are checked by pid every 0.2 s instead (a SIGSTOPped one is alive).
   double heartbeat_timeout_s = 2.0;
+  // The producer can fill chunk (epoch, index) again, byte for byte, and serves
+  // acquire_private(); chunks then hold batch_size samples (an epoch's last one fewer).
+  bool regenerates = false;
   protocol::DeviceKind device = protocol::DeviceKind::kCpu;
   uint32_t device_index = 0;  // kCuda: the GPU that holds the pool
 };
@@ -76,6 +81,9 @@ struct FillLease {
   uint32_t slot = 0;
   uint8_t* data = nullptr;  // host memory, or device memory in a GPU pool
   uint64_t capacity = 0;
+  // acquire_private(): the chunk of the stream to fill again (its position is the producer's
+  // to state in publish()).
+  std::optional<ChunkAddress> regenerate;
 };
 
 class ServerCore {
@@ -87,6 +95,13 @@ class ServerCore {
 
   // Blocks until a slot may take the next chunk; nullopt once stop() or fail() was called.
   std::optional<FillLease> acquire();
+  // Blocks until a consumer catching up needs a chunk regenerated and a slot may take it, or
+  // timeout_s passed (negative: forever); nullopt then, or once stop() or fail() was called,
+  // or every consumer got End after finish().
+  std::optional<FillLease> acquire_private(double timeout_s);
+  // True (and the chunk takes its stream number without a slot) when no attached consumer
+  // wants the stream's next chunk, at `position`: the producer then skips decoding it.
+  bool skip_unwanted(const protocol::ChunkPosition& position);
   // Hands a filled slot back; published to consumers in sequence order.
   void publish(const FillLease& lease, const protocol::ChunkPosition& position,
                std::vector<protocol::TensorSpec> tensors);
@@ -102,6 +117,7 @@ class ServerCore {
   void stop();
 
   void set_epoch_samples(uint64_t samples);
+  bool regenerates() const { return options_.regenerates; }
   ServerStats stats() const;
   const std::string& endpoint() const { return endpoint_; }
   const SlotMemory& memory() const { return memory_; }

@@ -42,8 +42,9 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
   // A consumer catching up pins its merge chunk and everything after it: the stream's chunks
   // must leave it slots for its private ones, or it would never reach the merge chunk.
-  if (private_.catching_up() &&
-      reusable_slots(now) <= std::max<uint32_t>(1, rules_.slot_count / 4)) {
+  // And a regenerated chunk asked for goes first: the stream leaves it the last reusable slot.
+  const uint32_t keep = private_.catching_up() ? std::max<uint32_t>(1, rules_.slot_count / 4) : 0;
+  if ((keep || private_.next_request()) && reusable_slots(now) <= std::max<uint32_t>(keep, 1)) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
   }
@@ -133,10 +134,39 @@ void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition p
     if (!private_.filled(seq, std::move(d))) ring_.mark_passed(slot);
     return;
   }
-  ready_[seq] = {slot, position, std::move(tensors)};
+  ready_[seq] = {slot, position, std::move(tensors), false};
+  publish_ready();
+}
+
+bool StreamState::wanted(const protocol::ChunkPosition& p) const {
+  if (!started_ || consumers_.size() < std::max<uint32_t>(rules_.min_consumers, 1)) return true;
+  for (const auto& [id, c] : consumers_.all()) {
+    if (c.end_sent || c.closing) continue;
+    const auto* ps = private_.find(id);
+    if (ps && !ps->until) continue;              // private for good
+    if (c.seek && before(p, *c.seek)) continue;  // it sought past this chunk
+    return true;
+  }
+  return false;
+}
+
+void StreamState::skip(const protocol::ChunkPosition& position) {
+  ready_[next_acquire_seq_++] = {0, position, {}, true};
+  publish_ready();
+}
+
+void StreamState::publish_ready() {
   for (auto it = ready_.find(next_publish_seq_); it != ready_.end();
        it = ready_.find(next_publish_seq_)) {
     Filled& f = it->second;
+    if (f.skipped) {  // a number and a stream position, but no slot: nobody is sent it
+      stream_position_ += f.position.sample_count;
+      counters_.chunks_skipped++;
+      newest_ = f.position;
+      ready_.erase(it);
+      ++next_publish_seq_;
+      continue;
+    }
     BatchDescriptor d;
     d.seq = it->first;
     d.position = f.position;
@@ -199,7 +229,10 @@ bool StreamState::may_reuse(uint64_t old_seq, bool delivered, double now) const 
   bool passed = false;
   for (const auto& [id, c] : consumers_.all()) {
     const auto* p = private_.find(id);
-    if (p && !p->until) continue;  // private for good: the shared stream is not its
+    if (p && !p->until) {  // private for good: it needs no shared chunk
+      passed = true;
+      continue;
+    }
     if (c.next_seq > old_seq) passed = true;
     if (c.end_sent || c.closing || c.waiting_epoch_start || c.seek || c.next_seq > old_seq)
       continue;

@@ -26,6 +26,7 @@
 //   pins a shared chunk a quarter ring past the oldest retained and merges there; further,
 //   private for good) or answered "position unavailable". While a consumer catches up, the
 //   stream's producer keeps that quarter ring reusable for the private chunks.
+// - Skip: a chunk no attached consumer wants (all sought past it) is not filled (wanted/skip).
 // - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
 // - End to every consumer after finish(); fail() sends the error to everyone, also later joiners.
 //
@@ -72,6 +73,7 @@ struct StreamRules {
 struct ServerStats {
   uint64_t chunks_published = 0;
   uint64_t chunks_regenerated = 0;  // private chunks filled for consumers catching up
+  uint64_t chunks_skipped = 0;      // not filled: no attached consumer wanted them
   uint64_t samples_published = 0;
   uint64_t descriptors_sent = 0;
   uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
@@ -117,6 +119,13 @@ class StreamState {
   // stream.
   void publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
                std::vector<protocol::TensorSpec> tensors);
+  // Whether any attached consumer may still be sent a chunk at `position` (before the start
+  // or below min_consumers: yes). Nobody does when every consumer sought past it (a break)
+  // or reads private chunks for good.
+  bool wanted(const protocol::ChunkPosition& position) const;
+  // The stream's next chunk, at `position`, is skipped instead of filled: it takes its number
+  // and its samples in stream positions, no slot, and nobody is sent it.
+  void skip(const protocol::ChunkPosition& position);
   void finish();                          // no chunk follows the ones acquired so far
   void fail(const std::string& message);  // the first failure wins
   void set_epoch_samples(uint64_t samples) { rules_.epoch_samples = samples; }
@@ -151,6 +160,7 @@ class StreamState {
   uint32_t reusable_slots(double now) const;
   // First seq of the retained chunks that run without a gap up to the newest published one.
   uint64_t tail_begin() const;
+  void publish_ready();  // publishes the chunks whose turn it is, in seq order
   // Where the stream's next chunk will sit: after the newest published one.
   protocol::Seek stream_next() const;
   uint64_t chunks_per_epoch() const;  // 0 unless the producer regenerates and both are known
@@ -169,6 +179,7 @@ class StreamState {
     uint32_t slot;
     protocol::ChunkPosition position;
     std::vector<protocol::TensorSpec> tensors;
+    bool skipped;  // skip(): no slot, no descriptor
   };
   std::map<uint64_t, Filled> ready_;                           // waiting for their turn
   std::map<uint64_t, protocol::BatchDescriptor> descriptors_;  // by seq, for retained chunks

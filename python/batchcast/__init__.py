@@ -9,7 +9,7 @@ Public API (the design behind it: docs/README.md):
   every process that uses the same key.
 - Errors: :class:`BatchcastError` (a RuntimeError) and its subclasses
   :class:`ServerGoneError`, :class:`TimeoutError` (also a builtin TimeoutError),
-  :class:`SampleError`.
+  :class:`SampleError`, :class:`PositionUnavailableError`.
 
 Torch is imported only by what needs it: ``Loader(framework="numpy")`` works without it.
 ``__version__`` is the installed distribution's, which setup.py takes from CMake's project
@@ -21,7 +21,13 @@ from __future__ import annotations
 from importlib.metadata import version as _version
 from typing import Any
 
-from ._batchcast import BatchcastError, SampleError, ServerGoneError, TimeoutError
+from ._batchcast import (
+    BatchcastError,
+    PositionUnavailableError,
+    SampleError,
+    ServerGoneError,
+    TimeoutError,
+)
 from . import metrics
 from .loader import Loader, LoaderStats
 from .producer import Producer
@@ -34,6 +40,7 @@ __all__ = [
     "DataLoader",
     "Loader",
     "LoaderStats",
+    "PositionUnavailableError",
     "Producer",
     "SampleError",
     "Server",

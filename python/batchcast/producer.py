@@ -24,10 +24,11 @@ stale-segment sweep, removes what is left (docs/safety.md).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import abc
 from collections.abc import Mapping
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 from . import _batchcast
 from ._exit_guard import ExitGuard
@@ -150,6 +151,14 @@ class Producer:
             attaching then get the error) before run() closes it and re-raises; like
             ``batchcast serve --fail-linger``. None: 0 for ipc endpoints, whose failure record
             tells later Loaders why (so a failing script is not held up), 30 for tcp ones.
+        regenerate: ``regenerate(epoch, index)`` returns batch ``index`` of pass ``epoch`` again,
+            with the same structure and, for the same arguments, the same content as the pass
+            yielded (what a seeded sampler over a deterministic dataset gives). With it, a
+            Loader that joins mid-epoch, or seeks to a position the ring no longer holds
+            (resume), gets the batches it missed produced again for it alone (docs/stream.md,
+            "Positions"); it runs on a thread of its own. Needs the epoch's length known
+            before the first pass (a sized iterable) and batches of one size but the last.
+            None: such a position raises PositionUnavailableError in that Loader.
     """
 
     def __init__(
@@ -163,6 +172,7 @@ class Producer:
         stall_timeout: float = 10.0,
         allow_remote: bool = False,
         fail_linger: Optional[float] = None,
+        regenerate: Optional[Callable[[int, int], Any]] = None,
     ) -> None:
         if isinstance(iterable, abc.Iterator):
             raise TypeError(
@@ -178,6 +188,8 @@ class Producer:
         self._stall_timeout = stall_timeout
         self._allow_remote = allow_remote
         self._fail_linger = fail_linger
+        self._regenerate = regenerate
+        self._regenerating: Optional[threading.Thread] = None
         self._core: Optional[Any] = None
         self._guard: Optional[ExitGuard] = None
         self._epoch = 0
@@ -233,7 +245,10 @@ class Producer:
         if self._stopped or self._core is None:
             return False
         self._core.finish()
-        return bool(self._core.wait_finished(-1.0))
+        finished = bool(self._core.wait_finished(-1.0))
+        if self._regenerating is not None:
+            self._regenerating.join()  # its acquire_private() ends with the stream
+        return finished
 
     def stop(self) -> None:
         """Stops serving (any thread): run() returns False soon, Loaders see the server gone."""
@@ -333,10 +348,54 @@ class Producer:
             stall_policy=self._stall_policy,
             stall_timeout=self._stall_timeout,
             allow_remote=self._allow_remote,
+            regenerates=self._regenerate is not None,
         )
         self._guard = ExitGuard(self.close)
+        if self._regenerate is not None:
+            if not epoch_samples:
+                raise ValueError(
+                    "Producer(regenerate=...) needs the epoch's length before the first pass: "
+                    "pass a sized iterable (len() works), or leave regenerate out"
+                )
+            self._regenerating = threading.Thread(
+                target=self._regenerate_loop,
+                args=(int(tensors[0].shape[0]), epoch_samples),
+                name="batchcast-regenerate",
+                daemon=True,
+            )
+            self._regenerating.start()
         if self._stopped:  # stop() raced with the start
             self._core.stop()
+
+    def _regenerate_loop(self, batch_size: int, epoch_samples: int) -> None:
+        """Produces again the chunks Loaders catching up ask for, until the stream is over."""
+        core = self._core
+        assert self._regenerate is not None and core is not None
+        chunks = -(-epoch_samples // batch_size)
+        while True:
+            lease = core.acquire_private(-1.0)
+            if lease is None:
+                return
+            seq, epoch, index = lease
+            try:
+                names, tensors = _flatten(self._regenerate(int(epoch), int(index)))
+                if names != self._names:
+                    raise ValueError(
+                        f"regenerate({epoch}, {index}) returned tensors {names} but the "
+                        f"stream's batches have {self._names}"
+                    )
+                core.publish_private(
+                    seq,
+                    _describe(names, tensors),
+                    epoch,
+                    index,
+                    index * batch_size,
+                    epoch_samples,
+                    index + 1 == chunks,
+                )
+            except Exception as e:
+                core.fail(f"regenerate({epoch}, {index}) failed: {type(e).__name__}: {e}")
+                return
 
     def _publish(
         self,

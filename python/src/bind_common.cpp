@@ -5,6 +5,7 @@
 //   batchcast::ServerGoneError -> batchcast.ServerGoneError
 //   batchcast::TimeoutError    -> batchcast.TimeoutError (also a builtin TimeoutError)
 //   batchcast::SampleError     -> batchcast.SampleError
+//   batchcast::PositionUnavailableError -> batchcast.PositionUnavailableError
 // The classes live in _batchcast and are re-exported by the package under these names.
 #include <pybind11/stl.h>
 
@@ -22,6 +23,7 @@ PyObject* g_error = nullptr;
 PyObject* g_server_gone = nullptr;
 PyObject* g_timeout = nullptr;
 PyObject* g_sample = nullptr;
+PyObject* g_position = nullptr;
 
 PyObject* new_exception(const char* name, PyObject* bases, const char* doc) {
   PyObject* cls = PyErr_NewExceptionWithDoc(name, doc, bases, nullptr);
@@ -42,7 +44,11 @@ void bind_common(py::module_& m) {
                             "A wait ran out (no server answered, or no data came in time).");
   g_sample = new_exception("batchcast.SampleError", error_bases.ptr(),
                            "A sample cannot be decoded; the message names the file and reason.");
+  g_position = new_exception("batchcast.PositionUnavailableError", error_bases.ptr(),
+                             "A sought position the server no longer holds and cannot produce "
+                             "again; the consumer stays attached and may seek elsewhere.");
   m.attr("BatchcastError") = py::handle(g_error);
+  m.attr("PositionUnavailableError") = py::handle(g_position);
   m.attr("ServerGoneError") = py::handle(g_server_gone);
   m.attr("TimeoutError") = py::handle(g_timeout);
   m.attr("SampleError") = py::handle(g_sample);
@@ -56,6 +62,8 @@ void bind_common(py::module_& m) {
       PyErr_SetString(g_timeout, e.what());
     } catch (const SampleError& e) {
       PyErr_SetString(g_sample, e.what());
+    } catch (const PositionUnavailableError& e) {
+      PyErr_SetString(g_position, e.what());
     } catch (const Error& e) {
       PyErr_SetString(g_error, e.what());
     }

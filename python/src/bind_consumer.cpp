@@ -124,6 +124,7 @@ struct DLPackTensor {
 // an interrupted next() still runs on the worker.
 struct Snapshot {
   uint64_t epoch = 0;
+  std::pair<uint64_t, uint64_t> position;
   bool finished = false;
   std::optional<uint64_t> batches_per_epoch;
   ConsumerStats stats;
@@ -141,6 +142,7 @@ struct ConsumerState {
   void refresh() {
     Snapshot s;
     s.epoch = consumer->epoch();
+    s.position = consumer->position();
     s.finished = consumer->finished();
     s.batches_per_epoch = consumer->batches_per_epoch();
     std::lock_guard lk(mu);
@@ -175,6 +177,14 @@ class PyConsumer {
       s->refresh();
     });
     return std::move(state_->result);
+  }
+
+  void seek(uint64_t epoch, uint64_t sample) {
+    if (closed_) throw Error("the consumer is closed; create a new Loader to read again");
+    if (worker_.in_flight())
+      throw Error("cannot seek while an interrupted next() still runs; call next() again first");
+    state_->consumer->seek(epoch, sample);
+    state_->refresh();
   }
 
   void close() {
@@ -331,6 +341,13 @@ void bind_consumer(py::module_& m) {
       .def("next", &PyConsumer::next,
            "The next batch of the current epoch, or None at its end (and forever after the "
            "stream's end).")
+      .def("seek", &PyConsumer::seek, py::arg("epoch"), py::arg("sample") = 0,
+           "Start the next iteration at sample `sample` of epoch `epoch` (what was in flight "
+           "is released unread). Leaving an epoch early: seek(position[0] + 1, 0). A position "
+           "the server cannot serve raises PositionUnavailableError from the next next().")
+      .def_property_readonly(
+          "position", [](const PyConsumer& c) { return c.snapshot().position; },
+          "(epoch, sample in epoch) of the next sample next() yields; a pending seek's target.")
       .def("close", &PyConsumer::close)
       .def_property_readonly("closed", &PyConsumer::closed)
       .def_property_readonly("epoch", [](const PyConsumer& c) { return c.snapshot().epoch; })

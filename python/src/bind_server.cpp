@@ -6,10 +6,16 @@
 // BlockingWorker, so Ctrl-C interrupts a producer blocked on a full ring: the core is stopped
 // (no chunk is left half-filled) and KeyboardInterrupt propagates. Tensors come in as
 // (name, dtype name, shape, data address) tuples; the caller keeps them alive for the call.
+// Regeneration (regenerates=True): acquire_private() hands out a leased slot and the chunk
+// (epoch, index) to produce again, publish_private() fills and publishes it; both are called
+// from the Producer's regeneration thread, with the GIL, and release it while they wait/copy.
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <optional>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/process.h"
@@ -71,6 +77,47 @@ class PyServer {
     return *ok;
   }
 
+  // A chunk to regenerate: (lease id, epoch, index), or None once the stream is over (or after
+  // timeout_s; negative: no limit). Waits in slices so that signals are handled.
+  std::optional<std::tuple<uint64_t, uint64_t, uint64_t>> acquire_private(double timeout_s) {
+    double deadline = timeout_s < 0 ? 1e300 : monotonic_seconds() + timeout_s;
+    while (!stopped_) {
+      std::optional<FillLease> lease;
+      {
+        py::gil_scoped_release nogil;
+        lease =
+            core_->acquire_private(std::min(0.05, std::max(0.0, deadline - monotonic_seconds())));
+      }
+      if (lease) {
+        leases_[lease->seq] = *lease;
+        return std::make_tuple(lease->seq, lease->regenerate->epoch, lease->regenerate->index);
+      }
+      if (core_->failed() || monotonic_seconds() >= deadline || core_->wait_finished(0))
+        return std::nullopt;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+    return std::nullopt;
+  }
+
+  void publish_private(uint64_t lease_id, const py::list& tensors, uint64_t epoch,
+                       uint64_t index_in_epoch, uint64_t sample_start, uint64_t epoch_samples,
+                       bool epoch_end) {
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end())
+      throw Error("no regeneration lease " + std::to_string(lease_id) + " (already published?)");
+    FillLease lease = it->second;
+    leases_.erase(it);
+    auto batch = host_tensors(tensors);
+    protocol::ChunkPosition position;
+    position.epoch = epoch;
+    position.index_in_epoch = index_in_epoch;
+    position.sample_start = sample_start;
+    position.epoch_samples = epoch_samples;
+    position.epoch_end = epoch_end;
+    py::gil_scoped_release nogil;  // the caller keeps the tensors alive for the call
+    publish_batch_into(*core_, lease, batch, position);
+  }
+
   // Waits in slices so that signals are handled; false on timeout or once stopped.
   bool wait_finished(double timeout_s) {
     double deadline = timeout_s < 0 ? 1e300 : monotonic_seconds() + timeout_s;
@@ -98,6 +145,7 @@ class PyServer {
 
  private:
   std::shared_ptr<ServerCore> core_;
+  std::map<uint64_t, FillLease> leases_;  // acquire_private() leases not yet published
   BlockingWorker worker_;
   bool stopped_ = false;
 };
@@ -111,6 +159,8 @@ StallPolicy parse_stall_policy(const std::string& s) {
 py::dict stats_dict(const ServerStats& s) {
   py::dict d;
   d["chunks_published"] = s.chunks_published;
+  d["chunks_regenerated"] = s.chunks_regenerated;
+  d["chunks_skipped"] = s.chunks_skipped;
   d["samples_published"] = s.samples_published;
   d["descriptors_sent"] = s.descriptors_sent;
   d["messages_dropped"] = s.messages_dropped;
@@ -142,7 +192,7 @@ void bind_server(py::module_& m) {
       .def(py::init([](const std::string& endpoint, uint64_t slot_bytes, uint32_t ring_slots,
                        uint32_t batch_size, uint64_t epoch_samples, uint64_t epochs,
                        uint32_t min_consumers, const std::string& stall_policy,
-                       double stall_timeout, bool allow_remote) {
+                       double stall_timeout, bool allow_remote, bool regenerates) {
              ServerOptions o;
              o.endpoint = endpoint;
              o.slot_bytes = slot_bytes;
@@ -154,18 +204,28 @@ void bind_server(py::module_& m) {
              o.stall_policy = parse_stall_policy(stall_policy);
              o.stall_timeout_s = stall_timeout;
              o.allow_remote = allow_remote;
+             o.regenerates = regenerates;
              return std::make_unique<PyServer>(std::move(o));
            }),
            py::arg("endpoint") = "", py::arg("slot_bytes"),
            py::arg("ring_slots") = defaults.ring_slots, py::arg("batch_size") = 0,
            py::arg("epoch_samples") = 0, py::arg("epochs") = 0,
            py::arg("min_consumers") = defaults.min_consumers, py::arg("stall_policy") = "wait",
-           py::arg("stall_timeout") = defaults.stall_timeout_s, py::arg("allow_remote") = false)
+           py::arg("stall_timeout") = defaults.stall_timeout_s, py::arg("allow_remote") = false,
+           py::arg("regenerates") = false)
       .def("publish_batch", &PyServer::publish, py::arg("tensors"), py::arg("epoch"),
            py::arg("index_in_epoch"), py::arg("sample_start"), py::arg("epoch_samples"),
            py::arg("epoch_end"),
            "Copy a batch [(name, dtype, shape, data_ptr), ...] into a slot and publish it; "
            "False once the server was stopped.")
+      .def("acquire_private", &PyServer::acquire_private, py::arg("timeout") = -1.0,
+           "(regenerates=True) The next chunk a consumer catching up needs: (lease, epoch, "
+           "index), to be produced again and given to publish_private(); None once every "
+           "consumer got the stream's end (or after `timeout`, negative: none), or stopped.")
+      .def("publish_private", &PyServer::publish_private, py::arg("lease"), py::arg("tensors"),
+           py::arg("epoch"), py::arg("index_in_epoch"), py::arg("sample_start"),
+           py::arg("epoch_samples"), py::arg("epoch_end"),
+           "Copy the regenerated batch into the leased slot and publish it to its consumer.")
       .def("finish", [](PyServer& s) { s.core().finish(); })
       .def("fail", [](PyServer& s, const std::string& msg) { s.core().fail(msg); })
       .def("wait_finished", &PyServer::wait_finished, py::arg("timeout") = -1.0)

@@ -215,3 +215,153 @@ def test_timeout_and_bad_arguments(endpoint):
     assert issubclass(batchcast.TimeoutError, TimeoutError)
     assert issubclass(batchcast.ServerGoneError, batchcast.BatchcastError)
     assert issubclass(batchcast.BatchcastError, RuntimeError)
+
+
+# --- Positions: late join by regeneration, resume (docs/stream.md, "Positions") ---------------
+
+
+def one_image_per_class(root, classes: int = 20) -> str:
+    """An ImageFolder of `classes` classes of one noise JPEG each: the label names the sample."""
+    from PIL import Image
+
+    rng = numpy.random.default_rng(7)
+    for k in range(classes):
+        folder = root / f"c{k:02d}"
+        folder.mkdir(parents=True)
+        pixels = rng.integers(0, 256, (30, 40, 3), dtype=numpy.uint8)
+        Image.fromarray(pixels).save(folder / "x.jpg", quality=90)
+    return str(root)
+
+
+def by_label(batches) -> Dict[int, bytes]:
+    """{label: augmented bytes} of an epoch, asserting every label comes once."""
+    out: Dict[int, bytes] = {}
+    for x, y in batches:
+        for row, label in zip(x, y.tolist()):
+            assert label not in out, f"sample {label} came twice in one epoch"
+            out[label] = row.numpy().tobytes()
+    return out
+
+
+def test_a_loader_joining_mid_epoch_gets_the_whole_epoch_with_the_same_bytes(
+        endpoint, batchcast_bin, tmp_path):
+    data = one_image_per_class(tmp_path / "data")
+    with batchcast.serve(data=data, endpoint=endpoint, batch_size=2, epochs=2, image_size=16,
+                         ring=4, workers=2, seed=3) as server:
+        a = batchcast.Loader(endpoint, timeout=30)
+        first = iter(a)
+        # a received chunk 8, so the ring of 4 no longer holds chunks 0-4 of epoch 0.
+        head = [(x.clone(), y.clone()) for x, y in (next(first) for _ in range(9))]
+        b = batchcast.Loader(endpoint, timeout=30)
+        epochs: Dict[str, List] = {}
+
+        def read_a() -> None:
+            epochs["a"] = [head + [(x.clone(), y.clone()) for x, y in first],
+                           [(x.clone(), y.clone()) for x, y in a]]
+
+        def read_b() -> None:
+            epochs["b"] = [[(x.clone(), y.clone()) for x, y in b] for _ in range(2)]
+
+        threads = [threading.Thread(target=read_a), threading.Thread(target=read_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert server.wait(20) == 0
+        for e in range(2):
+            mine, theirs = by_label(epochs["a"][e]), by_label(epochs["b"][e])
+            assert sorted(theirs) == list(range(20)), f"b's epoch {e} is not whole"
+            assert theirs == mine, f"b's epoch {e} differs from a's in some sample's bytes"
+        assert b.stats.skipped == 0
+        a.close()
+        b.close()
+
+
+def test_a_resumed_loader_reads_the_same_next_samples_and_bytes(
+        endpoint, batchcast_bin, tmp_path):
+    data = one_image_per_class(tmp_path / "data")
+    with batchcast.serve(data=data, endpoint=endpoint, batch_size=2, epochs=None, image_size=16,
+                         ring=4, workers=2, seed=3):
+        a = batchcast.Loader(endpoint, batch_size=4, timeout=30)
+        for _ in a:
+            pass
+        it = iter(a)
+        for _ in range(3):
+            next(it)
+        assert a._open().position == (1, 12), "the checkpoint: epoch 1 after 3 batches of 4"
+        continuation = [(x.clone(), y.clone()) for x, y in it]
+        stop = threading.Event()
+
+        def keep_reading() -> None:  # the stream moves on: epoch 1 leaves the ring
+            while not stop.is_set():
+                for _ in a:
+                    if stop.is_set():
+                        break
+
+        reader = threading.Thread(target=keep_reading)
+        reader.start()
+        try:
+            b = batchcast.Loader(endpoint, batch_size=4, timeout=30)
+            b._open().seek(1, 12)
+            resumed = [(x.clone(), y.clone()) for x, y in b]
+        finally:
+            stop.set()
+            reader.join(30)
+        assert [y.tolist() for _, y in resumed] == [y.tolist() for _, y in continuation]
+        assert by_label(resumed) == by_label(continuation)
+        a.close()
+        b.close()
+
+
+def test_a_refused_position_is_an_error_the_loader_survives(endpoint):
+    epoch = [(torch.full((2, 3), i, dtype=torch.uint8), torch.arange(2)) for i in range(6)]
+    producer = batchcast.Producer(epoch, endpoint, ring=2)
+    serving = threading.Thread(target=producer.run, kwargs={"epochs": 3})
+    serving.start()
+    try:
+        loader = batchcast.Loader(endpoint, timeout=30)
+        for _ in loader:
+            pass
+        consumer = loader._open()
+        consumer.seek(0, 0)  # gone from a ring of 2, and this Producer cannot regenerate
+        with pytest.raises(batchcast.PositionUnavailableError, match="epoch 0 sample 0"):
+            consumer.next()
+        consumer.seek(2, 0)  # ahead: waited for
+        assert [int(x[0, 0]) for x, _ in loader] == list(range(6))
+        loader.close()
+    finally:
+        producer.stop()
+        serving.join(30)
+        producer.close()
+
+
+def test_without_a_timeout_a_dead_server_still_raises_server_gone(endpoint, batchcast_bin):
+    # min_consumers=2 and one Loader: nothing flows, as at a long epoch boundary. timeout=0
+    # waits for as long as the server lives, and no longer.
+    server = serve(endpoint, samples=100, epochs=0, ring=4, min_consumers=2)
+    try:
+        loader = batchcast.Loader(endpoint, batch_size=8, timeout=0)
+        errors: List[BaseException] = []
+        started = threading.Event()
+
+        def wait_for_data() -> None:
+            started.set()
+            try:
+                next(iter(loader))
+            except BaseException as e:  # noqa: B036 - recorded for the assertion
+                errors.append(e)
+
+        waiter = threading.Thread(target=wait_for_data)
+        waiter.start()
+        started.wait(10)
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        waiter.join(10)
+        assert not waiter.is_alive(), "a dead server left the Loader waiting"
+        assert len(errors) == 1 and isinstance(errors[0], batchcast.ServerGoneError), errors
+        loader.close()
+    finally:
+        server.stop()
+        for path in (segment_of(endpoint), endpoint[len("ipc://"):]):
+            if os.path.exists(path):
+                os.unlink(path)

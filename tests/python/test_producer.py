@@ -104,3 +104,42 @@ def test_bad_batches_are_explained(endpoint):
         batchcast.Producer([(torch.zeros(2), torch.zeros(3))], endpoint).run(1)
     with pytest.raises(TypeError, match="re-iterable"):
         batchcast.Producer(iter([torch.zeros(2)]), endpoint)
+
+
+def test_regenerate_gives_a_loader_joining_mid_epoch_the_whole_epoch(endpoint):
+    batches = [(torch.full((2, 3), i, dtype=torch.uint8), torch.arange(2)) for i in range(8)]
+    asked: List[Any] = []
+
+    def regenerate(epoch: int, index: int) -> Any:
+        asked.append((epoch, index))
+        return batches[index]
+
+    producer = batchcast.Producer(batches, endpoint, ring=2, regenerate=regenerate)
+    serving = threading.Thread(target=producer.run, kwargs={"epochs": 2})
+    serving.start()
+    try:
+        a = batchcast.Loader(endpoint, timeout=30)
+        first = iter(a)
+        head = [int(x[0, 0]) for x, _ in (next(first) for _ in range(5))]  # chunks 0-2 are gone
+        b = batchcast.Loader(endpoint, timeout=30)
+        seen = {}
+
+        def read_a() -> None:
+            seen["a"] = [head + [int(x[0, 0]) for x, _ in first], [int(x[0, 0]) for x, _ in a]]
+
+        def read_b() -> None:
+            seen["b"] = [[int(x[0, 0]) for x, _ in b] for _ in range(2)]
+
+        threads = [threading.Thread(target=read_a), threading.Thread(target=read_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert seen["b"] == [list(range(8))] * 2, "b got whole epochs from its first batch"
+        assert seen["a"] == [list(range(8))] * 2
+        assert (0, 0) in asked and producer.stats["chunks_regenerated"] == len(asked)
+        a.close()
+        b.close()
+    finally:
+        serving.join(30)
+        producer.close()

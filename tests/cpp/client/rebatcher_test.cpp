@@ -245,5 +245,50 @@ TEST(Rebatcher, HoldsAChunkOnlyWhileItHasRowsToCut) {
   EXPECT_FALSE(r.finished());  // the stream has not ended: the next epoch may come
 }
 
+TEST(Rebatcher, PositionIsTheNextSampleToYield) {
+  Rebatcher r(10, false, 2, 25);
+  auto e2 = epoch_chunks(2, 25, 8, 50);
+  auto e3 = epoch_chunks(3, 25, 8, 75);
+  std::vector<protocol::ChunkPosition> stream(e2);
+  stream.insert(stream.end(), e3.begin(), e3.end());
+  Driver d(r, stream);
+  EXPECT_EQ(r.position(), std::make_pair(uint64_t{2}, uint64_t{0})) << "the first epoch's start";
+  d.next();
+  EXPECT_EQ(r.position(), std::make_pair(uint64_t{2}, uint64_t{10}));
+  d.next();
+  d.next();
+  EXPECT_EQ(r.position(), std::make_pair(uint64_t{2}, uint64_t{25}));
+  EXPECT_FALSE(d.next()) << "the epoch ends";
+  EXPECT_EQ(r.position(), std::make_pair(uint64_t{3}, uint64_t{0}));
+}
+
+TEST(Rebatcher, ASeekDropsTheRowsBeforeItsSampleWithoutCountingThemSkipped) {
+  Rebatcher r(4, false, 0, 40);
+  auto e0 = epoch_chunks(0, 40, 8);
+  Driver first(r, {e0[0], e0[1]}, /*open_ended=*/true);
+  first.next();  // a batch of epoch 0, then the user leaves
+  r.seek(0, 19);
+  EXPECT_EQ(r.position(), std::make_pair(uint64_t{0}, uint64_t{19}));
+  EXPECT_FALSE(r.holds_chunk()) << "the chunk being cut is let go";
+  Driver d(r, {e0[2], e0[3], e0[4]});
+  auto e = d.epoch();
+  ASSERT_EQ(sizes(e), (std::vector<uint32_t>{4, 4, 4, 4, 4, 1}))
+      << "the rest of epoch 0: samples 19 to 39";
+  EXPECT_EQ(e[0].batch.sample_start, 19u);
+  EXPECT_EQ(e[0].pieces[0].start, 3u) << "rows 16-18 of chunk 2 were asked away";
+  EXPECT_EQ(r.skipped(), 0u);
+  EXPECT_EQ(r.position(), std::make_pair(uint64_t{1}, uint64_t{0}));
+}
+
+TEST(Rebatcher, ASeekPastAnEpochsEndStartsTheNextEpoch) {
+  Rebatcher r(8, false, 0, 16);
+  r.seek(0, 16);  // the server answers with epoch 1's first chunk
+  Driver d(r, epoch_chunks(1, 16, 8, 16));
+  auto e = d.epoch();
+  ASSERT_EQ(sizes(e), (std::vector<uint32_t>{8, 8}));
+  EXPECT_EQ(e[0].batch.epoch, 1u);
+  EXPECT_EQ(e[0].batch.sample_start, 0u);
+}
+
 }  // namespace
 }  // namespace batchcast

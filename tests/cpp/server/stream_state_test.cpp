@@ -789,5 +789,38 @@ TEST(StreamState, APositionMoreThanAnEpochAwayIsPrivateForGoodAndPinsNothing) {
   EXPECT_EQ(s.consume("a"), (Seqs{0, 1}));
   EXPECT_EQ(s.produce_until_refused(per_epoch), 2) << "b pins no shared chunk";
 }
+
+TEST(StreamState, AChunkEveryConsumerSoughtPastIsSkippedAndKeepsItsPlace) {
+  Stream s(rules(4));
+  s.join("a", 100);
+  s.produce(2, 8);
+  s.tick();
+  s.consume("a");
+  auto chunk = [](uint64_t epoch, uint64_t index) {
+    protocol::ChunkPosition p;
+    p.epoch = epoch;
+    p.index_in_epoch = index;
+    p.sample_start = index * kChunk;
+    p.sample_count = kChunk;
+    p.epoch_end = index == 7;
+    return p;
+  };
+  EXPECT_TRUE(s.state.wanted(chunk(0, 2)));
+  s.send("a", Seek{1, 0});  // a broke out of epoch 0
+  for (uint64_t i = 2; i < 8; ++i) {
+    ASSERT_FALSE(s.state.wanted(chunk(0, i))) << "nobody reads the rest of epoch 0";
+    s.state.skip(chunk(0, i));
+  }
+  EXPECT_TRUE(s.state.wanted(chunk(1, 0)));
+  s.produce(1, 8);
+  s.tick();
+  EXPECT_TRUE(s.take<SeekReply>("a").front().available);
+  auto ds = s.take<BatchDescriptor>("a");
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].seq, 8u);
+  EXPECT_EQ(ds[0].position.stream_position, 8 * kChunk) << "skipped chunks keep their place";
+  EXPECT_EQ(s.state.stats().chunks_skipped, 6u);
+}
+
 }  // namespace
 }  // namespace batchcast
