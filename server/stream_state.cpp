@@ -43,7 +43,7 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   // A consumer catching up pins its merge chunk and everything after it: the stream's chunks
   // must leave it slots for its private ones, or it would never reach the merge chunk.
   // And a regenerated chunk asked for goes first: the stream leaves it the last reusable slot.
-  const uint32_t keep = private_.catching_up() ? std::max<uint32_t>(1, rules_.slot_count / 4) : 0;
+  const uint32_t keep = private_.catching_up() ? catch_up_slots() : 0;
   if ((keep || private_.next_request()) && reusable_slots(now) <= std::max<uint32_t>(keep, 1)) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
@@ -85,6 +85,12 @@ uint32_t StreamState::reusable_slots(double now) const {
       ++n;
   }
   return n;
+}
+
+uint32_t StreamState::catch_up_slots() const {
+  // The consumer holds up to two chunks while it waits for the next (the batch its user still
+  // has, the chunk being cut): three slots always let its next private chunk in.
+  return std::min(rules_.slot_count - 1, std::max<uint32_t>(3, rules_.slot_count / 4));
 }
 
 uint64_t StreamState::tail_begin() const {
@@ -363,10 +369,9 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
     uint64_t position = stream_position_;
     c.next_seq = next_publish_seq_;
     if (!ahead && next.epoch - target.epoch <= 1) {
-      // Catch up and merge a quarter ring past the oldest retained chunk: the chunks before the
-      // merge chunk stay reusable, so there are slots to regenerate into.
-      uint64_t join =
-          std::min(next_publish_seq_, tail + std::max<uint64_t>(1, rules_.slot_count / 4));
+      // Catch up and merge catch_up_slots() past the oldest retained chunk: the chunks before
+      // the merge chunk stay reusable, so there are slots to regenerate into.
+      uint64_t join = std::min<uint64_t>(next_publish_seq_, tail + catch_up_slots());
       c.next_seq = join;
       if (join < next_publish_seq_) {
         const auto& p = descriptors_.at(join).position;

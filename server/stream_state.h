@@ -23,9 +23,9 @@
 // - Seek (consumer -> (epoch, sample)): a retained chunk holding it becomes the cursor; a
 //   position at most the next epoch ahead of the stream is waited for (pinning nothing); any
 //   other position is regenerated (PrivateStreams: behind by at most an epoch, the consumer
-//   pins a shared chunk a quarter ring past the oldest retained and merges there; further,
+//   pins a shared chunk catch_up_slots() past the oldest retained and merges there; further,
 //   private for good) or answered "position unavailable". While a consumer catches up, the
-//   stream's producer keeps that quarter ring reusable for the private chunks.
+//   stream's producer keeps that many slots reusable for the private chunks.
 // - Skip: a chunk no attached consumer wants (all sought past it) is not filled (wanted/skip).
 // - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
 // - End to every consumer after finish(); fail() sends the error to everyone, also later joiners.
@@ -158,6 +158,9 @@ class StreamState {
   void drop_consumer(uint64_t id, const char* why);
   bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
   uint32_t reusable_slots(double now) const;
+  // Slots kept for the private chunks of consumers catching up: max(3, a quarter ring), at most
+  // the ring less one.
+  uint32_t catch_up_slots() const;
   // First seq of the retained chunks that run without a gap up to the newest published one.
   uint64_t tail_begin() const;
   void publish_ready();  // publishes the chunks whose turn it is, in seq order
