@@ -284,6 +284,8 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
     // It wants no more chunks, but batches it handed out may still view slots it holds: keep
     // those holds (and the record) until they are released or the process dies.
     c->closing = true;
+    c->seek.reset();
+    abandon(private_.stop(c->id));  // nor private chunks: nobody waits for it to catch up
     if (ring_.held_by(c->id) == 0) drop_consumer(c->id, "left");
   } else {
     drop("a server-to-consumer message type");

@@ -366,3 +366,24 @@ def test_without_a_timeout_a_dead_server_still_raises_server_gone(endpoint, batc
         for path in (segment_of(endpoint), endpoint[len("ipc://"):]):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_leaving_an_epoch_early_seeks_to_the_next_without_draining(endpoint, batchcast_bin):
+    with serve(endpoint, samples=64, batch=8, epochs=2, ring=4) as server:
+        loader = batchcast.Loader(endpoint, batch_size=8, timeout=30)
+        consumer = loader._open()  # the native consumer: what the Loader drives
+        consumer.next()
+        consumer.next()  # two batches of epoch 0, then the user leaves the epoch
+        assert consumer.position == (0, 16)
+        consumer.seek(consumer.position[0] + 1, 0)  # what a new iteration after a break does
+        assert consumer.position == (1, 0)
+        labels: List[int] = []
+        while (batch := consumer.next()) is not None:
+            assert batch.epoch == 1
+            labels += numpy.from_dlpack(batch.tensors()[1]).tolist()
+        assert sorted(labels) == list(range(64)), "epoch 1, whole"
+        stats = consumer.stats()
+        assert stats["skipped"] == 0
+        assert stats["batches"] == 2 + 8, "the rest of epoch 0 was never read"
+        loader.close()
+        assert server.wait(20) == 0

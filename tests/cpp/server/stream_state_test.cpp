@@ -822,5 +822,25 @@ TEST(StreamState, AChunkEveryConsumerSoughtPastIsSkippedAndKeepsItsPlace) {
   EXPECT_EQ(s.state.stats().chunks_skipped, 6u);
 }
 
+TEST(StreamState, AConsumerThatLeavesWhileCatchingUpHoldsNobodyBack) {
+  const uint64_t per_epoch = 100;
+  Stream s(regenerating(8, per_epoch));
+  s.join("a", 100);
+  for (int i = 0; i < 12; ++i) {
+    s.produce(1, per_epoch);
+    s.tick();
+    s.consume("a");
+  }
+  s.join("b", 2);  // catches up from chunk 0, pinning its merge chunk
+  s.tick();
+  s.regenerate(per_epoch);
+  s.tick();
+  auto held = s.take<BatchDescriptor>("b");
+  ASSERT_FALSE(held.empty());
+  s.send("b", protocol::Goodbye{});  // still holding what it was sent
+  EXPECT_EQ(s.produce_until_refused(per_epoch), 8 - static_cast<int>(held.size()))
+      << "the stream goes on; only b's held slots stay out";
+}
+
 }  // namespace
 }  // namespace batchcast
