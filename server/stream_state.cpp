@@ -111,14 +111,6 @@ uint64_t StreamState::chunks_per_epoch() const {
   return (rules_.epoch_samples + chunk - 1) / chunk;
 }
 
-uint64_t StreamState::end_epoch() const {
-  return rules_.epochs ? rules_.welcome.first_epoch + rules_.epochs : 0;
-}
-
-void StreamState::abandon(const std::vector<uint32_t>& slots) {
-  for (uint32_t slot : slots) ring_.mark_passed(slot);  // nobody will be sent it: reusable
-}
-
 void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
                           std::vector<protocol::TensorSpec> tensors) {
   if (is_private_seq(seq)) {

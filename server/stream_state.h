@@ -167,8 +167,13 @@ class StreamState {
   // Where the stream's next chunk will sit: after the newest published one.
   protocol::Seek stream_next() const;
   uint64_t chunks_per_epoch() const;  // 0 unless the producer regenerates and both are known
-  uint64_t end_epoch() const;         // first epoch not served (0: unbounded)
-  void abandon(const std::vector<uint32_t>& slots);
+  uint64_t end_epoch() const {        // first epoch not served (0: unbounded)
+    return rules_.epochs ? rules_.welcome.first_epoch + rules_.epochs : 0;
+  }
+  // Private chunks nobody will be sent: their slots may be reused.
+  void abandon(const std::vector<uint32_t>& slots) {
+    for (uint32_t slot : slots) ring_.mark_passed(slot);
+  }
 
   StreamRules rules_;
   Send send_;
