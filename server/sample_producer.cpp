@@ -139,11 +139,13 @@ bool SampleProducer::run() {
     pos.epoch_end = c + 1 == chunks;
     return pos;
   };
+  std::mutex begin_mu;  // the stage's begin() is called by one thread at a time (chunk_stage.h)
   auto submit = [&](const FillLease& lease, uint64_t e, uint64_t c,
                     std::shared_ptr<const std::vector<uint64_t>> order) {
     auto job = std::make_shared<ChunkJob>();
     job->lease = lease;
     try {
+      std::lock_guard lk(begin_mu);
       if (options_.stage) options_.stage->begin(lease.slot);
     } catch (const std::exception& ex) {
       failed = true;
