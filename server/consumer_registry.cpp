@@ -14,6 +14,12 @@ ConsumerRecord* ConsumerRegistry::find_by_identity(const std::string& identity) 
   return &by_id_.at(it->second);
 }
 
+size_t ConsumerRegistry::reading() const {
+  size_t n = 0;
+  for (const auto& [id, c] : by_id_) n += c.closing ? 0 : 1;
+  return n;
+}
+
 void ConsumerRegistry::erase(uint64_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;

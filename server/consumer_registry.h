@@ -46,6 +46,7 @@ class ConsumerRegistry {
   ConsumerRecord* find_by_identity(const std::string& identity);
   void erase(uint64_t id);
   size_t size() const { return by_id_.size(); }
+  size_t reading() const;  // not closing: those that still want chunks
   uint64_t ever() const { return next_id_ - 1; }
   std::map<uint64_t, ConsumerRecord>& all() { return by_id_; }
   const std::map<uint64_t, ConsumerRecord>& all() const { return by_id_; }

@@ -137,9 +137,12 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   cmd->add_option("--ring", c.ring, "slots in the shared pool")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  // Under torchrun (or any launcher that sets them) a server per rank shards by itself.
   cmd->add_option("--rank", c.rank, "this server's shard (DistributedSampler semantics)")
+      ->envname("RANK")
       ->capture_default_str();
   cmd->add_option("--world-size", c.world_size, "number of shards")
+      ->envname("WORLD_SIZE")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_choice(cmd, "--stall-policy", c.stall_policy, ServeConfig::kStallPolicies,

@@ -272,6 +272,11 @@ uint64_t ServerCore::consumers_now() const {
   return state_->consumers_now();
 }
 
+uint64_t ServerCore::consumers_reading() const {
+  std::lock_guard lk(mu_);
+  return state_->consumers_reading();
+}
+
 uint64_t ServerCore::consumers_ever() const {
   std::lock_guard lk(mu_);
   return state_->consumers_ever();

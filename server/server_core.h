@@ -122,6 +122,7 @@ class ServerCore {
   const std::string& endpoint() const { return endpoint_; }
   const SlotMemory& memory() const { return memory_; }
   uint64_t consumers_now() const;
+  uint64_t consumers_reading() const;  // StreamState::consumers_reading
   uint64_t consumers_ever() const;
 
  private:

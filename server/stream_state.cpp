@@ -40,11 +40,16 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive)
 
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
-  // A consumer catching up pins its merge chunk and everything after it: the stream's chunks
-  // must leave it slots for its private ones, or it would never reach the merge chunk.
-  // And a regenerated chunk asked for goes first: the stream leaves it the last reusable slot.
-  const uint32_t keep = private_.catching_up() ? catch_up_slots() : 0;
-  if ((keep || private_.next_request()) && reusable_slots(now) <= std::max<uint32_t>(keep, 1)) {
+  // On a producer that regenerates, the stream's chunks pin at most the ring minus a reserve:
+  // a consumer that starts catching up gets slots for its private chunks at once, even while
+  // the others do not read (they pin every chunk they have not read, so paused readers would
+  // leave it none: two loaders of one process would wait for each other for ever). And a
+  // regenerated chunk asked for goes first: the stream leaves it the last reusable slot.
+  // Rings under 8 slots keep no reserve: their consumers may hold all but one slot (max_held).
+  const uint32_t reserve =
+      rules_.regenerates && chunks_per_epoch() && rules_.slot_count >= 8 ? catch_up_slots() : 0;
+  if ((reserve && pinned_stream_slots(now) + reserve >= rules_.slot_count) ||
+      (private_.next_request() && reusable_slots(now) <= 1)) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
   }
@@ -82,6 +87,17 @@ uint32_t StreamState::reusable_slots(double now) const {
     const SlotEntry& e = ring_.slot(i);
     if (e.state == SlotState::kFree || (e.state == SlotState::kPublished && e.holders.empty() &&
                                         may_reuse(e.seq, e.delivered, now)))
+      ++n;
+  }
+  return n;
+}
+
+uint32_t StreamState::pinned_stream_slots(double now) const {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < ring_.size(); ++i) {
+    const SlotEntry& e = ring_.slot(i);
+    if (e.state == SlotState::kFree || is_private_seq(e.seq)) continue;
+    if (e.state == SlotState::kFilling || !e.holders.empty() || !may_reuse(e.seq, e.delivered, now))
       ++n;
   }
   return n;

@@ -24,8 +24,9 @@
 //   position at most the next epoch ahead of the stream is waited for (pinning nothing); any
 //   other position is regenerated (PrivateStreams: behind by at most an epoch, the consumer
 //   pins a shared chunk catch_up_slots() past the oldest retained and merges there; further,
-//   private for good) or answered "position unavailable". While a consumer catches up, the
-//   stream's producer keeps that many slots reusable for the private chunks.
+//   private for good) or answered "position unavailable". On a producer that regenerates, the
+//   stream's chunks pin at most the ring less catch_up_slots() (rings of 8 slots and more): a
+//   catch-up always finds slots, even while the other consumers do not read.
 // - Skip: a chunk no attached consumer wants (all sought past it) is not filled (wanted/skip).
 // - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
 // - End to every consumer after finish(); fail() sends the error to everyone, also later joiners.
@@ -143,6 +144,9 @@ class StreamState {
   bool all_ended() const;
   ServerStats stats() const;
   uint64_t consumers_now() const { return consumers_.size(); }
+  // Attached and not closing: a consumer that said Goodbye while its user still holds batches
+  // stays in consumers_now() (its slots stay pinned) but no longer reads.
+  uint64_t consumers_reading() const { return consumers_.reading(); }
   uint64_t consumers_ever() const { return consumers_.ever(); }
 
  private:
@@ -158,6 +162,7 @@ class StreamState {
   void drop_consumer(uint64_t id, const char* why);
   bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
   uint32_t reusable_slots(double now) const;
+  uint32_t pinned_stream_slots(double now) const;  // filling, held or pinned by a cursor
   // Slots kept for the private chunks of consumers catching up: max(3, a quarter ring), at most
   // the ring less one.
   uint32_t catch_up_slots() const;

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -39,14 +40,12 @@ import torch
 import torch.utils.data
 
 from . import _batchcast
-from ._share_producer import REGENERATES, _lock
+from ._share_producer import _lock
 from .loader import Loader
 
 __all__ = ["SharedStream", "distributed_rank", "fingerprint", "share_paths"]
 
 _log = logging.getLogger("batchcast")
-# MERGE(wip/positions): use _batchcast.PositionUnavailableError directly once it exists.
-_POSITION_UNAVAILABLE = getattr(_batchcast, "PositionUnavailableError", ())
 
 
 def share_paths(key: str) -> Dict[str, str]:
@@ -170,10 +169,15 @@ class SharedStream:
 
     def _seek(self, epoch: int, sample: int) -> Iterator[Any]:
         assert self._loader is not None
+        self._loader.seek(epoch, sample)
+        batches = iter(self._loader)
         try:
-            self._loader.seek(epoch, sample)
-            return iter(self._loader)
-        except _POSITION_UNAVAILABLE as e:
+            # The server answers a seek with the position's first batch or a refusal, which
+            # surfaces from the first next(): take it here, where a fallback is still possible.
+            first = next(batches)
+        except StopIteration:
+            return iter(())
+        except _batchcast.PositionUnavailableError as e:
             if self._private:
                 raise
             _log.warning(
@@ -187,6 +191,7 @@ class SharedStream:
             self.paths = share_paths(self.effective_key)
             self._attach()
             return self._seek(epoch, sample)
+        return itertools.chain((first,), batches)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -306,7 +311,7 @@ class SharedStream:
             "pid": int(launcher.stdout.decode().strip()),
             "started_by": os.getpid(),
             "fingerprint": self._fingerprint,
-            "regenerates": REGENERATES and self._pipeline["sampler"] is not None,
+            "regenerates": self._pipeline["sampler"] is not None,
         }
         with open(self.paths["state"] + ".tmp", "w") as f:
             json.dump(state, f)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import fcntl
-import inspect
 import json
 import os
 import pickle
@@ -45,8 +44,6 @@ GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
 _POLL_S = 0.1
 _STOPPING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-# MERGE(wip/positions): Producer takes regenerate= there; then this is always True.
-REGENERATES = "regenerate" in inspect.signature(Producer).parameters
 
 
 def order_epoch(sampler: Any, epoch: int, seed: Optional[int]) -> None:
@@ -160,7 +157,10 @@ def _watch(
             print(f"batchcast share producer: signal {sig.si_signo}, stopping", flush=True)
             held["lock"] = _lock(paths["lock"])
             break
-        ever, now = producer.consumers_ever, producer.consumers_now
+        # A Loader that closed while its user still holds batches stays attached (its slots
+        # stay pinned) but reads no more: it does not keep the producer. The host pool's
+        # segment may then be unlinked; the user's mapping of it stays valid (POSIX shm).
+        ever, now = producer.consumers_ever, producer.consumers_reading
         if ever == 0:
             if time.monotonic() - started > STARTUP_TIMEOUT_S:
                 held["lock"] = _lock(paths["lock"])
@@ -174,7 +174,7 @@ def _watch(
         if time.monotonic() - empty_since < GRACE_S:
             continue
         fd = _lock(paths["lock"])
-        if producer.consumers_now == 0:  # attaching trainers hold the lock until welcomed
+        if producer.consumers_reading == 0:  # attaching trainers hold the lock until welcomed
             held["lock"] = fd
             print("batchcast share producer: last Loader left, exiting", flush=True)
             break
@@ -190,9 +190,7 @@ def main(argv: list) -> int:
     header, pipeline = _read_spec(argv[1])
     paths = header["paths"]
     stream, regenerate = make_stream(pipeline)
-    # MERGE(wip/positions): pass regenerate=regenerate unconditionally.
-    extra = {"regenerate": regenerate} if REGENERATES and regenerate is not None else {}
-    producer = Producer(stream, endpoint=paths["endpoint"], min_consumers=1, **extra)
+    producer = Producer(stream, endpoint=paths["endpoint"], min_consumers=1, regenerate=regenerate)
     held: Dict[str, int] = {}
     done = threading.Event()
     watcher = threading.Thread(target=_watch, args=(producer, paths, held, done), daemon=True)

@@ -302,14 +302,7 @@ class Loader(Closeable):
         regenerates what it no longer holds, or raises PositionUnavailableError)."""
         if epoch < 0 or sample < 0:
             raise ValueError(f"seek({epoch}, {sample}): epoch and sample must be >= 0")
-        consumer = self._open()
-        if hasattr(consumer, "seek"):
-            consumer.seek(int(epoch), int(sample))
-        elif self._in_epoch:
-            # MERGE(wip/positions): remove this branch; Consumer.seek arrives there. Until
-            # then a seek can only skip the rest of the current epoch, by reading it.
-            while consumer.next() is not None:
-                pass
+        self._open().seek(int(epoch), int(sample))
         self._in_epoch = False
         self._position = (int(epoch), int(sample))
 

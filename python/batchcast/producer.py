@@ -289,6 +289,12 @@ class Producer:
         return int(self._core.consumers_now) if self._core is not None else 0
 
     @property
+    def consumers_reading(self) -> int:
+        """Attached consumers that have not closed (a closed one whose user still holds
+        batches stays in consumers_now until it released them)."""
+        return int(self._core.consumers_reading) if self._core is not None else 0
+
+    @property
     def consumers_ever(self) -> int:
         return int(self._core.consumers_ever) if self._core is not None else 0
 

@@ -233,6 +233,8 @@ void bind_server(py::module_& m) {
       .def("set_epoch_samples", [](PyServer& s, uint64_t n) { s.core().set_epoch_samples(n); })
       .def("stats", [](PyServer& s) { return stats_dict(s.core().stats()); })
       .def_property_readonly("consumers_now", [](PyServer& s) { return s.core().consumers_now(); })
+      .def_property_readonly("consumers_reading",
+                             [](PyServer& s) { return s.core().consumers_reading(); })
       .def_property_readonly("consumers_ever",
                              [](PyServer& s) { return s.core().consumers_ever(); })
       .def_property_readonly("endpoint", [](PyServer& s) { return s.core().endpoint(); })

@@ -43,6 +43,13 @@ def test_a_bad_choice_is_an_error_naming_the_valid_choices(batchcast_bin, option
     assert "{" + ",".join(valid) + "}" in p.stderr, p.stderr
 
 
+def test_serve_takes_rank_and_world_size_from_the_torchrun_environment(batchcast_bin):
+    env = dict(os.environ, RANK="3", WORLD_SIZE="2")
+    p = subprocess.run([batchcast_bin, "serve", "--synthetic", "10"], capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert p.returncode != 0 and "--rank 3 must be below --world-size 2" in p.stderr, p.stderr
+
+
 def test_a_malformed_device_index_names_the_form(batchcast_bin):
     p = run([batchcast_bin, "serve", "--synthetic", "10", "--device", "cuda:x"])
     assert p.returncode == 2
