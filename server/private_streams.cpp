@@ -41,6 +41,11 @@ const PrivateStreams::Stream* PrivateStreams::find(uint64_t consumer) const {
   return it == streams_.end() ? nullptr : &it->second;
 }
 
+bool PrivateStreams::catching_up() const {
+  return std::any_of(streams_.begin(), streams_.end(),
+                     [](const auto& entry) { return entry.second.until.has_value(); });
+}
+
 void PrivateStreams::top_up(uint64_t consumer, uint32_t window, uint64_t chunks_per_epoch,
                             uint64_t end_epoch) {
   Stream* s = find(consumer);

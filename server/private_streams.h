@@ -65,6 +65,8 @@ class PrivateStreams {
   Stream* find(uint64_t consumer);
   const Stream* find(uint64_t consumer) const;
   bool empty() const { return streams_.empty(); }
+  // Some consumer catches up to merge into the shared stream (it pins its merge chunk).
+  bool catching_up() const;
 
   // Asks the producer for `consumer`'s next chunks, up to `window` asked or waiting; chunks of
   // `chunks_per_epoch` per epoch, none from `end_epoch` on (0: no end).

@@ -41,13 +41,16 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive)
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
   // On a producer that regenerates, the stream's chunks pin at most the ring minus a reserve:
-  // a consumer that starts catching up gets slots for its private chunks at once, even while
-  // the others do not read (they pin every chunk they have not read, so paused readers would
-  // leave it none: two loaders of one process would wait for each other for ever). And a
-  // regenerated chunk asked for goes first: the stream leaves it the last reusable slot.
-  // Rings under 8 slots keep no reserve: their consumers may hold all but one slot (max_held).
-  const uint32_t reserve =
-      rules_.regenerates && chunks_per_epoch() && rules_.slot_count >= 8 ? catch_up_slots() : 0;
+  // a consumer that catches up pins its merge chunk and all after it, and must find slots for
+  // its private chunks or it never reaches that chunk. Rings of 8 slots and more keep the
+  // reserve at all times, so that a catch-up starts at once even while the other consumers do
+  // not read (they pin every chunk they have not read: two loaders of one process would wait
+  // for each other for ever); smaller rings only while someone catches up (their consumers may
+  // hold all but one slot, max_held). And a regenerated chunk asked for goes first: the stream
+  // leaves it the last reusable slot.
+  const bool keep_reserve = rules_.regenerates && chunks_per_epoch() &&
+                            (rules_.slot_count >= 8 || private_.catching_up());
+  const uint32_t reserve = keep_reserve ? catch_up_slots() : 0;
   if ((reserve && pinned_stream_slots(now) + reserve >= rules_.slot_count) ||
       (private_.next_request() && reusable_slots(now) <= 1)) {
     if (!blocked_since_) blocked_since_ = now;
