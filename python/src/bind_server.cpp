@@ -29,6 +29,19 @@ namespace py = pybind11;
 namespace batchcast::python {
 namespace {
 
+// Where a chunk a Python producer publishes sits in its epoch.
+protocol::ChunkPosition chunk_position(uint64_t epoch, uint64_t index_in_epoch,
+                                       uint64_t sample_start, uint64_t epoch_samples,
+                                       bool epoch_end) {
+  protocol::ChunkPosition position;
+  position.epoch = epoch;
+  position.index_in_epoch = index_in_epoch;
+  position.sample_start = sample_start;
+  position.epoch_samples = epoch_samples;
+  position.epoch_end = epoch_end;
+  return position;
+}
+
 std::vector<HostTensor> host_tensors(const py::list& tensors) {
   std::vector<HostTensor> out;
   out.reserve(tensors.size());
@@ -61,12 +74,8 @@ class PyServer {
   bool publish(const py::list& tensors, uint64_t epoch, uint64_t index_in_epoch,
                uint64_t sample_start, uint64_t epoch_samples, bool epoch_end) {
     auto batch = host_tensors(tensors);
-    protocol::ChunkPosition position;
-    position.epoch = epoch;
-    position.index_in_epoch = index_in_epoch;
-    position.sample_start = sample_start;
-    position.epoch_samples = epoch_samples;
-    position.epoch_end = epoch_end;
+    const auto position =
+        chunk_position(epoch, index_in_epoch, sample_start, epoch_samples, epoch_end);
     auto ok = std::make_shared<bool>(false);
     worker_.run([core = core_, batch = std::move(batch), position,
                  ok] { *ok = publish_batch(*core, batch, position); },
@@ -108,12 +117,8 @@ class PyServer {
     FillLease lease = it->second;
     leases_.erase(it);
     auto batch = host_tensors(tensors);
-    protocol::ChunkPosition position;
-    position.epoch = epoch;
-    position.index_in_epoch = index_in_epoch;
-    position.sample_start = sample_start;
-    position.epoch_samples = epoch_samples;
-    position.epoch_end = epoch_end;
+    const auto position =
+        chunk_position(epoch, index_in_epoch, sample_start, epoch_samples, epoch_end);
     py::gil_scoped_release nogil;  // the caller keeps the tensors alive for the call
     publish_batch_into(*core_, lease, batch, position);
   }
