@@ -51,8 +51,10 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   const bool keep_reserve = rules_.regenerates && chunks_per_epoch() &&
                             (rules_.slot_count >= 8 || private_.catching_up());
   const uint32_t reserve = keep_reserve ? catch_up_slots() : 0;
-  if ((reserve && pinned_stream_slots(now) + reserve >= rules_.slot_count) ||
-      (private_.next_request() && reusable_slots(now) <= 1)) {
+  const bool asked = private_.next_request().has_value();
+  const SlotCount slots = reserve || asked ? count_slots(now) : SlotCount{};
+  if ((reserve && slots.pinned_stream + reserve >= rules_.slot_count) ||
+      (asked && slots.reusable <= 1)) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
   }
@@ -84,24 +86,17 @@ std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
   return Fill{seq, *slot, request->chunk};
 }
 
-uint32_t StreamState::reusable_slots(double now) const {
-  uint32_t n = 0;
+StreamState::SlotCount StreamState::count_slots(double now) const {
+  SlotCount n;
   for (uint32_t i = 0; i < ring_.size(); ++i) {
     const SlotEntry& e = ring_.slot(i);
-    if (e.state == SlotState::kFree || (e.state == SlotState::kPublished && e.holders.empty() &&
-                                        may_reuse(e.seq, e.delivered, now)))
-      ++n;
-  }
-  return n;
-}
-
-uint32_t StreamState::pinned_stream_slots(double now) const {
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < ring_.size(); ++i) {
-    const SlotEntry& e = ring_.slot(i);
-    if (e.state == SlotState::kFree || is_private_seq(e.seq)) continue;
-    if (e.state == SlotState::kFilling || !e.holders.empty() || !may_reuse(e.seq, e.delivered, now))
-      ++n;
+    const bool reusable =
+        e.state == SlotState::kFree || (e.state == SlotState::kPublished && e.holders.empty() &&
+                                        may_reuse(e.seq, e.delivered, now));
+    if (reusable)
+      ++n.reusable;
+    else if (!is_private_seq(e.seq))
+      ++n.pinned_stream;
   }
   return n;
 }

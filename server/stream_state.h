@@ -161,8 +161,11 @@ class StreamState {
   void check_liveness(double now);
   void drop_consumer(uint64_t id, const char* why);
   bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
-  uint32_t reusable_slots(double now) const;
-  uint32_t pinned_stream_slots(double now) const;  // filling, held or pinned by a cursor
+  struct SlotCount {
+    uint32_t reusable = 0;       // free, or published and refillable now (may_reuse)
+    uint32_t pinned_stream = 0;  // the stream's chunks that are not: filling, held or pinned
+  };
+  SlotCount count_slots(double now) const;
   // Slots kept for the private chunks of consumers catching up: max(3, a quarter ring), at most
   // the ring less one.
   uint32_t catch_up_slots() const;
