@@ -153,10 +153,7 @@ void Session::release(protocol::Release release, std::vector<std::shared_ptr<Rel
 void Session::seek(protocol::Seek target) {
   {
     std::lock_guard lk(mu_);
-    for (const auto& d : queue_) {
-      outbox_.push_back(protocol::Release{d.seq, d.slot});
-      outbox_.push_back(protocol::Credit{1});
-    }
+    for (const auto& d : queue_) let_go(d, true);
     queue_.clear();
     position_error_.clear();
     ++seeks_unanswered_;
@@ -165,12 +162,17 @@ void Session::seek(protocol::Seek target) {
   wake();
 }
 
+void Session::let_go(const protocol::BatchDescriptor& d, bool credit_back) {
+  outbox_.push_back(protocol::Release{d.seq, d.slot});
+  if (credit_back) outbox_.push_back(protocol::Credit{1});
+}
+
 void Session::goodbye() {
   {
     // Chunks delivered but never read are released now, and any arriving later too: the
     // server keeps a leaving consumer (and its slots) until it has released every chunk.
     std::lock_guard lk(mu_);
-    for (const auto& d : queue_) outbox_.push_back(protocol::Release{d.seq, d.slot});
+    for (const auto& d : queue_) let_go(d, false);
     queue_.clear();
     leaving_ = true;
   }
@@ -220,11 +222,7 @@ void Session::on_message(const void* data, size_t size, double now) {
   last_heard_ = now;
   std::lock_guard lk(mu_);
   if (auto* d = std::get_if<protocol::BatchDescriptor>(&*r.message)) {
-    if (seeks_unanswered_) {  // sent for the cursor before the seek: let it go unread
-      outbox_.push_back(protocol::Release{d->seq, d->slot});
-      outbox_.push_back(protocol::Credit{1});
-      return;
-    }
+    if (seeks_unanswered_) return let_go(*d, true);  // sent for the cursor before the seek
     auto invalid = protocol::validate_descriptor(*d, welcome_.slot_count, welcome_.slot_bytes);
     if (invalid.empty() && memory_.pool().slot_seq(d->slot) != d->seq)
       invalid =
@@ -232,13 +230,9 @@ void Session::on_message(const void* data, size_t size, double now) {
     if (!invalid.empty()) {
       dropped++;
       spdlog::warn("dropped a descriptor from {}: {}", endpoint_, invalid);
-      outbox_.push_back(protocol::Release{d->seq, d->slot});
-      return;
+      return let_go(*d, false);
     }
-    if (leaving_) {
-      outbox_.push_back(protocol::Release{d->seq, d->slot});
-      return;
-    }
+    if (leaving_) return let_go(*d, false);
     queue_.push_back(std::move(*d));
   } else if (std::holds_alternative<protocol::End>(*r.message)) {
     ended_ = true;

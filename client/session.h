@@ -85,6 +85,9 @@ class Session {
   void on_message(const void* data, size_t size, double now);
   bool server_gone(double now);
   void wake();
+  // With mu_ held: gives back a chunk that is never handed out (dropped, sent before a seek,
+  // arriving while leaving); `credit_back` asks for another in its place.
+  void let_go(const protocol::BatchDescriptor& d, bool credit_back);
 
   std::string endpoint_;
   zmq::context_t context_{1};
