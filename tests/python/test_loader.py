@@ -46,6 +46,15 @@ def read_epochs(loader: batchcast.Loader, epochs: int, out: List[List[torch.Tens
         out.append(batches)
 
 
+
+def remove_killed_server_files(endpoint: str) -> None:
+    """A killed server cannot clean up (the next server on the machine would): its pool and
+    socket are removed here."""
+    for path in (segment_of(endpoint), endpoint[len("ipc://"):]):
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_consumers_with_different_batch_sizes_see_each_sample_once(endpoint, batchcast_bin):
     with serve(endpoint, min_consumers=3) as server:
         loaders = [batchcast.Loader(endpoint, batch_size=b, timeout=20) for b in (10, 7, 10)]
@@ -171,10 +180,7 @@ def test_killed_server_raises_server_gone(endpoint, batchcast_bin):
         loader.close()
     finally:
         server.stop()
-        # A killed server cannot clean up (the next server on the machine would).
-        for path in (segment_of(endpoint), endpoint[len("ipc://"):]):
-            if os.path.exists(path):
-                os.unlink(path)
+        remove_killed_server_files(endpoint)
 
 
 def test_ctrl_c_interrupts_a_blocked_next_quickly(endpoint, batchcast_bin, run_py):
@@ -363,9 +369,7 @@ def test_without_a_timeout_a_dead_server_still_raises_server_gone(endpoint, batc
         loader.close()
     finally:
         server.stop()
-        for path in (segment_of(endpoint), endpoint[len("ipc://"):]):
-            if os.path.exists(path):
-                os.unlink(path)
+        remove_killed_server_files(endpoint)
 
 
 def test_leaving_an_epoch_early_seeks_to_the_next_without_draining(endpoint, batchcast_bin):
