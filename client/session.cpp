@@ -184,12 +184,15 @@ std::optional<protocol::BatchDescriptor> Session::pop(double timeout_s, double* 
   std::unique_lock lk(mu_);
   double start = monotonic_seconds();
   double deadline = deadline_from(timeout_s);
-  while (queue_.empty()) {
+  while (true) {
+    // A refused seek comes before any chunk: those that follow its reply were sent from the
+    // old cursor (the reply and a descriptor can arrive together, while this thread waits).
     if (!position_error_.empty()) {
       std::string message = std::move(position_error_);
       position_error_.clear();
       throw PositionUnavailableError(message + " (batchcast server at " + endpoint_ + ")");
     }
+    if (!queue_.empty()) break;
     if (!server_error_.empty())
       throw Error("server failed: " + server_error_ + " (reported by the batchcast server at " +
                   endpoint_ + ")");
