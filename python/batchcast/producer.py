@@ -259,6 +259,11 @@ class Producer:
     def close(self) -> None:
         """Stops and removes the shared pool and the endpoint (idempotent)."""
         self.stop()
+        if self._regenerating is not None:
+            # Its frame holds the core: were it still alive at exit, the pool and the socket
+            # would never be removed. stop() ends its acquire_private().
+            self._regenerating.join()
+            self._regenerating = None
         self._core = None
         if self._guard is not None:
             self._guard.release()
