@@ -1,5 +1,5 @@
-// batchcast: the native command line (CLI11). Subcommands: serve (serve.h, configured by
-// serve_config.h), make-dataset (decoders/make_dataset.h). `report` and `bench` are listed so
+// batchcast: the native command line (CLI11). Subcommands: serve (serve.h; its options are
+// serve_cli.h's, its settings serve_config.h's), make-dataset (decoders/make_dataset.h). `report` and `bench` are listed so
 // that help shows them, but they belong to the Python package: its `batchcast` console script
 // runs them and execs this program for everything else. spdlog logs to stderr: stdout stays for
 // data (--help, --version).
@@ -7,15 +7,12 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <array>
 #include <map>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "decoders/make_dataset.h"
 #include "server/serve.h"
+#include "server/serve_cli.h"
 #include "server/serve_config.h"
 
 namespace batchcast {
@@ -26,148 +23,6 @@ const std::map<std::string, spdlog::level::level_enum> kLogLevels = {
     {"info", spdlog::level::info},   {"warn", spdlog::level::warn},
     {"error", spdlog::level::err},   {"critical", spdlog::level::critical},
     {"off", spdlog::level::off}};
-
-// An option whose value is one of `choices` (by name): CLI11 rejects any other value with an
-// error listing the valid ones, and help shows the default.
-template <typename T>
-CLI::Option* add_choice(CLI::App* cmd, const std::string& name, T& value,
-                        const std::map<std::string, T>& choices, const std::string& help) {
-  std::string default_name;
-  for (const auto& [key, v] : choices)
-    if (v == value) default_name = key;
-  return cmd
-      ->add_option_function<std::string>(
-          name, [&value, &choices](const std::string& s) { value = choices.at(s); }, help)
-      ->check(CLI::IsMember(choices))
-      ->default_str(default_name);
-}
-
-// A fixed count of numbers, given as --name A,B,C (or space-separated); `each` checks every one.
-template <typename T, size_t N>
-CLI::Option* add_numbers(CLI::App* cmd, const std::string& name, std::array<T, N>& value,
-                         const CLI::Validator& each, const std::string& help) {
-  std::ostringstream default_text;
-  for (size_t i = 0; i < N; ++i) default_text << (i ? "," : "") << value[i];
-  return cmd
-      ->add_option_function<std::vector<T>>(
-          name, [&value](const std::vector<T>& v) { std::copy(v.begin(), v.end(), value.begin()); },
-          help)
-      ->expected(static_cast<int>(N))
-      ->delimiter(',')
-      ->check(each)
-      ->default_str(default_text.str());
-}
-
-// A number other than 0 (a divisor).
-const CLI::Validator kNonZero(
-    [](std::string& text) -> std::string {
-      if (std::string err = CLI::Number(text); !err.empty()) return err;
-      return std::stod(text) != 0.0 ? std::string() : text + " divides: it must not be 0";
-    },
-    "NONZERO");
-
-// The forms shm/device_identity.h parses (whether the device exists is validate()'s check).
-const CLI::Validator kDevice([](std::string& device) { return device_spec_error(device); },
-                             "cpu|cuda[:K]|GPU-<uuid>|MIG-<uuid>");
-
-void add_serve_options(CLI::App* cmd, ServeConfig& c) {
-  // Each source excludes the others; validate() requires one and says which to give.
-  auto* data = cmd->add_option("--data", c.data, "image folder (torchvision ImageFolder layout)")
-                   ->check(CLI::ExistingDirectory);
-  auto* list = cmd->add_option("--file-list", c.file_list, "text file of 'path label' lines")
-                   ->check(CLI::ExistingFile);
-  auto* synthetic =
-      cmd->add_option("--synthetic", c.synthetic, "serve N synthetic samples (tests, benchmarks)")
-          ->check(CLI::PositiveNumber);
-  data->excludes(list)->excludes(synthetic);
-  list->excludes(synthetic);
-  cmd->add_option("--sample-bytes", c.sample_bytes, "bytes per synthetic sample")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--endpoint", c.endpoint,
-                  "ipc://PATH or tcp://HOST:PORT (default ipc:///tmp/batchcast-UID.sock)");
-  cmd->add_flag("--listen-all", c.listen_all,
-                "let tcp://*:PORT listen on every interface, not only loopback");
-  cmd->add_option("--batch-size", c.batch_size, "samples per chunk; consumers' default batch size")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--image-size", c.image_size, "output side in pixels")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_flag("--eval", c.eval, "Resize + CenterCrop instead of RandomResizedCrop + flip");
-  add_numbers(cmd, "--mean", c.mean, CLI::Number, "Normalize mean per RGB channel");
-  add_numbers(cmd, "--std", c.std, kNonZero, "Normalize std per RGB channel");
-  add_numbers(cmd, "--scale", c.scale, CLI::NonNegativeNumber,
-              "RandomResizedCrop area fraction range MIN,MAX");
-  add_numbers(cmd, "--ratio", c.ratio, CLI::PositiveNumber,
-              "RandomResizedCrop aspect ratio range MIN,MAX");
-  cmd->add_option("--flip-p", c.flip_p, "probability of the horizontal flip (training)")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  cmd->add_option("--resize-size", c.resize_size,
-                  "eval: shorter side before the centred crop (0: image size * 256 / 224)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  add_choice(cmd, "--interpolation", c.interpolation, kInterpolationNames,
-             "resize filter: bilinear or nearest (nearest: CPU decoder only)");
-  add_choice(cmd, "--uint8-layout", c.uint8_layout, kUint8LayoutNames,
-             "uint8 samples as hwc (S,S,3) or chw (3,S,S, as PILToTensor)");
-  cmd->add_option("--workers", c.workers, "decoding threads")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option(
-         "--device", c.device,
-         "where the pool lives: cpu, GPU K as cuda:K, or a GPU or MIG instance by its UUID "
-         "(nvidia-smi -L)")
-      ->check(kDevice)
-      ->capture_default_str();
-  add_choice(cmd, "--decoder", c.decoder, ServeConfig::kDecoders,
-             "cpu (TurboJPEG/libjpeg) or nvjpeg (GPU; needs --device cuda:K)");
-  cmd->add_option("--epochs", c.epochs, "epochs to serve (0: until stopped)")
-      ->capture_default_str();
-  cmd->add_option("--seed", c.seed, "seed of shuffling and augmentation")->capture_default_str();
-  cmd->add_flag("--shuffle,!--no-shuffle", c.shuffle, "shuffle every epoch (default on)");
-  cmd->add_option("--min-consumers", c.min_consumers,
-                  "consumers to wait for before the stream starts")
-      ->capture_default_str();
-  add_choice(cmd, "--output", c.output, ServeConfig::kOutputs,
-             "float32, float16, bfloat16 (normalised) or uint8");
-  add_choice(cmd, "--on-error", c.on_error, ServeConfig::kOnError,
-             "bad samples: raise (fail the stream) or skip (count them)");
-  cmd->add_option("--ring", c.ring, "slots in the shared pool")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  // Under torchrun (or any launcher that sets them) a server per rank shards by itself.
-  cmd->add_option("--rank", c.rank, "this server's shard (DistributedSampler semantics)")
-      ->envname("RANK")
-      ->capture_default_str();
-  cmd->add_option("--world-size", c.world_size, "number of shards")
-      ->envname("WORLD_SIZE")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  add_choice(cmd, "--stall-policy", c.stall_policy, ServeConfig::kStallPolicies,
-             "wait (never skip data) or skip");
-  cmd->add_option("--stall-timeout", c.stall_timeout,
-                  "seconds before skip leaves an idle consumer behind")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  // Under `batchcast track`, BATCHCAST_METRICS_DIR names the tracked run's directory, so a
-  // server started there lands in the same run tree.
-  cmd->add_option("--metrics-dir", c.metrics_dir,
-                  "write CPU/throughput metrics (CSV + summary.json) here")
-      ->envname("BATCHCAST_METRICS_DIR");
-  cmd->add_option("--metrics-interval", c.metrics_interval, "seconds between metric samples")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--status-interval", c.status_interval, "seconds between status lines (0: none)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--fail-linger", c.fail_linger,
-                  "after a stream failure, seconds to keep answering trainers with the error "
-                  "before exiting 1")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-}
 
 void add_make_dataset_options(CLI::App* cmd, MakeDatasetOptions& md) {
   cmd->add_option("--out", md.out_dir, "output folder (ImageFolder layout)")->required();

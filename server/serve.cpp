@@ -15,6 +15,8 @@
 #include "server/server_core.h"
 #include "server/signal_watcher.h"
 #include "server/synthetic_source.h"
+#include "server/chunk_stage.h"
+#include "server/stream_plan.h"
 #ifdef BATCHCAST_HAVE_CUDA
 #include "server/cuda_stage.h"
 #endif
@@ -85,79 +87,91 @@ void drain_gpu_pool(const ServerCore& core, const std::atomic<bool>& stop) {
 
 }  // namespace
 
-int serve(const ServeConfig& c) {
-  SignalWatcher signals;
-  std::unique_ptr<SampleSource> source = make_source(c);
-  StreamPlan plan(source->size(), {c.seed, c.shuffle, c.rank, c.world_size});
+RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
+  source_ = make_source(c);
+  plan_ = std::make_unique<StreamPlan>(source_->size(),
+                                       StreamPlanOptions{c.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
-  ServerCore core(c.server_options(*source, plan.epoch_samples()));
-#ifdef BATCHCAST_HAVE_CUDA
-  std::unique_ptr<ChunkStage> stage;  // destroyed before the core whose arena it borrows
+  core_ = std::make_unique<ServerCore>(c.server_options(*source_, plan_->epoch_samples()));
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
-    stage = std::make_unique<NvjpegStage>(*core.memory().device_arena(),
-                                          static_cast<const ImageSource&>(*source), c.batch_size,
-                                          po.on_error);
+    stage_ = std::make_unique<NvjpegStage>(*core_->memory().device_arena(),
+                                           static_cast<const ImageSource&>(*source_),
+                                           c.batch_size, po.on_error);
 #endif
-  if (c.cuda_device() >= 0 && !stage)
-    stage = std::make_unique<CudaStage>(*core.memory().device_arena(), *source, c.conversions(),
-                                        c.batch_size);
-  po.stage = stage.get();
+#ifdef BATCHCAST_HAVE_CUDA
+  if (c.cuda_device() >= 0 && !stage_)
+    stage_ = std::make_unique<CudaStage>(*core_->memory().device_arena(), *source_,
+                                         c.conversions(), c.batch_size);
 #endif
-
-  std::atomic<bool> stop{false};
-  signals.watch([&](int signo) {
-    spdlog::info("received {}: shutting down", signal_name(signo));
-    stop = true;
-    core.stop();
+  po.stage = stage_.get();
+  collector_ = make_collector(c, *core_);
+  if (collector_) collector_->start();
+  producer_ = std::make_unique<SampleProducer>(*core_, *source_, *plan_, po);
+  producing_ = std::thread([this] {
+    produce_ok_ = producer_->run();
+    produced_ = true;
   });
+}
 
-  std::unique_ptr<MetricsCollector> collector = make_collector(c, core);
-  if (collector) collector->start();
+RunningServer::~RunningServer() {
+  stop();
+  if (producing_.joinable()) producing_.join();
+  if (collector_) collector_->stop();
+}
 
-  SampleProducer producer(core, *source, plan, po);
-  std::atomic<bool> produced{false};
-  bool produce_ok = false;
-  std::thread producing([&] {
-    produce_ok = producer.run();
-    produced = true;
-  });
+void RunningServer::stop() {
+  stop_ = true;
+  core_->stop();
+}
 
+int RunningServer::wait() {
+  ServerCore& core = *core_;
   auto last = core.stats();
   double last_t = monotonic_seconds();
-  while (!stop) {
-    if (core.failed() || (produced && (!produce_ok || core.wait_finished(0)))) break;
+  while (!stop_) {
+    if (core.failed() || (produced_ && (!produce_ok_ || core.wait_finished(0)))) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     double now = monotonic_seconds();
-    if (c.status_interval > 0 && now - last_t >= c.status_interval) {
+    if (config_.status_interval > 0 && now - last_t >= config_.status_interval) {
       auto s = core.stats();
       log_status(s, last, now - last_t);
       last = s;
       last_t = now;
     }
   }
-  if (!produced && !stop) core.wait_finished(-1);
-  const bool failed = core.failed() || (!stop && !(produce_ok && core.wait_finished(0)));
-  if (failed && c.fail_linger > 0) {
+  if (!produced_ && !stop_) core.wait_finished(-1);
+  const bool failed = core.failed() || (!stop_ && !(produce_ok_ && core.wait_finished(0)));
+  if (failed && config_.fail_linger > 0) {
     // Trainers that attach now still get the error (and those after the exit read the failure
     // record): without the linger they would wait out their timeout on a silent endpoint.
     spdlog::info("still answering on {} for {} s with the error (--fail-linger)", core.endpoint(),
-                 c.fail_linger);
-    const double until = monotonic_seconds() + c.fail_linger;
-    while (!stop && monotonic_seconds() < until)
+                 config_.fail_linger);
+    const double until = monotonic_seconds() + config_.fail_linger;
+    while (!stop_ && monotonic_seconds() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (!failed && c.cuda_device() >= 0) drain_gpu_pool(core, stop);
-  signals.stop();  // its callback uses `core`, which is destroyed before `signals`
+  if (!failed && config_.cuda_device() >= 0) drain_gpu_pool(core, stop_);
   core.stop();
-  producing.join();
-  if (collector) collector->stop();
+  if (producing_.joinable()) producing_.join();
   auto s = core.stats();
   spdlog::info(
       "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died",
-      s.chunks_published, s.samples_published, producer.skipped_samples(), s.consumers_ever,
+      s.chunks_published, s.samples_published, producer_->skipped_samples(), s.consumers_ever,
       s.consumers_died);
-  return failed ? 1 : 0;  // a signal during the linger does not make a failure a success
+  return failed ? 1 : 0;  // a stop during the linger does not make a failure a success
+}
+
+int serve(const ServeConfig& c) {
+  SignalWatcher signals;  // before any thread starts: they inherit its signal mask
+  RunningServer server(c);
+  signals.watch([&server](int signo) {
+    spdlog::info("received {}: shutting down", signal_name(signo));
+    server.stop();
+  });
+  const int code = server.wait();
+  signals.stop();  // its callback uses `server`, which is destroyed before `signals`
+  return code;
 }
 
 }  // namespace batchcast

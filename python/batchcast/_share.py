@@ -39,11 +39,11 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 import torch.utils.data
 
-from . import _batchcast
+from . import _batchcast, torchvision_plan
 from ._share_producer import _lock
 from .loader import Loader
 
-__all__ = ["SharedStream", "distributed_rank", "fingerprint", "share_paths"]
+__all__ = ["SharedStream", "distributed_rank", "fingerprint", "native_plan", "share_paths"]
 
 _log = logging.getLogger("batchcast")
 
@@ -119,6 +119,35 @@ def fingerprint(loader: torch.utils.data.DataLoader, seed: Optional[int]) -> Dic
         "drop_last": loader.drop_last,
         "collate_fn": _qualified(loader.collate_fn),
     }
+
+
+def native_plan(
+    loader: torch.utils.data.DataLoader,
+    user_args: Dict[str, Any],
+    seed: Optional[int],
+    pin_memory: bool,
+    pin_memory_device: str,
+) -> Optional[torchvision_plan.NativePlan]:
+    """The native plan of the loader's pipeline, or None (torchvision_plan.plan logs why).
+    ``user_args`` are the DataLoader arguments as the user gave them (sampler, collate_fn...).
+
+    Where it decodes: pinned batches say the trainer moves them to a GPU, so with
+    ``pin_memory`` (a CUDA device usable, nvJPEG in this build) the native server decodes with
+    nvJPEG into a pool on ``pin_memory_device`` (default: the current CUDA device) and batches
+    arrive as CUDA tensors there; otherwise the CPU decoder fills a host pool."""
+    device, nvjpeg = None, False
+    if pin_memory and _batchcast.has_nvjpeg and torch.cuda.is_available():
+        device = pin_memory_device or f"cuda:{torch.cuda.current_device()}"
+        nvjpeg = True
+    found = torchvision_plan.plan(
+        loader.dataset, user_args, seed=seed or 0, device=device, nvjpeg=nvjpeg
+    )
+    return found if isinstance(found, torchvision_plan.NativePlan) else None
+
+
+def decoding_of(plan: Optional[torchvision_plan.NativePlan]) -> str:
+    """How a share's samples are made, as the fingerprint states it: one stream, one way."""
+    return "python" if plan is None else f"native {plan.decoder} decoder, pool on {plan.device}"
 
 
 def _producer_alive(pid: int) -> bool:

@@ -12,12 +12,21 @@ sweep of any batchcast server, removes them). It decides to exit while holding t
 share's lock file, and keeps it until its endpoint and files are gone, so a process attaching
 at that moment either is counted or starts a fresh producer. Output goes to the share's log.
 
-Epoch e of the stream is the pipeline's sampler after ``sampler.set_epoch(e)`` (a
+What serves (:func:`make_producer`): when the trainer's pipeline has a native plan
+(``torchvision_plan``: a recognised torchvision ImageFolder pipeline), the native server runs
+in this process (``_batchcast.RunningServer``, the CPU decoder or nvJPEG into a GPU pool), with
+its own shuffle and augmentation draws from the plan's seed. Otherwise the pipeline runs in
+Python: epoch e of the stream is the pipeline's sampler after ``sampler.set_epoch(e)`` (a
 DistributedSampler), or a RandomSampler drawn from ``seed + e``: any epoch's order can be
 rebuilt, so a map-style dataset also gives ``regenerate(epoch, index)``, which decodes chunk
 ``index`` of epoch ``epoch`` again (in this process, not in the workers) for Loaders that
 join late or resume. An IterableDataset cannot: its late joiners wait for the next epoch.
-Thread-safety: single process; the watcher thread only stops the Producer and takes the lock.
+Both regenerate for late joiners.
+
+Signals: SIGINT/SIGTERM/SIGHUP get a handler that only records them (Python's C-level handler
+writes the number to a wakeup pipe, on whichever thread the signal lands: CUDA's threads
+included); the watcher thread reads the pipe.
+Thread-safety: single process; the watcher thread only stops the producer and takes the lock.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import json
 import os
 import pickle
 import runpy
+import select
 import signal
 import sys
 import threading
@@ -38,7 +48,9 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 import torch
 import torch.utils.data
 
+from batchcast import _batchcast
 from batchcast.producer import Producer
+from batchcast.server import serve_args
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
@@ -103,6 +115,54 @@ def make_stream(pipeline: Dict[str, Any]) -> Tuple[Iterable[Any], Optional[Calla
     return stream, regenerate
 
 
+class _NativeProducer:
+    """The native server of a recognised pipeline, with the surface the watcher uses."""
+
+    def __init__(self, args: list) -> None:
+        self._server = _batchcast.RunningServer(args)
+
+    def run(self, epochs: Optional[int] = None) -> None:
+        self._server.wait()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def close(self) -> None:
+        self._server.close()
+
+    @property
+    def consumers_ever(self) -> int:
+        return self._server.consumers_ever
+
+    @property
+    def consumers_reading(self) -> int:
+        # A GPU pool lives only as long as this process (CUDA IPC): a Loader that closed while
+        # its user still holds batches keeps it, where a host pool's mapping would outlive it.
+        if self._server.on_gpu:
+            return self._server.consumers_now
+        return self._server.consumers_reading
+
+
+def make_producer(pipeline: Dict[str, Any], endpoint: str) -> Any:
+    """What serves the share: the native server for a native plan, else a Producer of
+    :func:`make_stream`. Either has run(epochs), stop(), close(), consumers_ever and
+    consumers_reading."""
+    plan = pipeline.get("native")
+    if plan is not None:
+        workers = max(1, pipeline["decoding"]["num_workers"])
+        # Rank and world size explicitly: RANK/WORLD_SIZE in this process's environment (a
+        # torchrun trainer's) would shard the stream; each rank's share is its own key.
+        args = serve_args(endpoint=endpoint, epochs=None, min_consumers=1, workers=workers,
+                          extra_args=["--rank", "0", "--world-size", "1",
+                                      "--status-interval", "60"],
+                          **plan.serve_kwargs())
+        print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "
+              f"{plan.device}): batchcast serve {' '.join(args)}", flush=True)
+        return _NativeProducer(args)
+    stream, regenerate = make_stream(pipeline)
+    return Producer(stream, endpoint=endpoint, min_consumers=1, regenerate=regenerate)
+
+
 def _load_main(path: str) -> None:
     """Makes the trainer's main script importable as __main__ (for classes pickled from it),
     the way multiprocessing's spawn does: its `if __name__ == "__main__":` block does not run."""
@@ -143,18 +203,25 @@ def _lock(path: str) -> int:
 
 
 def _watch(
-    producer: Any, paths: Dict[str, str], held: Dict[str, int], done: threading.Event
+    producer: Any,
+    paths: Dict[str, str],
+    held: Dict[str, int],
+    done: threading.Event,
+    signals: int,
 ) -> None:
-    """Stops the producer on a signal or once no Loader remains; takes the lock to decide."""
+    """Stops the producer on a signal (a byte on the ``signals`` pipe) or once no Loader
+    remains; takes the lock to decide."""
     started = time.monotonic()
     empty_since = None
     while True:
         if done.is_set():  # run() ended by itself (an error in the dataset)
             held["lock"] = _lock(paths["lock"])
             break
-        sig = signal.sigtimedwait(_STOPPING_SIGNALS, _POLL_S)
-        if sig is not None:
-            print(f"batchcast share producer: signal {sig.si_signo}, stopping", flush=True)
+        if select.select([signals], [], [], _POLL_S)[0]:
+            signo = os.read(signals, 1)[0]
+            if signo not in _STOPPING_SIGNALS:  # e.g. torch's SIGCHLD handler for its workers
+                continue
+            print(f"batchcast share producer: signal {signo}, stopping", flush=True)
             held["lock"] = _lock(paths["lock"])
             break
         # A Loader that closed while its user still holds batches stays attached (its slots
@@ -183,17 +250,28 @@ def _watch(
     producer.stop()
 
 
+def _record_signals() -> int:
+    """Makes the stopping signals write their number to a pipe, and nothing else (the main
+    thread spends its time in native calls, where Python-level handlers would not run); the
+    pipe's read end."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end)
+    for signo in _STOPPING_SIGNALS:
+        signal.signal(signo, lambda *_: None)
+    return read_end
+
+
 def main(argv: list) -> int:
-    # Signals are taken by the watcher thread (sigtimedwait): the main thread spends its time
-    # in native calls, where Python signal handlers would not run.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING_SIGNALS)
+    signals = _record_signals()
     header, pipeline = _read_spec(argv[1])
     paths = header["paths"]
-    stream, regenerate = make_stream(pipeline)
-    producer = Producer(stream, endpoint=paths["endpoint"], min_consumers=1, regenerate=regenerate)
+    producer = make_producer(pipeline, paths["endpoint"])
     held: Dict[str, int] = {}
     done = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(producer, paths, held, done), daemon=True)
+    watcher = threading.Thread(
+        target=_watch, args=(producer, paths, held, done, signals), daemon=True
+    )
     watcher.start()
     print(f"batchcast share producer {os.getpid()}: serving {header['key']!r} on "
           f"{paths['endpoint']}", flush=True)

@@ -24,6 +24,16 @@ With ``share``, torch's arguments mean:
   is alive (a slow peer or an epoch boundary is no error; a dead producer is).
 - refused: ``batch_sampler`` and ``batch_size=None`` (the stream is chunks of one batch size).
 
+Native decoding: a torchvision ``ImageFolder`` pipeline that ``batchcast.torchvision_plan``
+recognises (RandomResizedCrop + flip, or Resize + CenterCrop, then ToTensor/Normalize or their
+v2 forms; no custom sampler or collate_fn) is served by the native C++ pipeline instead of the
+dataset's Python code: the same labels, class order, transform parameters, dtype and layout,
+within the pipeline's documented tolerance, and its own seeded shuffle and augmentation draws.
+With ``pin_memory=True`` on a machine with a GPU and a build with nvJPEG, it decodes on that GPU
+(``pin_memory_device``, default the current device) and batches arrive as CUDA tensors there.
+Anything else runs in Python, and one log line (logger ``batchcast.torchvision_plan``) names the
+step that prevented the native path. ``native=False`` always runs the dataset's own code.
+
 Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
 DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
 without draining the rest. Resume: ``state_dict()`` / ``load_state_dict()`` (torchdata's
@@ -39,7 +49,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch.utils.data
 
-from ._share import SharedStream, fingerprint, pipeline_of, share_paths
+from ._share import SharedStream, decoding_of, fingerprint, native_plan, pipeline_of, share_paths
 from .loader import Closeable
 
 __all__ = ["DataLoader", "share_paths"]
@@ -65,6 +75,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         generator: Any = None,
         *,
         share: Optional[str] = None,
+        native: bool = True,
         **kwargs: Any,
     ) -> None:
         self._stream: Optional[SharedStream] = None  # before torch's __init__: __del__ reads it
@@ -99,11 +110,16 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 "it empty or name a cuda device"
             )
         pipeline, chosen_seed = pipeline_of(self, multiprocessing_context)
+        user_args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+                         batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last)
+        pipeline["native"] = (
+            native_plan(self, user_args, pipeline["seed"], pin_memory, device)
+            if native else None
+        )
+        prints = fingerprint(self, chosen_seed)
+        prints["decoding"] = decoding_of(pipeline["native"])
         self._stream = SharedStream(
-            share,
-            pipeline,
-            fingerprint(self, chosen_seed),
-            {"timeout": timeout, "pin_memory": pin_memory},
+            share, pipeline, prints, {"timeout": timeout, "pin_memory": pin_memory}
         )
 
     # -- iteration ---------------------------------------------------------------------------

@@ -22,12 +22,12 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from . import _batchcast
 from ._exit_guard import ExitGuard
 
-__all__ = ["Server", "serve", "find_binary"]
+__all__ = ["Server", "serve", "serve_args", "find_binary"]
 
 
 def find_binary() -> str:
@@ -158,7 +158,7 @@ def _numbers(values: Optional[Sequence[float]]) -> Optional[str]:
     return None if values is None else ",".join(repr(float(v)) for v in values)
 
 
-def serve(
+def serve_args(
     data: Optional[str] = None,
     endpoint: Optional[str] = None,
     batch_size: int = 64,
@@ -187,16 +187,14 @@ def serve(
     stall_policy: Optional[str] = None,
     metrics_dir: Optional[str] = None,
     extra_args: Sequence[str] = (),
-    timeout: float = 30.0,
-    binary: Optional[str] = None,
-) -> Server:
-    """Starts ``batchcast serve`` and returns once its endpoint answers.
+) -> List[str]:
+    """The arguments of ``batchcast serve`` (after the word ``serve``) for these settings: what
+    :func:`serve` runs, and what ``_batchcast.RunningServer`` takes in-process.
 
     ``data`` is an image folder; ``synthetic=N`` serves N synthetic samples instead. Options
     left None take the CLI's defaults; ``epochs=None`` serves until stopped. ``device="cuda:K"``
     puts the pool on GPU K; ``decoder="nvjpeg"`` also decodes and augments there. Anything else
-    goes in ``extra_args`` (see ``batchcast serve --help``). The returned :class:`Server` is a
-    context manager that stops the process on exit.
+    goes in ``extra_args`` (see ``batchcast serve --help``).
 
     The transform: ``train=False`` is the eval transform (Resize(resize_size) + CenterCrop(
     image_size)); ``mean``/``std`` (3 values), ``scale``/``ratio`` (MIN, MAX of
@@ -207,7 +205,7 @@ def serve(
     if (data is None) == (synthetic is None):
         raise ValueError("give exactly one of data=DIR or synthetic=N")
     endpoint = endpoint or _batchcast.default_endpoint()
-    argv = [binary or find_binary(), "serve", "--endpoint", endpoint, "--batch-size", str(batch_size)]
+    argv = ["--endpoint", endpoint, "--batch-size", str(batch_size)]
     argv += ["--epochs", str(epochs if epochs is not None else 0)]
     options = {
         "--data": data,
@@ -239,9 +237,27 @@ def serve(
         argv.append("--eval")
     if shuffle is not None:
         argv.append("--shuffle" if shuffle else "--no-shuffle")
-    argv += [str(a) for a in extra_args]
+    return argv + [str(a) for a in extra_args]
+
+
+def serve(
+    data: Optional[str] = None,
+    endpoint: Optional[str] = None,
+    batch_size: int = 64,
+    *,
+    timeout: float = 30.0,
+    binary: Optional[str] = None,
+    **options: Any,
+) -> Server:
+    """Starts ``batchcast serve`` and returns once its endpoint answers (within ``timeout``
+    seconds). The settings are :func:`serve_args`'s; ``binary`` is the program (default:
+    :func:`find_binary`). The returned :class:`Server` is a context manager that stops the
+    process on exit.
+    """
+    args = serve_args(data, endpoint, batch_size, **options)
+    endpoint = args[args.index("--endpoint") + 1]
     fd, log_path = tempfile.mkstemp(prefix="batchcast-serve-", suffix=".log")
     os.close(fd)
-    server = Server(argv, endpoint, log_path)
+    server = Server([binary or find_binary(), "serve"] + args, endpoint, log_path)
     server.wait_ready(timeout)
     return server

@@ -3,8 +3,8 @@
 :func:`plan` looks at a dataset and the torch DataLoader arguments a trainer gave and answers
 either a :class:`NativePlan` (the ``batchcast serve`` and Loader arguments that yield the same
 samples: labels, order, transform parameters, dtype and layout) or a :class:`Fallback` naming
-the step that prevented it, which it also logs once (logger ``batchcast.torchvision_plan``,
-WARNING). Recognised:
+the step that prevented it, which it also logs once (logger ``batchcast.torchvision_plan``:
+WARNING for a torchvision dataset, INFO for any other). Recognised:
 
 - the dataset: ``torchvision.datasets.ImageFolder``, or a ``DatasetFolder`` with the default
   loader, whose ``samples`` equal the native scan of its root (same files, order and labels;
@@ -310,7 +310,12 @@ def plan(
         t = _transform(getattr(dataset, "transform", None))
         root = _check_dataset(dataset)
     except _Unsupported as e:
-        log.warning("batchcast: the dataset runs in Python, not natively: %s", e)
+        # A warning where native decoding was likely expected (a torchvision folder dataset);
+        # other datasets (tensors, text...) were never candidates: an info line.
+        expected = any(k.__module__.startswith("torchvision.datasets")
+                       for k in type(dataset).__mro__)
+        log.log(logging.WARNING if expected else logging.INFO,
+                "batchcast: the dataset runs in Python, not natively: %s", e)
         return Fallback(str(e))
     # nvJPEG's resize kernel is bilinear only.
     gpu = bool(device and str(device).startswith("cuda") and nvjpeg)

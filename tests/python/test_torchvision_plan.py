@@ -18,6 +18,7 @@ from PIL import Image
 import batchcast
 import batchcast._batchcast as bc
 from batchcast.torchvision_plan import Fallback, NativePlan, plan
+from test_dataloader import new_key  # noqa: F401 (a fixture)
 from test_decoders import MEAN, STD, photo, save_jpeg
 
 # Unsorted class names (order is torchvision's sort), mixed sizes and orientations.
@@ -246,3 +247,80 @@ def test_serve_refuses_bad_transform_options_by_name(folder, batchcast_bin, args
     r = subprocess.run([batchcast_bin, "serve", "--data", folder, *args], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+# -- the drop-in: DataLoader(share=) serves a recognised pipeline natively -------------------
+
+
+def share_log(key):
+    with open(batchcast.dataloader.share_paths(key)["log"]) as f:
+        return f.read()
+
+
+def test_dataloader_share_runs_a_recognised_pipeline_natively(folder, new_key):
+    """The drop-in's producer is the native server (its log says so): torchvision's labels and
+    order, each eval image torchvision's within tolerance, whole epochs; a trainer of the same
+    key that turns the native path off is told the streams differ."""
+    tf = T.Compose([T.Resize(44), T.CenterCrop(40), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = torchvision.datasets.ImageFolder(folder, tf)
+    key = new_key()
+    loader = batchcast.DataLoader(ds, batch_size=5, num_workers=2, share=key)
+    for epoch in range(2):
+        batches = [(x.clone(), y.clone()) for x, y in loader]
+        images = torch.cat([x for x, _ in batches])
+        labels = torch.cat([y for _, y in batches])
+        assert labels.dtype == torch.int64 and labels.tolist() == ds.targets, epoch
+        assert images.dtype == torch.float32 and images.shape == (len(ds), 3, 40, 40)
+    for i in range(len(ds)):
+        assert_close_to_torchvision(images[i], ds[i][0], ds.samples[i][0])
+    assert "native pipeline (cpu decoder, pool on cpu)" in share_log(key)
+    python = batchcast.DataLoader(ds, batch_size=5, share=key, native=False)
+    with pytest.raises(ValueError, match="decoding: running 'native cpu decoder, pool on cpu', "
+                                         "this process 'python'"):
+        iter(python)
+    python.close()
+    loader.close()
+
+
+def test_dataloader_share_native_training_stream_covers_each_epoch(folder, new_key):
+    """Shuffled training epochs through the native path: every sample once per epoch, epochs
+    in different orders, and a second trainer of the key reads the same bytes for the same
+    epoch (each asks for it by position: trainers of a key do not align their epoch numbers by
+    themselves; a late one gets whole epochs from where the stream is)."""
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([
+        T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.PILToTensor()]))
+    key = new_key()
+    first = batchcast.DataLoader(ds, batch_size=4, shuffle=True, share=key)
+    second = batchcast.DataLoader(ds, batch_size=4, shuffle=True, share=key)
+    orders = []
+    for epoch in range(2):
+        first.load_state_dict({"epoch": epoch, "sample": 0})
+        second.load_state_dict({"epoch": epoch, "sample": 0})
+        a = [(x.clone(), y.clone()) for x, y in first]
+        b = [(x.clone(), y.clone()) for x, y in second]
+        assert len(a) == len(b) == 4
+        for (xa, ya), (xb, yb) in zip(a, b):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        labels = torch.cat([y for _, y in a]).tolist()
+        assert sorted(labels) == sorted(ds.targets), epoch
+        assert a[0][0].dtype == torch.uint8 and a[0][0].shape == (4, 3, 24, 24)
+        orders.append(labels)
+    assert orders[0] != orders[1]
+    assert "native pipeline" in share_log(key)
+    first.close()
+    second.close()
+
+
+def test_dataloader_share_falls_back_to_python_and_logs_why(folder, new_key, caplog):
+    ds = torchvision.datasets.ImageFolder(
+        folder, T.Compose([T.RandomResizedCrop(24), T.ColorJitter(0.4), T.ToTensor()]))
+    key = new_key()
+    with caplog.at_level(logging.WARNING, logger="batchcast.torchvision_plan"):
+        loader = batchcast.DataLoader(ds, batch_size=8, share=key)
+    [line] = [r.getMessage() for r in caplog.records]  # one line, naming the step
+    assert line.startswith("batchcast: the dataset runs in Python, not natively: step 1 "
+                           "ColorJitter(") and line.endswith(": no native equivalent"), line
+    labels = torch.cat([y for _, y in loader]).tolist()
+    assert labels == ds.targets
+    assert "native" not in share_log(key)
+    loader.close()
