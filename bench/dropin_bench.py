@@ -1,21 +1,20 @@
 """The drop-in on a torchvision ImageFolder pipeline: CPU per consumed sample of N trainers,
-native path vs Python producer vs N plain torch DataLoaders (issue 15).
+``DataLoader(share=)`` natively vs in Python vs N plain torch DataLoaders (issue 15).
 
 Every trainer builds the same dataset: ImageFolder + RandomResizedCrop(S) + RandomHorizontalFlip
 + ToTensor + Normalize, and reads --epochs epochs of it:
 
-- ``baseline``: its own torch DataLoader (--workers worker processes);
-- ``python``: one producer process runs a torch DataLoader over the dataset (N x --workers
-  workers, capped at the cores) through ``batchcast.Producer``, as ``DataLoader(share=)``'s
-  producer does; trainers read it with ``batchcast.Loader``;
-- ``native``: ``batchcast.torchvision_plan.plan`` recognises the pipeline and ``batchcast serve``
-  runs with the plan's arguments (same worker budget); trainers read it with ``Loader``.
+- ``baseline``: its own ``torch.utils.data.DataLoader`` (--workers worker processes);
+- ``python``: ``batchcast.DataLoader(..., share=KEY, native=False)``: the share's producer runs
+  the dataset's own code in a torch DataLoader (N x --workers workers, capped at the cores);
+- ``native``: ``batchcast.DataLoader(..., share=KEY)``: the share's producer recognises the
+  pipeline (``batchcast.torchvision_plan``) and runs the native server (same worker budget).
 
-CPU is the built-in collector's for every side (trainers and producer with
-``batchcast.metrics.track``, the server with ``--metrics-dir``: itself and its consumers),
-divided by the samples the trainers consumed. Once ``DataLoader(share=)`` serves recognised
-pipelines natively, ``native`` and ``python`` become the two settings of its native switch:
-replace ``serve_native``/``serve_python`` with trainers that call ``batchcast.DataLoader``.
+The trainer script is the same for both share modes but for ``native=``. CPU is the built-in
+collector's: baseline trainers and ``python`` trainers track themselves
+(``batchcast.metrics.track``); the share producer records itself under BATCHCAST_METRICS_DIR
+(the Python one with its workers; the native one with its consumers, the trainers). Divided by
+the samples the trainers consumed.
 
 Run: ``.venv/bin/python bench/dropin_bench.py --data data/dropin --trainers 2,4``
 """
@@ -46,7 +45,7 @@ def dataset(args: argparse.Namespace) -> Any:
 
 def loader_args(args: argparse.Namespace, workers: int) -> Dict[str, Any]:
     return dict(batch_size=args.batch_size, shuffle=True, drop_last=True, num_workers=workers,
-                persistent_workers=workers > 0)
+                persistent_workers=workers > 0, pin_memory=args.cuda)
 
 
 def trainer(args: argparse.Namespace) -> None:
@@ -59,46 +58,37 @@ def trainer(args: argparse.Namespace) -> None:
     tracker = None
     if args.mode == "baseline":
         loader: Any = torch.utils.data.DataLoader(dataset(args), **loader_args(args, args.workers))
-        tracker = batchcast.metrics.track(args.out, role="trainer")
     else:
-        loader = batchcast.Loader(args.endpoint, batch_size=args.batch_size, drop_last=True,
-                                  timeout=300, name="trainer")
-        if args.mode == "python":  # the server's collector counts its consumers; a Producer not
-            tracker = batchcast.metrics.track(args.out, role="trainer")
+        loader = batchcast.DataLoader(dataset(args), share=args.endpoint,
+                                      native=args.mode == "native",
+                                      **loader_args(args, args.workers))
+    if args.mode != "native":  # the native server's collector counts its consumers itself
+        tracker = batchcast.metrics.track(args.out, role="trainer")
     samples, start = 0, time.time()
     for _ in range(args.epochs):
         for images, _labels in loader:
+            if args.cuda:  # as a training step would; a no-op for batches nvJPEG put there
+                images = images.to("cuda", non_blocking=True)
             samples += images.shape[0]
             if tracker is not None:
                 tracker.add_samples(images.shape[0])
     if tracker is not None:
         tracker.stop()
+    if args.mode != "baseline":
+        loader.close()
     print(json.dumps({"samples": samples, "wall_s": time.time() - start}), flush=True)
 
 
-def producer(args: argparse.Namespace) -> None:
-    """The Python producer of ``python`` mode: a torch DataLoader through batchcast.Producer."""
-    import torch
-
-    import batchcast
-
-    torch.set_num_threads(1)
-    loader = torch.utils.data.DataLoader(dataset(args), **loader_args(args, args.workers))
-    with batchcast.metrics.track(args.out, role="server"):
-        batchcast.Producer(loader, endpoint=args.endpoint, min_consumers=args.n).run(args.epochs)
-
-
-def role_cmd(args: argparse.Namespace, role: str, mode: str, out: str, endpoint: str,
-             workers: int, n: int = 1) -> List[str]:
-    return [sys.executable, os.path.abspath(__file__), "--role", role, "--mode", mode,
+def role_cmd(args: argparse.Namespace, mode: str, out: str, key: str, workers: int) -> List[str]:
+    return [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--mode", mode,
             "--data", args.data, "--batch-size", str(args.batch_size), "--image-size",
             str(args.image_size), "--epochs", str(args.epochs), "--workers", str(workers),
-            "--out", out, "--endpoint", endpoint, "--n", str(n)]
+            "--out", out, "--endpoint", key] + (["--cuda"] if args.cuda else [])
 
 
-def run_trainers(cmds: List[List[str]]) -> List[Dict[str, Any]]:
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c in cmds]
+def run_trainers(cmds: List[List[str]], env: Dict[str, str]) -> List[Dict[str, Any]]:
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for c in cmds]
     results = []
     for p in procs:
         out, err = p.communicate()
@@ -110,41 +100,34 @@ def run_trainers(cmds: List[List[str]]) -> List[Dict[str, Any]]:
 
 def run_mode(args: argparse.Namespace, mode: str, n: int) -> Dict[str, Any]:
     import batchcast
-    from batchcast.torchvision_plan import NativePlan, plan
+    from batchcast.dataloader import share_paths
 
-    out = os.path.join(args.out, f"{mode}-{n}")
+    out = os.path.abspath(os.path.join(args.out, f"{mode}-{n}"))
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    endpoint = f"ipc:///tmp/batchcast-dropin-{os.getpid()}-{mode}-{n}.sock"
-    shared_workers = min(n * args.workers, os.cpu_count() or 1)
-    trainers = [role_cmd(args, "trainer", mode, out, endpoint, args.workers) for _ in range(n)]
-    if mode == "baseline":
-        results = run_trainers(trainers)
-    elif mode == "python":
-        log_path = os.path.join(args.out, f"producer-{n}.log")  # outside the run directory
-        with open(log_path, "w") as log:
-            prod = subprocess.Popen(role_cmd(args, "producer", mode, out, endpoint,
-                                             shared_workers, n), stdout=log, stderr=log)
-        try:
-            results = run_trainers(trainers)
-        finally:
-            if prod.wait(120) != 0:
-                raise RuntimeError(f"producer failed ({prod.returncode}), see {log_path}")
-    else:
-        p = plan(dataset(args), loader_args(args, args.workers))
-        if not isinstance(p, NativePlan):
-            raise RuntimeError(f"the bench pipeline is not recognised: {p.reason}")
-        with batchcast.serve(endpoint=endpoint, epochs=args.epochs, min_consumers=n,
-                             workers=shared_workers, metrics_dir=out,
-                             extra_args=["--status-interval", "0"], **p.serve_kwargs()) as server:
-            results = run_trainers(trainers)
-            server.wait(60)
+    key = f"dropin-bench-{os.getpid()}-{mode}-{n}"
+    # The share's producer takes the first trainer's num_workers: the machine's budget.
+    workers = args.workers if mode == "baseline" else min(n * args.workers, os.cpu_count() or 1)
+    env = dict(os.environ, BATCHCAST_METRICS_DIR=out)
+    results = run_trainers([role_cmd(args, mode, out, key, workers) for _ in range(n)], env)
+    if mode != "baseline":  # the producer writes its metrics as it exits (a grace after the last)
+        state = share_paths(key)["state"]
+        deadline = time.monotonic() + 120
+        while os.path.exists(state) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = share_paths(key)["log"]
+        with open(log) as f:
+            text = f.read()
+        os.unlink(log)
+        want = "native pipeline" + (" (nvjpeg" if args.cuda else " (cpu")
+        if (want in text) != (mode == "native"):
+            raise RuntimeError(f"the {mode} share did not run as asked; its log:\n{text}")
     summary = batchcast.metrics.summarize(out)
     samples = sum(r["samples"] for r in results)
     cpu = summary["cpu_core_s"]["all"]
     return {"mode": mode, "n": n, "samples": samples, "cpu_core_s": cpu,
             "cpu_per_sample": cpu / samples, "wall_s": max(r["wall_s"] for r in results),
-            "workers": args.workers if mode == "baseline" else shared_workers}
+            "workers": workers}
 
 
 def main() -> None:
@@ -157,16 +140,16 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per trainer")
     p.add_argument("--out", default="runs/dropin")
+    p.add_argument("--cuda", action="store_true",
+                   help="trainers pin (pin_memory=True) and move batches to cuda: the native "
+                        "share then decodes with nvJPEG into a GPU pool")
     p.add_argument("--json", help="also write the rows here")
-    p.add_argument("--role", choices=["main", "trainer", "producer"], default="main")
+    p.add_argument("--role", choices=["main", "trainer"], default="main")
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
-    p.add_argument("--endpoint", help=argparse.SUPPRESS)
-    p.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--endpoint", help=argparse.SUPPRESS)  # a trainer's share key
     args = p.parse_args()
     if args.role == "trainer":
         return trainer(args)
-    if args.role == "producer":
-        return producer(args)
 
     from batchcast.server import find_binary
 
@@ -178,7 +161,8 @@ def main() -> None:
             rows.append(run_mode(args, mode, n))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"batch {args.batch_size}, image {args.image_size}, {args.epochs} epochs, "
-          f"{args.workers} worker(s) per baseline trainer, {os.cpu_count()} cores\n")
+          f"{args.workers} worker(s) per baseline trainer, {os.cpu_count()} cores"
+          f"{', batches to cuda (native: nvJPEG)' if args.cuda else ''}\n")
     print("| N | mode | samples | wall s | CPU core-s | CPU s/sample | vs N DataLoaders |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -150,12 +150,10 @@ def make_producer(pipeline: Dict[str, Any], endpoint: str) -> Any:
     plan = pipeline.get("native")
     if plan is not None:
         workers = max(1, pipeline["decoding"]["num_workers"])
-        # Rank and world size explicitly: RANK/WORLD_SIZE in this process's environment (a
-        # torchrun trainer's) would shard the stream; each rank's share is its own key.
+        # serve_kwargs() names the shard (rank, world size) explicitly: RANK/WORLD_SIZE in this
+        # process's environment (a torchrun trainer's) must not shard what the plan does not.
         args = serve_args(endpoint=endpoint, epochs=None, min_consumers=1, workers=workers,
-                          extra_args=["--rank", "0", "--world-size", "1",
-                                      "--status-interval", "60"],
-                          **plan.serve_kwargs())
+                          extra_args=["--status-interval", "60"], **plan.serve_kwargs())
         print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "
               f"{plan.device}): batchcast serve {' '.join(args)}", flush=True)
         return _NativeProducer(args)
@@ -267,6 +265,16 @@ def main(argv: list) -> int:
     header, pipeline = _read_spec(argv[1])
     paths = header["paths"]
     producer = make_producer(pipeline, paths["endpoint"])
+    # Metrics: the share's decoding runs here, outside the trainers' process trees. Under
+    # BATCHCAST_METRICS_DIR (batchcast track, or set by hand) the native server's collector
+    # records itself and its consumers (its --metrics-dir reads that variable); a Python
+    # pipeline records this process and its DataLoader workers as role "server".
+    metrics_dir = os.environ.get("BATCHCAST_METRICS_DIR")
+    tracker = None
+    if metrics_dir and pipeline.get("native") is None:
+        from batchcast import metrics
+
+        tracker = metrics.track(metrics_dir, role="server")
     held: Dict[str, int] = {}
     done = threading.Event()
     watcher = threading.Thread(
@@ -281,6 +289,8 @@ def main(argv: list) -> int:
         done.set()
         watcher.join()  # holds the lock from here on
         producer.close()  # unlinks the pool and the socket
+        if tracker is not None:
+            tracker.stop()
         try:
             with open(paths["state"]) as f:
                 ours = json.load(f).get("pid") == os.getpid()

@@ -186,6 +186,8 @@ def serve_args(
     ring: Optional[int] = None,
     stall_policy: Optional[str] = None,
     metrics_dir: Optional[str] = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
     extra_args: Sequence[str] = (),
 ) -> List[str]:
     """The arguments of ``batchcast serve`` (after the word ``serve``) for these settings: what
@@ -194,7 +196,8 @@ def serve_args(
     ``data`` is an image folder; ``synthetic=N`` serves N synthetic samples instead. Options
     left None take the CLI's defaults; ``epochs=None`` serves until stopped. ``device="cuda:K"``
     puts the pool on GPU K; ``decoder="nvjpeg"`` also decodes and augments there. Anything else
-    goes in ``extra_args`` (see ``batchcast serve --help``).
+    goes in ``extra_args`` (see ``batchcast serve --help``). ``rank``/``world_size`` shard the
+    stream as a DistributedSampler would (None: the RANK/WORLD_SIZE environment, else 0/1).
 
     The transform: ``train=False`` is the eval transform (Resize(resize_size) + CenterCrop(
     image_size)); ``mean``/``std`` (3 values), ``scale``/``ratio`` (MIN, MAX of
@@ -229,6 +232,8 @@ def serve_args(
         "--ring": ring,
         "--stall-policy": stall_policy,
         "--metrics-dir": metrics_dir,
+        "--rank": rank,
+        "--world-size": world_size,
     }
     for flag, value in options.items():
         if value is not None:

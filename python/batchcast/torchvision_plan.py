@@ -15,7 +15,9 @@ WARNING for a torchvision dataset, INFO for any other). Recognised:
   tensor (``ToTensor``, ``PILToTensor``, ``ConvertImageDtype(float32)``, v2's ``ToImage`` /
   ``ToDtype(float32, scale=True)``) and at most one ``Normalize``; the output is float32
   (3, S, S), or uint8 (3, S, S) without a float conversion;
-- the DataLoader arguments: no ``sampler``, ``batch_sampler`` or ``collate_fn``.
+- the DataLoader arguments: no ``batch_sampler`` or ``collate_fn``; no ``sampler``, or torch's
+  ``DistributedSampler`` with ``drop_last=False`` (the native server shards the same way:
+  rank r takes every num_replicas-th sample of the epoch's order, padded by wrapping around).
 
 Known differences, within the tolerance the native pipeline documents (decoders/README.md):
 its resize has no antialias filter, and its random draws come from its own seeded source (the
@@ -58,6 +60,8 @@ class NativePlan:
     seed: int
     device: str  # where the pool lives: "cpu" or "cuda:K"
     decoder: str  # "cpu" or "nvjpeg"
+    rank: int = 0  # the shard (a DistributedSampler's rank and num_replicas)
+    world_size: int = 1
 
     def serve_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of :func:`batchcast.serve` (add endpoint, epochs, workers...)."""
@@ -67,7 +71,8 @@ class NativePlan:
             resize_size=self.resize_size or None, interpolation=self.interpolation,
             output=self.output, uint8_layout="chw" if self.output == "uint8" else None,
             mean=self.mean, std=self.std, shuffle=self.shuffle, seed=self.seed,
-            device=self.device, decoder=self.decoder,
+            device=self.device, decoder=self.decoder, rank=self.rank,
+            world_size=self.world_size,
         )
 
     def pipeline_kwargs(self) -> Dict[str, Any]:
@@ -283,12 +288,32 @@ def _check_dataset(dataset: Any) -> str:
     return os.path.abspath(root)
 
 
-def _check_loader_args(args: Mapping[str, Any]) -> None:
-    for name in ("sampler", "batch_sampler", "collate_fn"):
+@dataclass(frozen=True)
+class _Order:
+    shuffle: bool
+    seed: Optional[int]  # None: the caller's
+    rank: int = 0
+    world_size: int = 1
+
+
+def _check_loader_args(args: Mapping[str, Any]) -> _Order:
+    """The stream order the arguments ask for; raises _Unsupported where it is not native."""
+    for name in ("batch_sampler", "collate_fn"):
         if args.get(name) is not None:
             raise _Unsupported(f"DataLoader {name}=")
     if "batch_size" in args and args["batch_size"] is None:
         raise _Unsupported("DataLoader batch_size=None (unbatched samples)")
+    sampler = args.get("sampler")
+    if sampler is None:
+        return _Order(bool(args.get("shuffle", False)), None)
+    from torch.utils.data.distributed import DistributedSampler
+
+    if type(sampler) is not DistributedSampler:
+        raise _Unsupported(f"DataLoader sampler={type(sampler).__name__}")
+    if sampler.drop_last:
+        raise _Unsupported("DistributedSampler(drop_last=True): the native shards pad instead")
+    return _Order(bool(sampler.shuffle), int(sampler.seed), int(sampler.rank),
+                  int(sampler.num_replicas))
 
 
 def plan(
@@ -301,12 +326,12 @@ def plan(
 ) -> Union[NativePlan, Fallback]:
     """The native plan for ``DataLoader(dataset, **loader_args)``, or why there is none.
 
-    ``seed`` seeds shuffling and augmentation. ``device="cuda:K"`` with ``nvjpeg=True`` (the
+    ``seed`` seeds shuffling and augmentation (a DistributedSampler's own seed wins). ``device="cuda:K"`` with ``nvjpeg=True`` (the
     trainer moves its batches to that GPU and this build has nvJPEG) decodes into a pool on that
     GPU; otherwise the pool is in host memory and decoding on the CPU. A Fallback is logged once.
     """
     try:
-        _check_loader_args(loader_args)
+        order = _check_loader_args(loader_args)
         t = _transform(getattr(dataset, "transform", None))
         root = _check_dataset(dataset)
     except _Unsupported as e:
@@ -333,9 +358,11 @@ def plan(
         mean=t.mean,
         std=t.std,
         batch_size=int(loader_args.get("batch_size", 1)),
-        shuffle=bool(loader_args.get("shuffle", False)),
+        shuffle=order.shuffle,
         drop_last=bool(loader_args.get("drop_last", False)),
-        seed=seed,
+        seed=seed if order.seed is None else order.seed,
         device=str(device) if gpu else "cpu",
         decoder="nvjpeg" if gpu else "cpu",
+        rank=order.rank,
+        world_size=order.world_size,
     )

@@ -111,6 +111,26 @@ def test_labels_and_order_equal_torchvision(folder, endpoint):
         assert_close_to_torchvision(images[i], ds[i][0], ds.samples[i][0])
 
 
+def test_a_distributed_sampler_shards_as_torch(folder, endpoint):
+    """DistributedSampler(drop_last=False) runs natively: the served rank gets exactly torch's
+    shard (unshuffled here, so the order is comparable), padding included."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([
+        T.Resize(24), T.CenterCrop(24), T.PILToTensor()]))
+    sampler = DistributedSampler(ds, num_replicas=3, rank=2, shuffle=False)
+    p = plan(ds, dict(batch_size=6, sampler=sampler))
+    assert isinstance(p, NativePlan) and (p.rank, p.world_size, p.shuffle) == (2, 3, False)
+    with batchcast.serve(endpoint=endpoint, epochs=1, workers=2, **p.serve_kwargs()) as server:
+        loader = batchcast.Loader(endpoint, timeout=30, **p.loader_kwargs())
+        labels = torch.cat([y.clone() for _, y in loader]).tolist()
+        loader.close()
+        assert server.wait(30) == 0
+    assert labels == [ds.targets[i] for i in sampler]
+    dropping = DistributedSampler(ds, num_replicas=3, rank=0, drop_last=True)
+    assert "drop_last=True" in plan(ds, dict(sampler=dropping)).reason
+
+
 def test_served_training_samples_are_the_plans_pipeline(folder, endpoint):
     """serve_kwargs() and pipeline_kwargs() describe one transform: each served sample (epoch 0,
     unshuffled: index i) is ImagePipeline(**pipeline_kwargs()).process(path_i, 0, i)."""
@@ -323,4 +343,26 @@ def test_dataloader_share_falls_back_to_python_and_logs_why(folder, new_key, cap
     labels = torch.cat([y for _, y in loader]).tolist()
     assert labels == ds.targets
     assert "native" not in share_log(key)
+    loader.close()
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and bc.has_nvjpeg),
+                    reason="needs a CUDA GPU and a build with nvJPEG (runs on the GPU machine)")
+def test_dataloader_share_with_pin_memory_decodes_with_nvjpeg_on_the_gpu(folder, new_key):
+    """pin_memory=True says the trainer moves batches to its GPU: the share decodes there with
+    nvJPEG and hands out CUDA tensors, in torchvision's labels and order, each image within
+    the nvJPEG path's tolerance of torchvision's."""
+    tf = T.Compose([T.Resize(44), T.CenterCrop(40), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = torchvision.datasets.ImageFolder(folder, tf)
+    key = new_key()
+    loader = batchcast.DataLoader(ds, batch_size=4, pin_memory=True, share=key)
+    batches = [(x.clone(), y.clone()) for x, y in loader]
+    assert all(x.is_cuda and y.is_cuda for x, y in batches)
+    labels = torch.cat([y for _, y in batches]).cpu()
+    assert labels.tolist() == ds.targets
+    images = torch.cat([x for x, _ in batches]).cpu()
+    for i in range(len(ds)):
+        assert_close_to_torchvision(images[i], ds[i][0], ds.samples[i][0])
+    device = f"cuda:{torch.cuda.current_device()}"
+    assert f"native pipeline (nvjpeg decoder, pool on {device})" in share_log(key)
     loader.close()
