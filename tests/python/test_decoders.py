@@ -11,11 +11,11 @@ import pytest
 import torch
 import torchvision
 import torchvision.transforms as T
-from PIL import Image
+from PIL import Image, ImageFilter
 
 import batchcast._batchcast as bc
 
-PHOTO = "/usr/share/backgrounds/mate/nature/Garden.jpg"
+PHOTO = os.environ.get("BATCHCAST_TEST_PHOTO", "/usr/share/backgrounds/mate/nature/Garden.jpg")
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
@@ -28,9 +28,15 @@ def photo(width, height):
         img = img.resize((int(img.width * scale) + 1, int(img.height * scale) + 1), Image.BILINEAR)
         left, top = (img.width - width) // 2, (img.height - height) // 2
         return img.crop((left, top, left + width, top + height))
-    x = np.linspace(0, 255, width, dtype=np.uint8)[None, :, None]
-    y = np.linspace(0, 255, height, dtype=np.uint8)[:, None, None]
-    return Image.fromarray(np.broadcast_to(x ^ y, (height, width, 3)).copy())
+    # No photo (a machine without Debian's backgrounds): a photo-like picture, structure at
+    # several scales but no pixel-level edges, which downscales without antialiasing would
+    # alias far more than a photo's (the tolerance tests assume photo content).
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    r = 128 + 60 * np.sin(x / 7.0) * np.cos(y / 11.0) + 50 * np.sin((x + 2 * y) / 23.0)
+    g = 128 + 70 * np.cos(x / 13.0 + y / 17.0) + 30 * np.sin(y / 5.0)
+    b = 128 + 90 * np.sin((x - y) / 29.0) + 20 * np.cos(x / 3.7)
+    rgb = np.stack([r, g, b], axis=-1).clip(0, 255).astype(np.uint8)
+    return Image.fromarray(rgb).filter(ImageFilter.GaussianBlur(0.8))
 
 
 def save_jpeg(img, path, quality=90):

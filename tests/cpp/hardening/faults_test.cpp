@@ -36,7 +36,11 @@ TEST(Faults, ServerRestartWhileConsumersWait) {
       ASSERT_TRUE(server.wait_for_err("serving on", 20)) << server.err();
       ChildProcess a({probe_bin(), "--endpoint", ep, "--timeout", "60"});
       ChildProcess b({probe_bin(), "--endpoint", ep, "--timeout", "60", "--batch-size", "7"});
-      ASSERT_TRUE(server.wait_for_err("consumer 2 attached", 20)) << server.err();
+      // The consumers' own word that the handshake is done: the server logs "attached" as it
+      // queues the welcome, which its I/O thread may not have sent yet when the kill lands,
+      // and a consumer never welcomed waits for a server as for one not started yet.
+      ASSERT_TRUE(a.wait_for_lines("W", 1, 20)) << a.err() << server.err();
+      ASSERT_TRUE(b.wait_for_lines("W", 1, 20)) << b.err() << server.err();
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       server.signal(sig);
       double t0 = now_s();
@@ -51,7 +55,9 @@ TEST(Faults, ServerRestartWhileConsumersWait) {
     // endpoint, or any other of this user, whose sweep of dead servers' segments
     // (remove_stale_segments, tested in slot_pool_test) may run first; so only its absence
     // after the restart below is asserted.
-    if (sig == SIGTERM) EXPECT_FALSE(file_exists("/dev/shm/" + segment)) << "SIGTERM removes it";
+    if (sig == SIGTERM) {
+      EXPECT_FALSE(file_exists("/dev/shm/" + segment)) << "SIGTERM removes it";
+    }
     ChildProcess again(
         serve_args(ep, {"--synthetic", "300", "--sample-bytes", "32", "--epochs", "1"}));
     ChildProcess c({probe_bin(), "--endpoint", ep, "--timeout", "30", "--batch-size", "10"});

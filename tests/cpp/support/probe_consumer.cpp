@@ -1,6 +1,7 @@
 // probe_consumer: a real consumer process for the transport tests. It reads batches from a
 // server of synthetic samples, checks every byte against the sample index in its label tensor,
 // and writes one line per batch to stdout:
+//   W                    (welcomed: the server answered the handshake)
 //   B <epoch> <sample_start> <size> <copied> <idx,idx,...> <fnv hash of the batch bytes>
 //   E <epoch>            (epoch end)
 //   S <batches> <samples> <skipped> <copies>   (at the end)
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     Consumer consumer(o);
+    std::printf("W\n");
     std::vector<std::shared_ptr<Batch>> held;
     uint64_t epochs_done = 0, batches = 0;
     bool in_epoch = false;
