@@ -11,10 +11,9 @@ Every trainer builds the same dataset: ImageFolder + RandomResizedCrop(S) + Rand
   pipeline (``batchcast.torchvision_plan``) and runs the native server (same worker budget).
 
 The trainer script is the same for both share modes but for ``native=``. CPU is the built-in
-collector's: baseline trainers and ``python`` trainers track themselves
-(``batchcast.metrics.track``); the share producer records itself under BATCHCAST_METRICS_DIR
-(the Python one with its workers; the native one with its consumers, the trainers). Divided by
-the samples the trainers consumed.
+collector's (``data_side_cpu``): every trainer tracks itself (``batchcast.metrics.track``) and
+the share producer records itself under BATCHCAST_METRICS_DIR (the Python one with its workers,
+the native one's collector its own process). Divided by the samples the trainers consumed.
 
 Run: ``.venv/bin/python bench/dropin_bench.py --data data/dropin --trainers 2,4``
 """
@@ -62,8 +61,7 @@ def trainer(args: argparse.Namespace) -> None:
         loader = batchcast.DataLoader(dataset(args), share=args.endpoint,
                                       native=args.mode == "native",
                                       **loader_args(args, args.workers))
-    if args.mode != "native":  # the native server's collector counts its consumers itself
-        tracker = batchcast.metrics.track(args.out, role="trainer")
+    tracker = batchcast.metrics.track(args.out, role="trainer")
     samples, start = 0, time.time()
     for _ in range(args.epochs):
         for images, _labels in loader:
@@ -98,6 +96,21 @@ def run_trainers(cmds: List[List[str]], env: Dict[str, str]) -> List[Dict[str, A
     return results
 
 
+def data_side_cpu(out: str) -> float:
+    """Core-seconds of every part of run directory ``out``: each trainer's own record (from
+    its track() to its end), plus the share producer's. The native server's collector (the
+    part at ``out`` itself) also lists its consumers, counted from when it first saw them:
+    only its own process is taken from it, the trainers' records cover them whole."""
+    from batchcast import metrics
+
+    total = 0.0
+    for part in metrics.find_parts(out):
+        with open(os.path.join(part, "summary.json")) as f:
+            cpu = json.load(f)["cpu_core_s"]
+        total += cpu["server"] if os.path.samefile(part, out) else cpu["all"]
+    return total
+
+
 def run_mode(args: argparse.Namespace, mode: str, n: int) -> Dict[str, Any]:
     import batchcast
     from batchcast.dataloader import share_paths
@@ -122,9 +135,8 @@ def run_mode(args: argparse.Namespace, mode: str, n: int) -> Dict[str, Any]:
         want = "native pipeline" + (" (nvjpeg" if args.cuda else " (cpu")
         if (want in text) != (mode == "native"):
             raise RuntimeError(f"the {mode} share did not run as asked; its log:\n{text}")
-    summary = batchcast.metrics.summarize(out)
     samples = sum(r["samples"] for r in results)
-    cpu = summary["cpu_core_s"]["all"]
+    cpu = data_side_cpu(out)
     return {"mode": mode, "n": n, "samples": samples, "cpu_core_s": cpu,
             "cpu_per_sample": cpu / samples, "wall_s": max(r["wall_s"] for r in results),
             "workers": workers}
