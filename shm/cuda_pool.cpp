@@ -255,6 +255,11 @@ HostRegistration::~HostRegistration() noexcept {
 DeviceArena DeviceArena::create(int device, uint32_t slot_count, uint64_t slot_bytes) {
   require_cuda_device(device);
   CudaDeviceGuard guard(device);
+  // The server waits on the GPU (a slot's previous upload, nvJPEG's own waits) from several
+  // threads. With the default scheduling CUDA spins a core per waiting thread on a machine
+  // with many cores; a data server exists to spare the CPU, so its waits sleep instead. A
+  // process whose context is already set otherwise (flags fixed) keeps its own: no error.
+  if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) (void)cudaGetLastError();
   DeviceArena a;
   a.device_ = device;
   a.slot_bytes_ = slot_bytes;
