@@ -31,6 +31,9 @@
 // - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
 // - End to every consumer after finish(); fail() sends the error to everyone, also later joiners.
 //
+// The seek rules (on_seek, the private and sought deliveries, wanted) are defined in
+// stream_seek.cpp, the rest in stream_state.cpp.
+//
 // Thread-safety: none; the owner serialises every call. Lifetime: the injected functions must
 // outlive it.
 #pragma once

@@ -73,9 +73,8 @@ void bind_serve(py::module_& m) {
       .def_property_readonly("consumers_ever",
                              [](PyRunningServer& s) { return s.core().consumers_ever(); })
       .def_property_readonly("endpoint", [](PyRunningServer& s) { return s.core().endpoint(); })
-      .def_property_readonly("on_gpu", [](PyRunningServer& s) {
-        return s.core().memory().device_arena() != nullptr;
-      });
+      .def_property_readonly(
+          "on_gpu", [](PyRunningServer& s) { return s.core().memory().cuda_device() >= 0; });
 }
 
 }  // namespace batchcast::python
