@@ -863,5 +863,42 @@ TEST(StreamState, AConsumerThatLeavesWhileCatchingUpHoldsNobodyBack) {
       << "the stream goes on, up to the ring less its reserve; b's held slots stay out";
 }
 
+TEST(StreamState, SeveralConsumersCatchingUpAtOnceAllReachTheStream) {
+  // The soak's stall: consumers that join mid-epoch together all catch up privately, and each
+  // holds up to two chunks while it waits for its next (the batch its user has, the chunk being
+  // cut). Private chunks are not shared, so their holdings add up; they must not add up to a
+  // ring where nobody can get a next chunk.
+  const uint64_t per_epoch = 100;
+  Stream s(regenerating(8, per_epoch));
+  s.join("a", 100);
+  for (int i = 0; i < 12; ++i) {
+    s.produce(1, per_epoch);
+    s.tick();
+    s.consume("a");
+  }
+  const std::vector<std::string> late = {"b", "c", "d"};
+  for (const auto& id : late) s.join(id, 3);
+  std::map<std::string, std::vector<BatchDescriptor>> held;
+  std::map<std::string, size_t> got;
+  for (int round = 0; round < 400; ++round) {
+    s.regenerate(per_epoch);
+    if (auto f = s.fill()) s.publish(*f, per_epoch);
+    s.tick();
+    if (auto n = s.consume("a").size()) s.credit("a", static_cast<uint32_t>(n));
+    for (const auto& id : late) {
+      for (auto& d : s.take<BatchDescriptor>(id)) {
+        held[id].push_back(d);
+        ++got[id];
+        if (held[id].size() > 2) {  // the oldest is let go once a third arrived
+          s.release(id, held[id].front());
+          held[id].erase(held[id].begin());
+          s.credit(id, 1);
+        }
+      }
+    }
+  }
+  for (const auto& id : late) EXPECT_GE(got[id], 30u) << id << " stalled";
+}
+
 }  // namespace
 }  // namespace batchcast
