@@ -139,9 +139,14 @@ def native_plan(
     if pin_memory and _batchcast.has_nvjpeg and torch.cuda.is_available():
         device = pin_memory_device or f"cuda:{torch.cuda.current_device()}"
         nvjpeg = True
-    found = torchvision_plan.plan(
-        loader.dataset, user_args, seed=seed or 0, device=device, nvjpeg=nvjpeg
-    )
+    try:
+        found = torchvision_plan.plan(
+            loader.dataset, user_args, seed=seed or 0, device=device, nvjpeg=nvjpeg
+        )
+    except Exception as e:  # noqa: BLE001 - a transform that surprises the recogniser
+        _log.warning("batchcast: the dataset runs in Python, not natively: recognising its "
+                     "pipeline failed (%s: %s)", type(e).__name__, e)
+        return None
     return found if isinstance(found, torchvision_plan.NativePlan) else None
 
 
