@@ -120,6 +120,16 @@ class Stream {
     return n;
   }
   void tick() { state.tick(now); }
+  // `id` attaches (100 credits) and reads the first `chunks` chunks as they are produced, one by
+  // one: a stream `chunks` chunks along, with `id` at its head.
+  void lead(const std::string& id, int chunks, uint64_t per_epoch) {
+    join(id, 100);
+    for (int i = 0; i < chunks; ++i) {
+      produce(1, per_epoch);
+      tick();
+      consume(id);
+    }
+  }
 
   // Messages of type T sent to `id` since the last take, removed from its inbox.
   template <typename T>
@@ -661,12 +671,7 @@ TEST(StreamState, ASeekAheadWaitsForItsChunkAndPinsNothingBeforeIt) {
 
 TEST(StreamState, AGonePositionIsRefusedWithoutRegenerationAndTheConsumerStays) {
   Stream s(rules(2));
-  s.join("a", 100);
-  for (int i = 0; i < 4; ++i) {
-    s.produce(1, 100);
-    s.tick();
-    s.consume("a");
-  }
+  s.lead("a", 4, 100);
   s.send("a", Seek{0, 0});
   s.tick();
   auto replies = s.take<SeekReply>("a");
@@ -707,12 +712,7 @@ TEST(StreamState, ABreakSeekToTheNextEpochReleasesTheChunksItSkipped) {
 TEST(StreamState, ALateJoinerCatchesUpOnRegeneratedChunksThenMergesIntoTheStream) {
   const uint64_t per_epoch = 100;
   Stream s(regenerating(8, per_epoch));
-  s.join("a", 100);
-  for (int i = 0; i < 12; ++i) {  // a is 12 chunks into epoch 0; chunks 0-3 are gone
-    s.produce(1, per_epoch);
-    s.tick();
-    s.consume("a");
-  }
+  s.lead("a", 12, per_epoch);  // a is 12 chunks into epoch 0; chunks 0-3 are gone
   s.join("b", 2);  // replay: the whole epoch, not a partial one from chunk 4
   std::vector<BatchDescriptor> got;
   for (int round = 0; round < 40 && got.size() < 20; ++round) {
@@ -744,12 +744,7 @@ TEST(StreamState, ALateJoinerCatchesUpOnRegeneratedChunksThenMergesIntoTheStream
 TEST(StreamState, ARegeneratedChunkGoesToItsConsumerOnlyAndItsSlotIsReusedAfterRelease) {
   const uint64_t per_epoch = 100;
   Stream s(regenerating(4, per_epoch));
-  s.join("a", 100);
-  for (int i = 0; i < 6; ++i) {
-    s.produce(1, per_epoch);
-    s.tick();
-    s.consume("a");
-  }
+  s.lead("a", 6, per_epoch);
   s.hello("b", protocol::LateJoin::kNextEpoch);
   s.credit("b", 1);
   s.send("b", Seek{0, 0});
@@ -828,12 +823,7 @@ TEST(StreamState, ACatchUpFindsSlotsWhileTheOthersDoNotRead) {
   // joins mid-epoch. b's private chunks must still find slots, or each would wait for the other.
   const uint64_t per_epoch = 100;
   Stream s(regenerating(8, per_epoch));
-  s.join("a", 100);
-  for (int i = 0; i < 4; ++i) {
-    s.produce(1, per_epoch);
-    s.tick();
-    s.consume("a");
-  }
+  s.lead("a", 4, per_epoch);
   EXPECT_EQ(s.produce_until_refused(per_epoch), 8 - 3) << "the stream leaves the reserve";
   s.tick();
   s.join("b", 2);  // mid-epoch 0: catches up from chunk 0
@@ -846,12 +836,7 @@ TEST(StreamState, ACatchUpFindsSlotsWhileTheOthersDoNotRead) {
 TEST(StreamState, AConsumerThatLeavesWhileCatchingUpHoldsNobodyBack) {
   const uint64_t per_epoch = 100;
   Stream s(regenerating(8, per_epoch));
-  s.join("a", 100);
-  for (int i = 0; i < 12; ++i) {
-    s.produce(1, per_epoch);
-    s.tick();
-    s.consume("a");
-  }
+  s.lead("a", 12, per_epoch);
   s.join("b", 2);  // catches up from chunk 0, pinning its merge chunk
   s.tick();
   s.regenerate(per_epoch);
@@ -870,12 +855,7 @@ TEST(StreamState, SeveralConsumersCatchingUpAtOnceAllReachTheStream) {
   // ring where nobody can get a next chunk.
   const uint64_t per_epoch = 100;
   Stream s(regenerating(8, per_epoch));
-  s.join("a", 100);
-  for (int i = 0; i < 12; ++i) {
-    s.produce(1, per_epoch);
-    s.tick();
-    s.consume("a");
-  }
+  s.lead("a", 12, per_epoch);
   const std::vector<std::string> late = {"b", "c", "d"};
   for (const auto& id : late) s.join(id, 3);
   std::map<std::string, std::vector<BatchDescriptor>> held;
