@@ -46,12 +46,6 @@ bool PrivateStreams::catching_up() const {
                      [](const auto& entry) { return entry.second.until.has_value(); });
 }
 
-std::optional<uint64_t> PrivateStreams::catch_up_turn() const {
-  for (const auto& [consumer, stream] : streams_)  // ordered by consumer id: attach order
-    if (stream.until) return consumer;
-  return std::nullopt;
-}
-
 void PrivateStreams::top_up(uint64_t consumer, uint32_t window, uint64_t chunks_per_epoch,
                             uint64_t end_epoch) {
   Stream* s = find(consumer);

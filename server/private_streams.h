@@ -67,10 +67,6 @@ class PrivateStreams {
   bool empty() const { return streams_.empty(); }
   // Some consumer catches up to merge into the shared stream (it pins its merge chunk).
   bool catching_up() const;
-  // The consumer whose catch-up goes now: the first attached of those catching up. Catch-ups
-  // take turns because each holds up to two of its own chunks while it waits for its next,
-  // and the ring's reserve (StreamState::catch_up_slots) fits one such consumer, not several.
-  std::optional<uint64_t> catch_up_turn() const;
 
   // Asks the producer for `consumer`'s next chunks, up to `window` asked or waiting; chunks of
   // `chunks_per_epoch` per epoch, none from `end_epoch` on (0: no end).

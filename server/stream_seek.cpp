@@ -120,8 +120,6 @@ bool StreamState::deliver_private(ConsumerRecord& c) {
     c.end_sent = send_(c.identity, protocol::End{rules_.epochs});
     return true;
   }
-  // Catch-ups take turns (private_streams.h): the others wait, holding no private chunk.
-  if (p->until && private_.catch_up_turn() != c.id) return true;
   // Asked ahead as far as its credits: no more of its chunks wait in slots than it can take.
   private_.top_up(c.id, c.credits, chunks_per_epoch(), end_epoch());
   if (c.credits == 0) return true;

@@ -24,7 +24,7 @@
 //   position at most the next epoch ahead of the stream is waited for (pinning nothing); any
 //   other position is regenerated (PrivateStreams: behind by at most an epoch, the consumer
 //   pins a shared chunk catch_up_slots() past the oldest retained and merges there; further,
-//   private for good) or answered "position unavailable". Catch-ups take turns (attach order). On a producer that regenerates, the
+//   private for good) or answered "position unavailable". On a producer that regenerates, the
 //   stream's chunks pin at most the ring less catch_up_slots() (rings of 8 slots and more): a
 //   catch-up always finds slots, even while the other consumers do not read.
 // - Skip: a chunk no attached consumer wants (all sought past it) is not filled (wanted/skip).
