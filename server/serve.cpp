@@ -10,13 +10,13 @@
 
 #include "common/process.h"
 #include "metrics/collector.h"
+#include "server/chunk_stage.h"
 #include "server/image_source.h"
 #include "server/sample_producer.h"
 #include "server/server_core.h"
 #include "server/signal_watcher.h"
-#include "server/synthetic_source.h"
-#include "server/chunk_stage.h"
 #include "server/stream_plan.h"
+#include "server/synthetic_source.h"
 #ifdef BATCHCAST_HAVE_CUDA
 #include "server/cuda_stage.h"
 #endif

@@ -259,8 +259,8 @@ def serve(
     :func:`find_binary`). The returned :class:`Server` is a context manager that stops the
     process on exit.
     """
+    endpoint = endpoint or _batchcast.default_endpoint()
     args = serve_args(data, endpoint, batch_size, **options)
-    endpoint = args[args.index("--endpoint") + 1]
     fd, log_path = tempfile.mkstemp(prefix="batchcast-serve-", suffix=".log")
     os.close(fd)
     server = Server([binary or find_binary(), "serve"] + args, endpoint, log_path)
