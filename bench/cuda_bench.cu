@@ -94,9 +94,10 @@ void bandwidth() {
     auto staged = image_tensors();
     uint64_t slot_bytes =
         (SlotLayout::plan(CudaStage::converted(staged, conv), kBatch).bytes + 4095) / 4096 * 4096;
-    auto arena = DeviceArena::create(0, 4, slot_bytes);
+    ArenaSet arenas({0}, 4, slot_bytes);
+    const DeviceArena& arena = arenas.primary();
     StampSource source;
-    CudaStage stage(arena, source, conv, kBatch);
+    CudaStage stage(arenas, source, conv, kBatch);
     uint64_t staged_bytes = SlotLayout::plan(staged, kBatch).bytes;
     const int chunks = 200;
     auto run = [&](int n) {
@@ -124,7 +125,7 @@ int consumer_main(const std::string& endpoint) {
   ConsumerOptions o;
   o.endpoint = endpoint;
   Consumer consumer(o);
-  cuda_check(cudaSetDevice(static_cast<int>(consumer.welcome().device_index)), "cudaSetDevice");
+  cuda_check(cudaSetDevice(consumer.cuda_device()), "cudaSetDevice");
   auto stream = CudaStream::create();
   auto stamp = PinnedBuffer::allocate(8);
   std::vector<double> us;
@@ -159,10 +160,10 @@ void latency(const char* self, bool normalise) {
   so.batch_size = kBatch;
   so.epoch_samples = uint64_t{chunks} * kBatch;
   so.epochs = 1;
-  so.device = protocol::DeviceKind::kCuda;
+  so.cuda_devices = {0};
   ServerCore core(so);
   StampSource source;
-  CudaStage stage(*core.memory().device_arena(), source, conv, kBatch);
+  CudaStage stage(*core.memory().arenas(), source, conv, kBatch);
   std::string ep = core.endpoint();
   int pipe_fd[2];
   if (::pipe(pipe_fd) != 0) throw Error("pipe");

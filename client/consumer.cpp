@@ -72,6 +72,7 @@ void Consumer::close() {
 }
 
 const protocol::Welcome& Consumer::welcome() const { return session_->welcome(); }
+int Consumer::cuda_device() const { return session_->memory().cuda_device(); }
 
 std::optional<uint64_t> Consumer::batches_per_epoch() const {
   return rebatcher_.batches_per_epoch();

@@ -28,14 +28,15 @@
 // Thread-safety: one thread at a time may call next(); Batches may be destroyed on any thread.
 //
 // GPU pools (server --device cuda:K, CUDA builds): the server's arena and its per-slot events are
-// opened once at the welcome, on the GPU with the server's UUID; tensors are device pointers
+// opened once at the welcome, on the GPU found by UUID (a pool on several GPUs has one arena per
+// GPU: the consumer opens the one on options.cuda_device); tensors are device pointers
 // (TensorView::device == kCuda). Before work on a stream reads a batch, Batch::use_on_stream()
 // makes that stream wait for the producer's event (no host blocking, no device-wide sync). When
 // the batch is destroyed an event is recorded on that stream and the slot's Release is sent by
 // the I/O thread only once the event has completed, so no slot is rewritten while a kernel still
 // reads it. Copies (batches spanning chunks, or beyond max_held) are device-to-device on the
-// consumer's own copy stream. A consumer on another GPU than the server's gets a clear Error (no
-// peer copy): options.cuda_device must be the server's GPU or -1.
+// consumer's own copy stream. A consumer on a GPU the pool is not on gets a clear Error (no
+// peer copy): options.cuda_device must be one of the pool's GPUs or -1.
 // Host pools with pin_memory (CUDA builds): the mapping is page-locked once at the welcome, so
 // views (Batch::pinned) can be copied to a GPU asynchronously; after use_on_stream(stream) the
 // slot is released only once that stream's work up to the batch's destruction has completed.
@@ -70,7 +71,8 @@ struct ConsumerOptions {
   protocol::LateJoin late_join = protocol::LateJoin::kReplay;
   std::string name;  // shown in the server's log and metrics
   // GPU pools: the CUDA device (this process's index) the consumer computes on; -1: the
-  // server's. Any other GPU is refused with an Error naming the server's.
+  // current device if the pool is on it, else the pool's first GPU this process sees. A GPU the
+  // pool is not on is refused with an Error naming the pool's GPUs (serve --device lists them).
   int cuda_device = -1;
   // Host pools, CUDA builds: page-lock the pool's mapping once so batches copy to cuda_device
   // (-1: the current device) asynchronously; a batch's slot is then released only after the
@@ -171,6 +173,8 @@ class Consumer {
   std::optional<uint64_t> batches_per_epoch() const;
   ConsumerStats stats() const;
   const protocol::Welcome& welcome() const;
+  // GPU pools: the GPU (this process's index) its batches are on; -1 for host pools.
+  int cuda_device() const;
   // Tells the server this consumer wants no more chunks. Batches already out stay valid.
   void close();
 

@@ -45,15 +45,6 @@ Session::Session(const ConsumerOptions& options)
       welcome_(handshake(options)),
       server_local_(welcome_.boot_id == host_boot_id()),
       memory_(SlotMemory::attach(welcome_, options.pin_memory, options.cuda_device)) {
-  if (memory_.cuda_device() >= 0 && options.cuda_device >= 0 &&
-      options.cuda_device != memory_.cuda_device())
-    throw Error("server at " + endpoint_ +
-                " shares its batches on cuda:" + std::to_string(memory_.cuda_device()) +
-                " but this consumer asked for cuda:" + std::to_string(options.cuda_device) +
-                "; batchcast hands out zero-copy tensors on the server's GPU only: use device "
-                "cuda:" +
-                std::to_string(memory_.cuda_device()) +
-                " (and .to() yourself) or start one server per GPU");
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   last_heard_ = monotonic_seconds();
   thread_ = std::thread([this] { loop(); });

@@ -109,11 +109,13 @@ void write_body(Writer& w, const Welcome& m) {
   w.put(m.epochs);
   w.put(m.first_epoch);
   w.put(static_cast<uint8_t>(m.device));
-  w.put(m.device_index);
-  w.put_bytes(m.cuda_memory_handle.data(), m.cuda_memory_handle.size());
-  w.put_bytes(m.cuda_device_uuid.data(), m.cuda_device_uuid.size());
-  w.put(static_cast<uint16_t>(m.cuda_event_handles.size()));
-  for (const auto& h : m.cuda_event_handles) w.put_bytes(h.data(), h.size());
+  w.put(static_cast<uint8_t>(m.cuda_arenas.size()));
+  for (const auto& a : m.cuda_arenas) {
+    w.put_bytes(a.device_uuid.data(), a.device_uuid.size());
+    w.put_bytes(a.memory_handle.data(), a.memory_handle.size());
+    w.put(static_cast<uint16_t>(a.event_handles.size()));
+    for (const auto& h : a.event_handles) w.put_bytes(h.data(), h.size());
+  }
   w.put(m.heartbeat_interval_s);
   w.put(m.heartbeat_timeout_s);
 }
@@ -133,14 +135,18 @@ void read_body(Reader& r, Welcome& m) {
   auto dev = r.get<uint8_t>();
   if (dev > 1) r.fail("unknown device kind " + std::to_string(dev));
   m.device = static_cast<DeviceKind>(dev);
-  m.device_index = r.get<uint32_t>();
-  r.get_bytes(m.cuda_memory_handle.data(), m.cuda_memory_handle.size());
-  r.get_bytes(m.cuda_device_uuid.data(), m.cuda_device_uuid.size());
-  auto events = r.get<uint16_t>();
-  if (events > kMaxCudaSlots) r.fail("more than " + std::to_string(kMaxCudaSlots) + " CUDA events");
-  for (uint16_t i = 0; i < events && r.ok(); ++i) {
-    m.cuda_event_handles.emplace_back();
-    r.get_bytes(m.cuda_event_handles.back().data(), kCudaIpcHandleBytes);
+  auto arenas = r.get<uint8_t>();
+  size_t events_total = 0;
+  for (uint8_t a = 0; a < arenas && r.ok(); ++a) {
+    CudaArena& arena = m.cuda_arenas.emplace_back();
+    r.get_bytes(arena.device_uuid.data(), arena.device_uuid.size());
+    r.get_bytes(arena.memory_handle.data(), arena.memory_handle.size());
+    auto events = r.get<uint16_t>();
+    events_total += events;
+    if (events_total > kMaxCudaSlots)
+      r.fail("more than " + std::to_string(kMaxCudaSlots) + " CUDA events");
+    for (uint16_t i = 0; i < events && r.ok(); ++i)
+      r.get_bytes(arena.event_handles.emplace_back().data(), kCudaIpcHandleBytes);
   }
   m.heartbeat_interval_s = r.get<double>();
   m.heartbeat_timeout_s = r.get<double>();
@@ -148,10 +154,13 @@ void read_body(Reader& r, Welcome& m) {
         m.heartbeat_timeout_s < 36000))
     r.fail("heartbeat interval/timeout out of range");
   if (m.slot_count == 0 || m.slot_bytes == 0) r.fail("empty pool");
-  size_t expected_events = m.device == DeviceKind::kCuda ? m.slot_count : 0;
-  if (r.ok() && m.cuda_event_handles.size() != expected_events)
-    r.fail("welcome has " + std::to_string(m.cuda_event_handles.size()) +
-           " CUDA event handles for " + std::to_string(expected_events) + " device slots");
+  const bool on_gpu = m.device == DeviceKind::kCuda;
+  if (r.ok() && on_gpu == m.cuda_arenas.empty())
+    r.fail(on_gpu ? "a CUDA pool without arenas" : "a host pool with CUDA arenas");
+  for (const auto& a : m.cuda_arenas)
+    if (r.ok() && a.event_handles.size() != m.slot_count)
+      r.fail("welcome has " + std::to_string(a.event_handles.size()) +
+             " CUDA event handles for " + std::to_string(m.slot_count) + " device slots");
 }
 
 void write_body(Writer& w, const BatchDescriptor& m) {

@@ -27,14 +27,16 @@ namespace batchcast::protocol {
 
 constexpr uint32_t kMagic = 0x53414342;  // "BCAS"
 // 2: adds Seek and SeekReply; the messages of version 1 keep their layouts.
-constexpr uint16_t kVersion = 2;
+// 3: a CUDA Welcome lists one arena per GPU of the pool (serve --device cuda:0,cuda:1).
+constexpr uint16_t kVersion = 3;
 constexpr size_t kMaxTensors = 16;
 constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxString = 1024;
 constexpr size_t kMaxMessageBytes = 16 * 1024;
 constexpr size_t kCudaIpcHandleBytes = 64;
 constexpr size_t kCudaUuidBytes = 16;
-// A CUDA pool's Welcome carries one event handle per slot; this bounds it under kMaxMessageBytes.
+// A CUDA pool's Welcome carries one event handle per slot and GPU; this bounds their total under
+// kMaxMessageBytes (a ring of 8 on 8 GPUs needs 64).
 constexpr size_t kMaxCudaSlots = 192;
 
 enum class LateJoin : uint8_t { kReplay = 0, kNextEpoch = 1 };
@@ -63,6 +65,15 @@ struct Hello {
   uint32_t device_index = 0;  // CUDA consumers: the device they read on
 };
 
+// One GPU's copy of a CUDA pool: the GPU's UUID (indices differ under CUDA_VISIBLE_DEVICES), the
+// arena's memory handle and one interprocess event per slot, recorded once the slot's chunk is
+// on that GPU.
+struct CudaArena {
+  std::array<uint8_t, kCudaUuidBytes> device_uuid{};
+  std::array<uint8_t, kCudaIpcHandleBytes> memory_handle{};
+  std::vector<std::array<uint8_t, kCudaIpcHandleBytes>> event_handles;
+};
+
 // server -> consumer: the answer to Hello; everything needed to map the pool once.
 struct Welcome {
   uint64_t consumer_id = 0;
@@ -78,12 +89,9 @@ struct Welcome {
   uint64_t epochs = 0;         // 0: unbounded
   uint64_t first_epoch = 0;
   DeviceKind device = DeviceKind::kCpu;
-  uint32_t device_index = 0;
-  std::array<uint8_t, kCudaIpcHandleBytes> cuda_memory_handle{};  // the GPU arena (CUDA pools)
-  // CUDA pools: the UUID of the server's GPU (indices differ under CUDA_VISIBLE_DEVICES) and one
-  // interprocess event per slot, recorded after the slot's chunk is written. Empty for host pools.
-  std::array<uint8_t, kCudaUuidBytes> cuda_device_uuid{};
-  std::vector<std::array<uint8_t, kCudaIpcHandleBytes>> cuda_event_handles;
+  // CUDA pools: one arena per GPU the server places every chunk on; a consumer reads the one on
+  // its own GPU. Empty for host pools.
+  std::vector<CudaArena> cuda_arenas;
   double heartbeat_interval_s = 0.25;
   double heartbeat_timeout_s = 3.0;
 };

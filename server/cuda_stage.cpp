@@ -24,9 +24,10 @@ std::vector<SampleTensor> CudaStage::converted(const std::vector<SampleTensor>& 
   return out;
 }
 
-CudaStage::CudaStage(const DeviceArena& arena, const SampleSource& source,
+CudaStage::CudaStage(const ArenaSet& arenas, const SampleSource& source,
                      std::vector<TensorConversion> conversions, uint32_t batch_size)
-    : arena_(arena),
+    : arenas_(arenas),
+      arena_(arenas.primary()),
       source_(source),
       staged_(source.tensors()),
       conversions_(std::move(conversions)),
@@ -65,7 +66,7 @@ std::vector<SampleTensor> CudaStage::slot_tensors() const { return slot_tensors_
 void CudaStage::begin(uint32_t slot) {
   // The slot's event was last recorded after its previous upload; once it completed, that
   // upload no longer reads this staging area.
-  arena_.wait_for_slot(slot);
+  arenas_.wait_for_slot(slot);
 }
 
 void CudaStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
@@ -97,6 +98,7 @@ void CudaStage::upload(const FillLease& lease, uint32_t sample_count) {
   }
   cuda_check(cudaEventRecord(arena_.slot_event(lease.slot), s),
              "recording the ready event of slot " + std::to_string(lease.slot));
+  arenas_.replicate(lease.slot, slot_layout_.bytes);  // to the pool's other GPUs, if any
 }
 
 }  // namespace batchcast

@@ -3,7 +3,8 @@
 // out like the source's tensors; upload() then, on the stage's own stream, copies the chunk to the
 // device with cudaMemcpyAsync, converts image tensors (uint8 HWC -> normalised CHW,
 // decoders/gpu_convert.h) straight into the slot, copies the other tensors as they are, and records
-// the slot's interprocess event, which consumers wait on before they read the slot.
+// the slot's interprocess event, which consumers wait on before they read the slot. A pool on
+// several GPUs is written on the first and the slot then copied to the others (ArenaSet).
 //
 // Staging layout: K pinned areas (cudaHostAlloc) of the source's chunk size (uint8 images, so a
 // quarter of a float32 slot), plus one device scratch buffer for the uint8 images of one chunk,
@@ -12,7 +13,7 @@
 //
 // Thread-safety: fill() and upload() may be called from any producer worker (upload is serialised
 // by a mutex, so the scratch buffer's copy/convert pairs stay in order on the one stream); begin()
-// from the producer thread. Ownership: created after the ServerCore (it borrows its DeviceArena)
+// from the producer thread. Ownership: created after the ServerCore (it borrows its ArenaSet)
 // and destroyed before it; it borrows the source, which outlives it; the destructor waits for the
 // stream to finish. CUDA builds only.
 #pragma once
@@ -26,6 +27,7 @@
 #include "decoders/gpu_convert.h"
 #include "server/chunk_stage.h"
 #include "server/slot_layout.h"
+#include "shm/arena_set.h"
 #include "shm/cuda_pool.h"
 
 namespace batchcast {
@@ -42,7 +44,7 @@ struct TensorConversion {
 class CudaStage : public ChunkStage {
  public:
   // Stages `source`'s tensors; `conversions`: one per tensor (or empty: copy all).
-  CudaStage(const DeviceArena& arena, const SampleSource& source,
+  CudaStage(const ArenaSet& arenas, const SampleSource& source,
             std::vector<TensorConversion> conversions, uint32_t batch_size);
   ~CudaStage() override;
   CudaStage(const CudaStage&) = delete;
@@ -58,7 +60,8 @@ class CudaStage : public ChunkStage {
                                              const std::vector<TensorConversion>& conversions);
 
  private:
-  const DeviceArena& arena_;
+  const ArenaSet& arenas_;
+  const DeviceArena& arena_;  // the primary: chunks are written there
   const SampleSource& source_;
   std::vector<SampleTensor> staged_;
   std::vector<TensorConversion> conversions_;

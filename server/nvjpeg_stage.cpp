@@ -23,9 +23,10 @@ uint64_t decoded_bytes(int width, int height) {
 
 }  // namespace
 
-NvjpegStage::NvjpegStage(const DeviceArena& arena, const ImageSource& source, uint32_t batch_size,
+NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
                          OnErrorPolicy on_error)
-    : arena_(arena),
+    : arenas_(arenas),
+      arena_(arenas.primary()),
       source_(source),
       batch_size_(batch_size),
       on_error_(on_error),
@@ -67,7 +68,7 @@ NvjpegStage::~NvjpegStage() {
 void NvjpegStage::begin(uint32_t slot) {
   // The slot's event is recorded after its last upload; once that is done, nothing on the device
   // reads this slot's host-side samples, labels or jobs any more.
-  arena_.wait_for_slot(slot);
+  arenas_.wait_for_slot(slot);
 }
 
 void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
@@ -200,6 +201,7 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
              "copying the labels of chunk " + std::to_string(lease.seq));
   cuda_check(cudaEventRecord(arena_.slot_event(lease.slot), stream),
              "recording the ready event of slot " + std::to_string(lease.slot));
+  arenas_.replicate(lease.slot, layout_.bytes);  // to the pool's other GPUs, if any
 }
 
 }  // namespace batchcast

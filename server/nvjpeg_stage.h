@@ -9,7 +9,8 @@
 // upload() then, on the stage's stream: nvJPEG decodes the chunk's images to full-size RGB in a
 // device buffer (hardware engine for baseline JPEGs where the GPU has one, hybrid otherwise), a
 // kernel (launch_crop_resize) crops, resizes, flips and normalises them straight into the slot,
-// the labels are copied from pinned memory, and the slot's interprocess event is recorded.
+// the labels are copied from pinned memory, and the slot's interprocess event is recorded. A pool
+// on several GPUs decodes on the first and the slot is then copied to the others (ArenaSet).
 //
 // Output: the slot holds what the CPU pipeline's slot would hold (same tensors, dtypes, shapes,
 // crops and flips); pixels agree within tolerance, not bit for bit: nvJPEG's IDCT and chroma
@@ -21,7 +22,7 @@
 //
 // Thread-safety: fill() from any worker (each position written by one worker), begin() from the
 // producer thread, upload() from any worker (serialised by a mutex: one stream, one decoder, one
-// decode buffer). Ownership: created after the ServerCore (it borrows its DeviceArena) and
+// decode buffer). Ownership: created after the ServerCore (it borrows its ArenaSet) and
 // destroyed before it; it borrows the ImageSource (dataset + pipeline options), which outlives
 // it. Compiled only with nvJPEG (BATCHCAST_HAVE_NVJPEG).
 #pragma once
@@ -38,13 +39,14 @@
 #include "server/image_source.h"
 #include "server/sample_producer.h"
 #include "server/slot_layout.h"
+#include "shm/arena_set.h"
 #include "shm/cuda_pool.h"
 
 namespace batchcast {
 
 class NvjpegStage : public ChunkStage {
  public:
-  NvjpegStage(const DeviceArena& arena, const ImageSource& source, uint32_t batch_size,
+  NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
               OnErrorPolicy on_error);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
@@ -76,7 +78,8 @@ class NvjpegStage : public ChunkStage {
   void decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
                     std::vector<bool>* failed);
 
-  const DeviceArena& arena_;
+  const ArenaSet& arenas_;
+  const DeviceArena& arena_;  // the primary: chunks are written there
   const ImageSource& source_;
   uint32_t batch_size_;
   OnErrorPolicy on_error_;

@@ -95,14 +95,19 @@ RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   core_ = std::make_unique<ServerCore>(c.server_options(*source_, plan_->epoch_samples()));
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
-    stage_ = std::make_unique<NvjpegStage>(*core_->memory().device_arena(),
+    stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
                                            static_cast<const ImageSource&>(*source_),
                                            c.batch_size, po.on_error);
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
-  if (c.cuda_device() >= 0 && !stage_)
-    stage_ = std::make_unique<CudaStage>(*core_->memory().device_arena(), *source_,
+  if (c.on_gpu() && !stage_)
+    stage_ = std::make_unique<CudaStage>(*core_->memory().arenas(), *source_,
                                          c.conversions(), c.batch_size);
+#endif
+#ifdef BATCHCAST_HAVE_CUDA
+  if (const ArenaSet* arenas = core_->memory().arenas(); arenas && arenas->arenas().size() > 1)
+    spdlog::info("the pool is on {} GPUs, every chunk copied from the first: {}",
+                 arenas->arenas().size(), arenas->describe_copies());
 #endif
   po.stage = stage_.get();
   collector_ = make_collector(c, *core_);
@@ -151,7 +156,7 @@ int RunningServer::wait() {
     while (!stop_ && monotonic_seconds() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (!failed && config_.cuda_device() >= 0) drain_gpu_pool(core, stop_);
+  if (!failed && config_.on_gpu()) drain_gpu_pool(core, stop_);
   core.stop();
   if (producing_.joinable()) producing_.join();
   auto s = core.stats();

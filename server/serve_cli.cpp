@@ -34,8 +34,8 @@ const CLI::Validator kNonZero(
     "NONZERO");
 
 // The forms shm/device_identity.h parses (whether the device exists is validate()'s check).
-const CLI::Validator kDevice([](std::string& device) { return device_spec_error(device); },
-                             "cpu|cuda[:K]|GPU-<uuid>|MIG-<uuid>");
+const CLI::Validator kDevice([](std::string& device) { return device_list_error(device); },
+                             "cpu|cuda[:K]|GPU-<uuid>|MIG-<uuid>[,...]|all");
 
 }  // namespace
 
@@ -87,7 +87,8 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   cmd->add_option(
          "--device", c.device,
          "where the pool lives: cpu, GPU K as cuda:K, or a GPU or MIG instance by its UUID "
-         "(nvidia-smi -L)")
+         "(nvidia-smi -L); several GPUs (cuda:0,cuda:1, or all) each get every chunk, and each "
+         "consumer reads on its own")
       ->check(kDevice)
       ->capture_default_str();
   add_choice(cmd, "--decoder", c.decoder, ServeConfig::kDecoders,

@@ -1,5 +1,7 @@
 #include "server/serve_config.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #ifdef BATCHCAST_HAVE_CUDA
 #include "shm/cuda_pool.h"
@@ -33,9 +35,9 @@ void ServeConfig::validate() {
     throw Error("--resize-size " + std::to_string(resize_size) + " is below --image-size " +
                 std::to_string(image_size) +
                 ": the centred crop must fit the resized image; raise --resize-size");
-  const auto spec = parse_device_spec(device);
-  if (!spec) throw Error("--device " + device_spec_error(device));
-  const bool on_gpu = spec->kind != DeviceSpec::Kind::kCpu;
+  const auto devices = parse_device_list(device);
+  if (!devices) throw Error("--device " + device_list_error(device));
+  const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (gpu_decoding()) {
     if (interpolation != Interpolation::kBilinear)
       throw Error("--decoder nvjpeg resizes bilinearly: drop --interpolation or use --decoder cpu");
@@ -49,7 +51,21 @@ void ServeConfig::validate() {
 #endif
   }
 #ifdef BATCHCAST_HAVE_CUDA
-  cuda_device_ = on_gpu ? require_cuda_device(*spec) : -1;  // fails at once without that GPU
+  cuda_devices_.clear();
+  if (devices->all) {
+    for (const auto& v : visible_cuda_devices()) cuda_devices_.push_back(v.index);
+    if (cuda_devices_.empty())
+      throw Error("--device all: no CUDA device is usable here (no GPU or no driver); use "
+                  "--device cpu");
+  } else if (on_gpu) {
+    for (const auto& spec : devices->devices) {  // fails at once without that GPU
+      const int index = require_cuda_device(spec);
+      if (std::find(cuda_devices_.begin(), cuda_devices_.end(), index) != cuda_devices_.end())
+        throw Error("--device " + device + " names cuda:" + std::to_string(index) +
+                    " twice; list each GPU once");
+      cuda_devices_.push_back(index);
+    }
+  }
 #else
   if (on_gpu)
     throw Error("--device " + device + ": this build has no CUDA support; use --device cpu");
@@ -70,7 +86,7 @@ PipelineOptions ServeConfig::pipeline_options() const {
   p.resize_size = resize_size;
   p.interpolation = interpolation;
   p.seed = seed;
-  if (cuda_device_ >= 0 && !gpu_decoding() && output != DType::kUInt8) {
+  if (on_gpu() && !gpu_decoding() && output != DType::kUInt8) {
     p.output = DType::kUInt8;  // HWC: what the GPU conversion reads
     p.uint8_layout = Uint8Layout::kHWC;
   }
@@ -79,7 +95,7 @@ PipelineOptions ServeConfig::pipeline_options() const {
 
 #ifdef BATCHCAST_HAVE_CUDA
 std::vector<TensorConversion> ServeConfig::conversions() const {
-  if (cuda_device_ < 0 || gpu_decoding() || synthetic || output == DType::kUInt8) return {};
+  if (!on_gpu() || gpu_decoding() || synthetic || output == DType::kUInt8) return {};
   const PipelineOptions pipeline = pipeline_options();
   TensorConversion images;  // tensor #0; the labels (#1) are copied unchanged
   images.normalize = output;
@@ -96,10 +112,7 @@ ServerOptions ServeConfig::server_options(const SampleSource& source,
   so.allow_remote = listen_all;
   so.ring_slots = ring;
 #ifdef BATCHCAST_HAVE_CUDA
-  if (cuda_device_ >= 0) {
-    so.device = protocol::DeviceKind::kCuda;
-    so.device_index = static_cast<uint32_t>(cuda_device_);
-  }
+  so.cuda_devices = cuda_devices_;
   so.slot_bytes =
       SlotLayout::plan(CudaStage::converted(source.tensors(), conversions()), batch_size).bytes;
 #else

@@ -56,7 +56,8 @@ struct ServeConfig {
   int resize_size = 0;  // eval; 0: int(image_size * 256 / 224)
   Interpolation interpolation = Interpolation::kBilinear;
   OnErrorPolicy on_error = OnErrorPolicy::kRaise;
-  // cpu, cuda, cuda:K, or a GPU-<uuid> / MIG-<uuid> (a MIG instance): shm/device_identity.h.
+  // cpu, cuda, cuda:K, or a GPU-<uuid> / MIG-<uuid> (a MIG instance), or several GPUs
+  // (cuda:0,cuda:1 or all: the pool on each, shm/arena_set.h): shm/device_identity.h.
   std::string device = "cpu";
   DecoderKind decoder = DecoderKind::kCpu;
 
@@ -85,8 +86,10 @@ struct ServeConfig {
   // CUDA device, also checks the GPU exists (fails at once, before any dataset is scanned).
   void validate();
 
-  // After validate(): the GPU that holds the pool, or -1 for a pool in host memory.
-  int cuda_device() const { return cuda_device_; }
+  // After validate(): the GPUs that hold the pool (producers write on the first; nvJPEG decodes
+  // there), empty for a pool in host memory.
+  const std::vector<int>& cuda_devices() const { return cuda_devices_; }
+  bool on_gpu() const { return !cuda_devices_.empty(); }
   bool gpu_decoding() const { return decoder == DecoderKind::kNvjpeg; }
 
   // What ImageSource decodes. A GPU pool without GPU decoding stages uint8 HWC and normalises
@@ -101,7 +104,7 @@ struct ServeConfig {
   SampleProducerOptions producer_options() const;  // without a stage
 
  private:
-  int cuda_device_ = -1;
+  std::vector<int> cuda_devices_;
 };
 
 }  // namespace batchcast

@@ -40,20 +40,27 @@ std::string resolve_endpoint(const std::string& endpoint, bool allow_remote,
   throw Error("endpoint " + ep + ": unsupported scheme; use ipc://PATH or tcp://HOST:PORT");
 }
 
+std::string gpu_list(const std::vector<int>& devices) {
+  std::string out;
+  for (int d : devices) out += (out.empty() ? "cuda:" : ", cuda:") + std::to_string(d);
+  return out;
+}
+
 SlotMemory create_pool(const ServerOptions& o, const std::string& endpoint) {
   if (o.slot_bytes == 0) throw Error("server needs slot_bytes > 0");
   if (o.ring_slots < 2)
     throw Error("ring needs at least 2 slots (got " + std::to_string(o.ring_slots) + ")");
-  bool device = o.device == protocol::DeviceKind::kCuda;
-  if (device && o.ring_slots > protocol::kMaxCudaSlots)
+  // The Welcome carries an event handle per slot and GPU.
+  const size_t gpus = o.cuda_devices.size();
+  if (gpus && o.ring_slots * gpus > protocol::kMaxCudaSlots)
     throw Error("a GPU pool has at most " + std::to_string(protocol::kMaxCudaSlots) +
-                " slots (got --ring " + std::to_string(o.ring_slots) + ")");
+                " slots over all its GPUs (got --ring " + std::to_string(o.ring_slots) + " on " +
+                std::to_string(gpus) + " GPU(s)); lower --ring");
   if (int n = remove_stale_segments())
     spdlog::info("removed {} stale shared segment(s) left by dead batchcast servers", n);
   std::string name = segment_name_for(endpoint);
   if (endpoint.find(":*") != std::string::npos) name += "." + std::to_string(::getpid());
-  return SlotMemory::create(name, o.ring_slots, o.slot_bytes, o.device,
-                            static_cast<int>(o.device_index));
+  return SlotMemory::create(name, o.ring_slots, o.slot_bytes, o.cuda_devices);
 }
 
 // Writes the failure record beside an ipc socket: owner-only, complete or absent (written to a
@@ -124,7 +131,7 @@ ServerCore::ServerCore(ServerOptions options)
                memory_.pool().slot_bytes() >> 20,
                memory_.pool().host_slots()
                    ? "/dev/shm/" + memory_.pool().segment_name()
-                   : "GPU memory of cuda:" + std::to_string(options_.device_index));
+                   : "GPU memory of " + gpu_list(options_.cuda_devices));
   loop_thread_ = std::thread([this] { loop(); });
 }
 

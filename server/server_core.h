@@ -18,9 +18,10 @@
 // protocol::failure_record_path(), so that a consumer arriving after this process exited still
 // learns why; it outlives the process on purpose and the next server binding the endpoint
 // removes it.
-// GPU pools (device = kCuda, CUDA builds only): the slots are a DeviceArena on cuda:device_index,
-// created before the endpoint is bound and freed after the loop stops; the shared segment keeps
-// the header and sequence words; FillLease::data is then device memory.
+// GPU pools (cuda_devices set, CUDA builds only): the slots are an ArenaSet, one arena per GPU
+// listed (the first is where producers write; shm/arena_set.h), created before the endpoint is
+// bound and freed after the loop stops; the shared segment keeps the header and sequence words;
+// FillLease::data is then device memory on the first GPU.
 #pragma once
 
 #include <sys/types.h>
@@ -71,8 +72,9 @@ struct ServerOptions {
   // The producer can fill chunk (epoch, index) again, byte for byte, and serves
   // acquire_private(); chunks then hold batch_size samples (an epoch's last one fewer).
   bool regenerates = false;
-  protocol::DeviceKind device = protocol::DeviceKind::kCpu;
-  uint32_t device_index = 0;  // kCuda: the GPU that holds the pool
+  // Empty: a host pool. Else the GPUs (this process's indices) that each hold the whole pool;
+  // producers write on the first.
+  std::vector<int> cuda_devices;
 };
 
 // A slot handed to a producer to fill.

@@ -286,11 +286,10 @@ void DeviceArena::wait_for_slot(uint32_t slot) const {
 
 // --- ArenaMapping ---
 
-ArenaMapping ArenaMapping::open(const DeviceUuid& uuid, const IpcHandleBytes& memory,
+ArenaMapping ArenaMapping::open(int device, const IpcHandleBytes& memory,
                                 const std::vector<IpcHandleBytes>& events, uint64_t slot_bytes) {
   ArenaMapping m;
-  m.device_ = cuda_device_by_uuid(uuid);
-  if (m.device_ < 0) throw Error(unreachable_pool_message(uuid, visible_cuda_devices()));
+  m.device_ = device;
   CudaDeviceGuard guard(m.device_);
   cudaIpcMemHandle_t mh;
   std::memcpy(&mh, memory.data(), sizeof(mh));

@@ -182,12 +182,12 @@ class DeviceArena {
   DeviceUuid uuid_{};
 };
 
-// A consumer's view of a server's DeviceArena, opened once on the device with `uuid`.
+// A consumer's view of a server's DeviceArena, opened once on `device` (this process's index of
+// the arena's GPU: shm/device_identity.h, choose_pool_arena).
 class ArenaMapping {
  public:
-  // Throws Error when this process cannot see the device (naming CUDA_VISIBLE_DEVICES) or the
-  // handles cannot be opened (e.g. the server died).
-  static ArenaMapping open(const DeviceUuid& uuid, const IpcHandleBytes& memory,
+  // Throws Error when the handles cannot be opened (e.g. the server died).
+  static ArenaMapping open(int device, const IpcHandleBytes& memory,
                            const std::vector<IpcHandleBytes>& events, uint64_t slot_bytes);
   ArenaMapping(ArenaMapping&& o) noexcept;
   ArenaMapping& operator=(ArenaMapping&& o) noexcept;

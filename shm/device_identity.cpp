@@ -66,6 +66,43 @@ std::string device_spec_error(const std::string& text) {
   return text + " is not a device: " + kForms;
 }
 
+std::optional<DeviceList> parse_device_list(const std::string& text) {
+  DeviceList list;
+  if (text == "all") {
+    list.all = true;
+    return list;
+  }
+  size_t from = 0;
+  while (true) {
+    const size_t comma = text.find(',', from);
+    auto spec = parse_device_spec(text.substr(from, comma - from));
+    if (!spec) return std::nullopt;
+    list.devices.push_back(*spec);
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  if (list.devices.size() > 1)
+    for (const auto& d : list.devices)
+      if (d.kind == DeviceSpec::Kind::kCpu) return std::nullopt;
+  return list;
+}
+
+std::string device_list_error(const std::string& text) {
+  if (parse_device_list(text)) return {};
+  size_t from = 0;
+  bool several = text.find(',') != std::string::npos;
+  while (true) {
+    const size_t comma = text.find(',', from);
+    const std::string item = text.substr(from, comma - from);
+    if (std::string why = device_spec_error(item); !why.empty()) return why;
+    if (several && item == "cpu")
+      return text + ": cpu stands alone (a host pool); list GPUs only, e.g. cuda:0,cuda:1";
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  return text + " is not a device list";
+}
+
 std::string format_device_uuid(const DeviceUuid& uuid, bool mig) {
   std::string out = mig ? "MIG-" : "GPU-";
   char hex[3];
@@ -84,19 +121,23 @@ std::string describe_device(const VisibleDevice& d) {
          format_device_uuid(d.uuid, is_mig_device(d.name)) + ")";
 }
 
-std::string unreachable_pool_message(const DeviceUuid& pool,
+std::string unreachable_pool_message(const std::vector<DeviceUuid>& pool,
                                      const std::vector<VisibleDevice>& visible) {
   // The Welcome carries only the UUID's bytes: whether it is an instance is not known here.
-  const std::string uuid = format_device_uuid(pool, false).substr(4);
-  std::string msg = "the server's GPU pool is on the device with UUID " + uuid +
-                    " (nvidia-smi -L: GPU-" + uuid + " or MIG-" + uuid + "), ";
+  std::string uuids;
+  for (size_t i = 0; i < pool.size(); ++i) {
+    const std::string uuid = format_device_uuid(pool[i], false).substr(4);
+    uuids += (i ? ", " : "") + uuid + " (nvidia-smi -L: GPU-" + uuid + " or MIG-" + uuid + ")";
+  }
+  std::string msg = "the server's GPU pool is on the device" +
+                    std::string(pool.size() > 1 ? "s" : "") + " with UUID " + uuids + ", ";
   if (visible.empty())
     return msg +
            "but this process sees no CUDA device (no GPU, no driver, or CUDA_VISIBLE_DEVICES "
            "hides it); run it with that device in CUDA_VISIBLE_DEVICES, or serve a host pool "
            "(--device cpu)";
   bool in_mig = false;
-  msg += "which is none of this process's devices: ";
+  msg += "none of which is one of this process's devices: ";
   for (size_t i = 0; i < visible.size(); ++i) {
     msg += (i ? ", " : "") + describe_device(visible[i]);
     in_mig = in_mig || is_mig_device(visible[i].name);
@@ -104,14 +145,59 @@ std::string unreachable_pool_message(const DeviceUuid& pool,
   if (in_mig)
     return msg +
            ". CUDA IPC cannot cross MIG instances: run this process in the server's instance "
-           "(CUDA_VISIBLE_DEVICES=MIG-" +
-           uuid +
-           "), or serve a host pool (--device cpu) that every instance can read, or start one "
-           "server per instance (--device MIG-<uuid>)";
+           "(CUDA_VISIBLE_DEVICES=MIG-<uuid>), or serve a host pool (--device cpu) that every "
+           "instance can read, or start one server per instance (--device MIG-<uuid>)";
   return msg +
-         ". CUDA IPC shares memory on one device only: run this process with that GPU in "
-         "CUDA_VISIBLE_DEVICES, or serve a host pool (--device cpu), or start one server per "
-         "GPU (or per MIG instance)";
+         ". CUDA IPC shares memory on one device only: run this process with one of those GPUs "
+         "in CUDA_VISIBLE_DEVICES, or serve a host pool (--device cpu), or serve this GPU too "
+         "(--device cuda:0,cuda:1 or --device all)";
+}
+
+ArenaChoice choose_pool_arena(const std::vector<DeviceUuid>& pool,
+                              const std::vector<VisibleDevice>& visible, int wanted, int current) {
+  auto arena_on = [&](int index) {
+    for (const auto& v : visible)
+      if (v.index == index)
+        for (size_t a = 0; a < pool.size(); ++a)
+          if (pool[a] == v.uuid) return static_cast<int>(a);
+    return -1;
+  };
+  ArenaChoice c;
+  if (wanted >= 0) {
+    c.arena = arena_on(wanted);
+    if (c.arena >= 0) {
+      c.device = wanted;
+      return c;
+    }
+    std::string here;  // the pool's devices this process sees
+    for (const auto& v : visible)
+      for (const auto& p : pool)
+        if (p == v.uuid) here += (here.empty() ? "cuda:" : ", cuda:") + std::to_string(v.index);
+    if (here.empty()) {
+      c.error = unreachable_pool_message(pool, visible);
+      return c;
+    }
+    c.error = "the server's GPU pool is on " + here + " of this process, not on cuda:" +
+              std::to_string(wanted) +
+              "; batchcast hands out zero-copy tensors only on the pool's GPUs: read on one of "
+              "them (and .to() yourself), or serve this GPU too (--device cuda:0,cuda:1 or "
+              "--device all), or start one server per GPU";
+    return c;
+  }
+  c.arena = arena_on(current);
+  if (c.arena >= 0) {
+    c.device = current;
+    return c;
+  }
+  for (size_t a = 0; a < pool.size(); ++a)  // the pool's order: its primary GPU first
+    for (const auto& v : visible)
+      if (v.uuid == pool[a]) {
+        c.arena = static_cast<int>(a);
+        c.device = v.index;
+        return c;
+      }
+  c.error = unreachable_pool_message(pool, visible);
+  return c;
 }
 
 }  // namespace batchcast

@@ -5,9 +5,11 @@
 // the one stable name is the device UUID: the server announces its arena's UUID in the Welcome
 // and a consumer looks for it among the devices it sees. Under MIG each instance has its own
 // UUID (nvidia-smi -L: "MIG-..."), so a consumer in another instance cannot find it.
-// This file is the pure part of that rule (no CUDA calls), so that it is tested everywhere:
-// parsing `--device` (cpu, cuda, cuda:K, GPU-<uuid>, MIG-<uuid>), formatting UUIDs as
-// nvidia-smi does, and the message a consumer gets when the pool's device is not among its own.
+// A pool may be placed on several GPUs (one arena each); a consumer reads the one on its own.
+// This file is the pure part of those rules (no CUDA calls), so that it is tested everywhere:
+// parsing `--device` (cpu, cuda, cuda:K, GPU-<uuid>, MIG-<uuid>, lists of GPUs, all), formatting
+// UUIDs as nvidia-smi does, which arena a consumer reads, and the message it gets when none of
+// the pool's devices is its own.
 // Thread-safety: pure functions. Ownership: values only.
 #pragma once
 
@@ -36,6 +38,16 @@ std::optional<DeviceSpec> parse_device_spec(const std::string& text);
 // "MIG-GPU-<uuid>/gi/ci" names of drivers before R470, where to find the current one).
 std::string device_spec_error(const std::string& text);
 
+// A server's `--device`: one of the forms above, a comma-separated list of GPUs (the pool is
+// placed on each: cuda:0,cuda:1), or `all` (every GPU the server sees). `cpu` stands alone.
+struct DeviceList {
+  bool all = false;
+  std::vector<DeviceSpec> devices;  // unless `all`; one kCpu entry for a host pool
+};
+std::optional<DeviceList> parse_device_list(const std::string& text);
+// Empty when `text` parses, else why not.
+std::string device_list_error(const std::string& text);
+
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" ("MIG-..." when mig), as nvidia-smi -L prints it.
 std::string format_device_uuid(const DeviceUuid& uuid, bool mig);
 
@@ -52,10 +64,22 @@ bool is_mig_device(const std::string& name);
 // "cuda:0 = NVIDIA H100 ... (MIG-...)": the device as both CUDA and nvidia-smi name it.
 std::string describe_device(const VisibleDevice& device);
 
-// The consumer's error when the pool's device (`pool`, from the Welcome) is none of `visible`:
-// names the pool's UUID, every device this process sees, and the fix (the same GPU or MIG
-// instance in CUDA_VISIBLE_DEVICES, a host pool, or one server per instance).
-std::string unreachable_pool_message(const DeviceUuid& pool,
+// The consumer's error when none of the pool's devices (`pool`, from the Welcome) is among
+// `visible`: names the pool's UUIDs, every device this process sees, and the fix (the same GPU
+// or MIG instance in CUDA_VISIBLE_DEVICES, a host pool, or one server per instance).
+std::string unreachable_pool_message(const std::vector<DeviceUuid>& pool,
                                      const std::vector<VisibleDevice>& visible);
+
+// Which arena of a GPU pool a consumer reads: the one on its device `wanted` (this process's
+// index), or with wanted = -1 the one on its current device `current`, else the first of the
+// pool's devices it sees. `arena` indexes `pool`; on failure it is -1 and `error` names the
+// pool's devices, the consumer's and the fix.
+struct ArenaChoice {
+  int arena = -1;
+  int device = -1;  // this process's index of the arena's device
+  std::string error;
+};
+ArenaChoice choose_pool_arena(const std::vector<DeviceUuid>& pool,
+                              const std::vector<VisibleDevice>& visible, int wanted, int current);
 
 }  // namespace batchcast

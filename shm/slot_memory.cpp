@@ -9,8 +9,8 @@ SlotMemory::SlotMemory(SlotMemory&&) noexcept = default;
 SlotMemory::~SlotMemory() = default;
 
 SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_count,
-                              uint64_t slot_bytes, protocol::DeviceKind device, int cuda_device) {
-  bool on_gpu = device == protocol::DeviceKind::kCuda;
+                              uint64_t slot_bytes, const std::vector<int>& cuda_devices) {
+  const bool on_gpu = !cuda_devices.empty();
 #ifndef BATCHCAST_HAVE_CUDA
   if (on_gpu)
     throw Error(
@@ -22,25 +22,31 @@ SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_cou
   if (on_gpu) {
     // The pool's slot size, not the one asked for: the pool rounds it up, the Welcome announces
     // the rounded one, and consumers find slot k of the arena at k times that.
-    m.arena_ = std::make_unique<DeviceArena>(
-        DeviceArena::create(cuda_device, m.pool_.slot_count(), m.pool_.slot_bytes()));
-    m.cuda_device_ = m.arena_->device();
+    m.arenas_ =
+        std::make_unique<ArenaSet>(cuda_devices, m.pool_.slot_count(), m.pool_.slot_bytes());
+    m.cuda_device_ = m.arenas_->primary().device();
   }
-#else
-  (void)cuda_device;
 #endif
   return m;
 }
 
-SlotMemory SlotMemory::attach(const protocol::Welcome& w, bool pin_host, int pin_device) {
+SlotMemory SlotMemory::attach(const protocol::Welcome& w, bool pin_host, int cuda_device) {
   SlotMemory m(SlotPool::attach(w.segment_name, w.slot_count, w.slot_bytes, w.slots_offset));
   if (w.device == protocol::DeviceKind::kCpu) {
-    if (pin_host) m.pin_slots(pin_device);
+    if (pin_host) m.pin_slots(cuda_device);
     return m;
   }
 #ifdef BATCHCAST_HAVE_CUDA
+  std::vector<DeviceUuid> pool;
+  for (const auto& a : w.cuda_arenas) pool.push_back(a.device_uuid);
+  int current = -1;
+  if (cuda_device < 0 && cudaGetDevice(&current) != cudaSuccess) (void)cudaGetLastError();
+  const ArenaChoice choice =
+      choose_pool_arena(pool, visible_cuda_devices(), cuda_device, current);
+  if (choice.arena < 0) throw Error(choice.error);
+  const protocol::CudaArena& arena = w.cuda_arenas[choice.arena];
   m.mapping_ = std::make_unique<ArenaMapping>(ArenaMapping::open(
-      w.cuda_device_uuid, w.cuda_memory_handle, w.cuda_event_handles, w.slot_bytes));
+      choice.device, arena.memory_handle, arena.event_handles, w.slot_bytes));
   m.cuda_device_ = m.mapping_->device();
   return m;
 #else
@@ -71,18 +77,16 @@ void SlotMemory::describe(protocol::Welcome& w) const {
   w.slots_offset = pool_.slots_offset();
   w.device = device();
 #ifdef BATCHCAST_HAVE_CUDA
-  if (arena_) {
-    w.device_index = static_cast<uint32_t>(arena_->device());
-    w.cuda_memory_handle = arena_->memory_handle();
-    w.cuda_device_uuid = arena_->device_uuid();
-    w.cuda_event_handles = arena_->event_handles();
-  }
+  w.cuda_arenas.clear();
+  if (arenas_)
+    for (const DeviceArena& a : arenas_->arenas())
+      w.cuda_arenas.push_back({a.device_uuid(), a.memory_handle(), a.event_handles()});
 #endif
 }
 
 uint8_t* SlotMemory::slot_data(uint32_t slot) const {
 #ifdef BATCHCAST_HAVE_CUDA
-  if (arena_) return arena_->slot_data(slot);
+  if (arenas_) return arenas_->primary().slot_data(slot);
   if (mapping_) return mapping_->slot_data(slot);
 #endif
   return pool_.slot_data(slot);
@@ -90,7 +94,7 @@ uint8_t* SlotMemory::slot_data(uint32_t slot) const {
 
 #ifdef BATCHCAST_HAVE_CUDA
 cudaEvent_t SlotMemory::slot_event(uint32_t slot) const {
-  if (arena_) return arena_->slot_event(slot);
+  if (arenas_) return arenas_->primary().slot_event(slot);
   if (mapping_) return mapping_->slot_event(slot);
   return nullptr;
 }

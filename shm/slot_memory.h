@@ -1,9 +1,10 @@
 // SlotMemory: where a pool's slots live, host shared memory or a GPU arena, behind one type.
 //
 // A host pool's slots are in its SlotPool segment. A GPU pool (--device cuda:K, CUDA builds)
-// keeps only the header and sequence words in the segment; its slots are in a DeviceArena the
-// server allocates, which consumers open as an ArenaMapping. Everything that reads or writes a
-// slot asks slot_data(slot) here and never needs to know which kind of pool it has.
+// keeps only the header and sequence words in the segment; its slots are in the server's
+// ArenaSet, one arena per GPU it serves (shm/arena_set.h), and a consumer opens the arena of its
+// own GPU as an ArenaMapping. Everything that reads or writes a slot asks slot_data(slot) here
+// (the server: the primary arena's) and never needs to know which kind of pool it has.
 //
 // Factories: the server create()s (segment + arena) and describe()s it into the Welcome; a
 // consumer attach()es from that Welcome. A CPU-only build refuses GPU pools with an Error.
@@ -12,8 +13,8 @@
 // that overlaps compute. Failing to pin is an expected outcome (no GPU, a platform without
 // read-only registration, the locked-memory limit): host_pinned() is false and pin_failure()
 // says why; the consumer stages through pinned buffers instead.
-// Ownership and lifetime: move-constructible only; owns the segment mapping and the arena (server) or arena
-// mapping (consumer), all freed on destruction. Pointers from slot_data() live as long as this.
+// Ownership and lifetime: move-constructible only; owns the segment mapping and the arenas
+// (server) or arena mapping (consumer), all freed on destruction. Pointers from slot_data() live as long as this.
 // Thread-safety: const members may be called from any thread; slot contents are synchronised by
 // the slot protocol (sequence words on the host, slot events on the GPU), not by this class.
 #pragma once
@@ -22,10 +23,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "protocol/messages.h"
 #include "shm/slot_pool.h"
 #ifdef BATCHCAST_HAVE_CUDA
+#include "shm/arena_set.h"
 #include "shm/cuda_pool.h"
 #endif
 
@@ -33,14 +36,17 @@ namespace batchcast {
 
 class SlotMemory {
  public:
-  // Server: creates the pool's segment and, for DeviceKind::kCuda, its arena on cuda:cuda_device.
+  // Server: creates the pool's segment and, unless `cuda_devices` is empty (a host pool), its
+  // arenas on those GPUs (this process's indices; the first is the primary).
   static SlotMemory create(const std::string& segment_name, uint32_t slot_count,
-                           uint64_t slot_bytes, protocol::DeviceKind device, int cuda_device);
-  // Consumer: maps the pool a Welcome announces (read-only segment, and the GPU arena on the
-  // server's GPU, found by UUID); pin_host: page-lock a host pool's slots (see above) for
-  // copies to pin_device (this process's index; -1: the current device).
+                           uint64_t slot_bytes, const std::vector<int>& cuda_devices);
+  // Consumer: maps the pool a Welcome announces: the read-only segment and, for a GPU pool, the
+  // arena on `cuda_device` (this process's index; -1: the current device if the pool has an arena
+  // there, else the first of the pool's GPUs this process sees); an Error names the pool's GPUs
+  // and the fix when none fits. pin_host: page-lock a host pool's slots (see above) for copies to
+  // cuda_device (-1: the current device).
   static SlotMemory attach(const protocol::Welcome& welcome, bool pin_host = false,
-                           int pin_device = -1);
+                           int cuda_device = -1);
 
   SlotMemory(SlotMemory&&) noexcept;
   // No assignment: member-wise it would unmap the old pool before unregistering its pinning.
@@ -52,12 +58,13 @@ class SlotMemory {
 
   SlotPool& pool() { return pool_; }
   const SlotPool& pool() const { return pool_; }
-  // A slot's first byte: host memory, or a device pointer on cuda_device() for GPU pools.
+  // A slot's first byte: host memory, or a device pointer on cuda_device() for GPU pools (the
+  // server: its primary GPU).
   uint8_t* slot_data(uint32_t slot) const;
   protocol::DeviceKind device() const {
     return cuda_device_ < 0 ? protocol::DeviceKind::kCpu : protocol::DeviceKind::kCuda;
   }
-  // The GPU holding the slots (this process's index); -1 for host pools.
+  // The GPU holding the slots this process reads or writes (its index); -1 for host pools.
   int cuda_device() const { return cuda_device_; }
   // Host pools attached with pin_host: whether the slots are page-locked, and if not, why.
   bool host_pinned() const { return pinned_; }
@@ -66,8 +73,9 @@ class SlotMemory {
 #ifdef BATCHCAST_HAVE_CUDA
   // GPU pools: the event recorded after the slot's chunk was written; nullptr for host pools.
   cudaEvent_t slot_event(uint32_t slot) const;
-  // The server's arena (staging code records its events); nullptr in consumers and host pools.
-  const DeviceArena* device_arena() const { return arena_.get(); }
+  // The server's arenas (staging code writes the primary, records its events and replicates);
+  // nullptr in consumers and host pools.
+  const ArenaSet* arenas() const { return arenas_.get(); }
 #endif
 
  private:
@@ -79,7 +87,7 @@ class SlotMemory {
   bool pinned_ = false;
   std::string pin_failure_;
 #ifdef BATCHCAST_HAVE_CUDA
-  std::unique_ptr<DeviceArena> arena_;     // server
+  std::unique_ptr<ArenaSet> arenas_;       // server
   std::unique_ptr<ArenaMapping> mapping_;  // consumer
   // Declared after pool_, so destroyed first: unregistered before the segment is unmapped.
   std::optional<HostRegistration> registration_;

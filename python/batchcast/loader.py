@@ -59,8 +59,9 @@ class LoaderStats:
 
 
 def _cuda_index(device: Any) -> int:
-    """The CUDA device index `device` names ("cuda:1", torch.device, 1), else -1. A server
-    sharing GPU memory checks it is the same GPU (no silent peer copy)."""
+    """The CUDA device index `device` names ("cuda:1", torch.device, 1), else -1. A pool in GPU
+    memory is read on that GPU (a pool on several GPUs has an arena on each); one the pool is
+    not on is refused (no silent peer copy)."""
     if device is None:
         return -1
     if isinstance(device, int):

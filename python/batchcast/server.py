@@ -195,7 +195,9 @@ def serve_args(
 
     ``data`` is an image folder; ``synthetic=N`` serves N synthetic samples instead. Options
     left None take the CLI's defaults; ``epochs=None`` serves until stopped. ``device="cuda:K"``
-    puts the pool on GPU K; ``decoder="nvjpeg"`` also decodes and augments there. Anything else
+    puts the pool on GPU K (``"cuda:0,cuda:1"`` or ``"all"``: on each of those GPUs, every chunk
+    decoded once and copied to the others; each consumer reads on its own GPU);
+    ``decoder="nvjpeg"`` also decodes and augments there (on the first). Anything else
     goes in ``extra_args`` (see ``batchcast serve --help``). ``rank``/``world_size`` shard the
     stream as a DistributedSampler would (None: the RANK/WORLD_SIZE environment, else 0/1).
 

@@ -36,9 +36,13 @@ int main(int argc, char** argv) {
   write("welcome_host", w);
   w.device = p::DeviceKind::kCuda;
   w.slot_count = 3;
-  w.cuda_event_handles.resize(3);
-  w.cuda_memory_handle[0] = 0x42;
+  w.cuda_arenas.resize(1);
+  w.cuda_arenas[0].event_handles.resize(3);
+  w.cuda_arenas[0].memory_handle[0] = 0x42;
   write("welcome_cuda", w);
+  w.cuda_arenas.push_back(w.cuda_arenas[0]);  // a pool on two GPUs
+  w.cuda_arenas[1].device_uuid[0] = 0x01;
+  write("welcome_cuda_two_gpus", w);
 
   p::BatchDescriptor d;
   d.seq = 17;

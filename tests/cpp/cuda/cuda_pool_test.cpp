@@ -1,5 +1,6 @@
 // shm/cuda_pool.h: "no GPU" is a value, RAII owners move, the arena exports what consumers need.
 // Tests that need a device skip themselves ("no CUDA device: ...") where there is none.
+#include "shm/arena_set.h"
 #include "shm/cuda_pool.h"
 
 #include <gtest/gtest.h>
@@ -109,6 +110,38 @@ TEST(CudaPool, OwnersMoveTheirHandles) {
   EXPECT_EQ(stream.get(), nullptr);
   auto e = CudaEvent::create(true);
   EXPECT_NO_THROW(e.ipc_handle());
+}
+
+// A pool on several GPUs: what the producer writes into the primary arena's slot reaches every
+// other arena once replicate() ran, and wait_for_slot() covers the copies. On a machine with one
+// GPU both arenas are on it (the server refuses that; the copy path is the same).
+TEST(CudaPool, ASlotWrittenOnThePrimaryIsCopiedToEveryArena) {
+  REQUIRE_GPU();
+  const int second = cuda_device_count() > 1 ? 1 : 0;
+  ArenaSet arenas({0, second}, 2, 1 << 20);
+  ASSERT_EQ(arenas.arenas().size(), 2u);
+  EXPECT_EQ(arenas.arenas()[1].device(), second);
+  EXPECT_NE(arenas.describe_copies().find("cuda:0 -> cuda:" + std::to_string(second)),
+            std::string::npos)
+      << arenas.describe_copies();
+  for (uint8_t round : {1, 2}) {  // the slot rewritten after its copy: the copy follows
+    std::vector<uint8_t> in(1 << 20), out(1 << 20, 0);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 31 + round);
+    arenas.wait_for_slot(1);
+    auto stream = CudaStream::create();
+    const DeviceArena& primary = arenas.primary();
+    cuda_check(cudaMemcpyAsync(primary.slot_data(1), in.data(), in.size(),
+                               cudaMemcpyHostToDevice, stream.get()),
+               "up");
+    cuda_check(cudaEventRecord(primary.slot_event(1), stream.get()), "record");
+    arenas.replicate(1, in.size());
+    arenas.wait_for_slot(1);
+    CudaDeviceGuard guard(second);
+    cuda_check(cudaMemcpy(out.data(), arenas.arenas()[1].slot_data(1), out.size(),
+                          cudaMemcpyDeviceToHost),
+               "down");
+    EXPECT_EQ(in, out) << "round " << int(round);
+  }
 }
 
 TEST(CudaPool, DeviceGuardRestoresTheCurrentDevice) {

@@ -59,9 +59,10 @@ int main(int argc, char** argv) {
     int clock_khz = 1000000;
     bool on_gpu = consumer.welcome().device == protocol::DeviceKind::kCuda;
     if (on_gpu) {
-      cuda_check(cudaSetDevice(static_cast<int>(consumer.welcome().device_index)), "cudaSetDevice");
+      const int device = consumer.cuda_device();
+      cuda_check(cudaSetDevice(device), "cudaSetDevice");
       stream = CudaStream::create();
-      cuda_check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0), "clock rate");
+      cuda_check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device), "clock rate");
     }
     bool in_epoch = false;
     while (!consumer.finished()) {

@@ -40,11 +40,38 @@ TEST(Messages, EveryTypeRoundTrips) {
   w.segment_name = "batchcast.0.abc";
   w.slot_count = 8;
   w.slot_bytes = 4096;
-  w.cuda_memory_handle[63] = 9;
   auto w2 = round_trip(w);
   EXPECT_EQ(w2.consumer_id, 7u);
   EXPECT_EQ(w2.segment_name, w.segment_name);
-  EXPECT_EQ(w2.cuda_memory_handle[63], 9);
+  EXPECT_TRUE(w2.cuda_arenas.empty());
+  // A GPU pool on two GPUs: an arena each, its UUID, memory handle and one event per slot.
+  w.device = DeviceKind::kCuda;
+  for (uint8_t gpu : {1, 2}) {
+    CudaArena& a = w.cuda_arenas.emplace_back();
+    a.device_uuid[0] = gpu;
+    a.memory_handle[63] = gpu;
+    a.event_handles.resize(8);
+    a.event_handles[7][0] = gpu;
+  }
+  auto g = round_trip(w);
+  ASSERT_EQ(g.cuda_arenas.size(), 2u);
+  for (uint8_t gpu : {1, 2}) {
+    EXPECT_EQ(g.cuda_arenas[gpu - 1].device_uuid[0], gpu);
+    EXPECT_EQ(g.cuda_arenas[gpu - 1].memory_handle[63], gpu);
+    ASSERT_EQ(g.cuda_arenas[gpu - 1].event_handles.size(), 8u);
+    EXPECT_EQ(g.cuda_arenas[gpu - 1].event_handles[7][0], gpu);
+  }
+  // An arena short of one event per slot, or a GPU pool without arenas, is malformed.
+  auto error_of = [](const Welcome& m) {
+    const std::string bytes = encode(m);
+    auto r = decode(bytes.data(), bytes.size());
+    EXPECT_FALSE(r.message) << "accepted a malformed Welcome";
+    return r.error;
+  };
+  w.cuda_arenas[1].event_handles.pop_back();
+  EXPECT_NE(error_of(w).find("event handles"), std::string::npos) << error_of(w);
+  w.cuda_arenas.clear();
+  EXPECT_NE(error_of(w).find("without arenas"), std::string::npos) << error_of(w);
 
   auto d = sample_descriptor();
   auto d2 = round_trip(d);
@@ -82,7 +109,7 @@ TEST(Messages, EveryTypeRoundTrips) {
 TEST(Messages, NewTypesAreAppended) {
   EXPECT_EQ(encode(Seek{}).substr(6, 2), std::string("\x0a\x00", 2));
   EXPECT_EQ(encode(SeekReply{}).substr(6, 2), std::string("\x0b\x00", 2));
-  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x02\x00\x08\x00\x04\0\0\0\0\0\0\0", 12));
+  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x03\x00\x08\x00\x04\0\0\0\0\0\0\0", 12));
 }
 
 std::string rejected(const std::string& bytes) {

@@ -14,7 +14,7 @@ std::string test_name(const char* tag) {
 }
 
 TEST(SlotMemory, AConsumerAttachedFromTheWelcomeSeesTheServersSlots) {
-  auto server = SlotMemory::create(test_name("host"), 3, 5000, protocol::DeviceKind::kCpu, -1);
+  auto server = SlotMemory::create(test_name("host"), 3, 5000, {});
   EXPECT_EQ(server.device(), protocol::DeviceKind::kCpu);
   EXPECT_EQ(server.cuda_device(), -1);
   server.slot_data(2)[11] = 77;
@@ -33,7 +33,7 @@ TEST(SlotMemory, AConsumerAttachedFromTheWelcomeSeesTheServersSlots) {
 // pin_memory: a host pool's mapping is page-locked in place where CUDA allows it, and reads the
 // same either way; where it cannot be (no CUDA build, no GPU), the consumer is told why.
 TEST(SlotMemory, PinningAHostPoolEitherSucceedsOrSaysWhy) {
-  auto server = SlotMemory::create(test_name("pin"), 2, 8192, protocol::DeviceKind::kCpu, -1);
+  auto server = SlotMemory::create(test_name("pin"), 2, 8192, {});
   server.slot_data(1)[100] = 42;
   protocol::Welcome w;
   server.describe(w);
@@ -59,7 +59,7 @@ TEST(SlotMemory, AGpuArenaUsesTheSlotSizeTheWelcomeAnnounces) {
   GTEST_SKIP() << "this build has no CUDA support";
 #else
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU";
-  auto server = SlotMemory::create(test_name("stride"), 3, 5000, protocol::DeviceKind::kCuda, 0);
+  auto server = SlotMemory::create(test_name("stride"), 3, 5000, {0});
   protocol::Welcome w;
   server.describe(w);
   EXPECT_GT(w.slot_bytes, 5000u) << "the pool rounds slot sizes up";
@@ -73,12 +73,12 @@ TEST(SlotMemory, ABuildWithoutCudaRefusesGpuPoolsByName) {
 #else
   auto name = test_name("gpu");
   try {
-    SlotMemory::create(name, 2, 4096, protocol::DeviceKind::kCuda, 0);
+    SlotMemory::create(name, 2, 4096, {0});
     FAIL() << "created a GPU pool without CUDA";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no CUDA support"), std::string::npos) << e.what();
   }
-  auto host = SlotMemory::create(name, 2, 4096, protocol::DeviceKind::kCpu, -1);
+  auto host = SlotMemory::create(name, 2, 4096, {});
   protocol::Welcome w;
   host.describe(w);
   w.device = protocol::DeviceKind::kCuda;  // what a GPU server would announce
