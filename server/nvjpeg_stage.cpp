@@ -32,8 +32,8 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
       on_error_(on_error),
       tensors_(source.tensors()),
       layout_(SlotLayout::plan(tensors_, batch_size)),
-      samples_(static_cast<size_t>(arena.slot_count()) * batch_size),
-      decoder_(arena.device()) {
+      samples_(static_cast<size_t>(arenas.primary().slot_count()) * batch_size),
+      decoder_(arenas.primary().device()) {
   if (layout_.bytes > arena_.slot_bytes())
     throw Error("a chunk needs " + std::to_string(layout_.bytes) + " bytes but GPU slots hold " +
                 std::to_string(arena_.slot_bytes()));
