@@ -84,6 +84,9 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                         "engine's standalone rate on --data to the anchor")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--fp32", action="store_true", help="train in float32 NCHW")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="spread the trainers over GPUs 0..G-1; batchcast peers serve them from "
+                        "one server with its pool on every GPU, -pergpu peers from one per GPU")
     p.add_argument("--device", help="cuda or cpu (default cuda where torch sees a GPU)")
     p.add_argument("--warmup", type=int, help="steps per trainer before the window (5)")
     p.add_argument("--settle", type=float, help="seconds trained, uncounted, after all are "
@@ -152,9 +155,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         subprocess.run([find_binary(), "make-dataset", "--out", args.data, "--classes",
                         str(args.classes), "--per-class", str(args.per_class)], check=True)
     peers = _names(args.peers) or list(PEERS)
-    energy = probes.Energy(0)
+    energy = probes.Energy(args.gpus if args.device.startswith("cuda") else 1)
     meta = dict(probes.machine(), **{k: getattr(args, k) for k in (
-        "batch_size", "fp32", "device", "warmup", "settle", "seconds", "data", "data_cores")})
+        "batch_size", "fp32", "device", "warmup", "settle", "seconds", "data", "data_cores",
+        "gpus")})
     results: Dict[str, Any] = {"meta": meta, "regimes": []}
     for regime in regimes(args):
         name = f"{regime['model']}-{regime['image_size']}-N{regime['n']}"

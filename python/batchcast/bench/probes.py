@@ -19,16 +19,16 @@ from typing import Any, Dict, List, Optional
 
 
 class Energy:
-    """GPU `index`'s energy counter in joules; ``read()`` is None where NVML or the counter is
-    missing (no GPU, pre-Volta GPU, no driver)."""
+    """The energy counters of GPUs 0..gpus-1, summed, in joules; ``read()`` is None where NVML or
+    a counter is missing (no GPU, pre-Volta GPU, no driver)."""
 
-    def __init__(self, index: int = 0) -> None:
+    def __init__(self, gpus: int = 1) -> None:
         self._nvml: Any = None
-        self._handle = ctypes.c_void_p()
+        self._handles = [ctypes.c_void_p() for _ in range(gpus)]
         try:
             nvml = ctypes.CDLL("libnvidia-ml.so.1")
-            if nvml.nvmlInit_v2() == 0 and nvml.nvmlDeviceGetHandleByIndex_v2(
-                    index, ctypes.byref(self._handle)) == 0:
+            if nvml.nvmlInit_v2() == 0 and all(nvml.nvmlDeviceGetHandleByIndex_v2(
+                    i, ctypes.byref(h)) == 0 for i, h in enumerate(self._handles)):
                 self._nvml = nvml
         except OSError:
             pass  # no NVML: no energy figures
@@ -36,10 +36,13 @@ class Energy:
     def read(self) -> Optional[float]:
         if self._nvml is None:
             return None
-        mj = ctypes.c_ulonglong()
-        if self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle, ctypes.byref(mj)) != 0:
-            return None
-        return mj.value / 1000.0
+        total = 0.0
+        for handle in self._handles:
+            mj = ctypes.c_ulonglong()
+            if self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle, ctypes.byref(mj)) != 0:
+                return None
+            total += mj.value / 1000.0
+        return total
 
 
 def _stat(pid: int) -> Optional[List[str]]:

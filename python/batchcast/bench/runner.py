@@ -1,6 +1,11 @@
 """One measured run of the collocated benchmark: N trainer processes of one peer, side by side on
 one GPU (or CPU), timed over one shared window, with that window's GPU energy and CPU time.
 
+With ``--gpus G`` the N trainers are spread over GPUs 0..G-1 (trainer i on GPU i mod G): the
+batchcast peers serve them from one server whose pool is on every GPU (``--device cuda:0,...``:
+decoded once, copied to each GPU), the ``-pergpu`` peers from one server per GPU, the others
+each on its own GPU as usual; energy is the sum over the G GPUs.
+
 The data side gets `cores` cores (all by default): with fewer than the machine's, the data side
 (batchcast's server, DataLoader workers, the GPU decode peer's file readers) is pinned to the
 first `cores` cores and the trainers to the others, so that "cores needed" means cores the
@@ -28,8 +33,10 @@ from typing import IO, Any, Dict, List, Optional
 from batchcast.bench import probes
 from batchcast.server import find_binary
 
-PEERS = ("synthetic", "dataloader", "gpu-decode", "batchcast-cpu", "batchcast-nvjpeg", "dali")
-GPU_PEERS = ("gpu-decode", "batchcast-nvjpeg", "dali")
+PEERS = ("synthetic", "dataloader", "gpu-decode", "batchcast-cpu", "batchcast-nvjpeg", "dali",
+         "batchcast-cpu-pergpu", "batchcast-nvjpeg-pergpu")
+GPU_PEERS = ("gpu-decode", "batchcast-nvjpeg", "dali", "batchcast-cpu-pergpu",
+             "batchcast-nvjpeg-pergpu")
 
 
 class RunError(RuntimeError):
@@ -40,6 +47,8 @@ def unavailable(peer: str, cfg: argparse.Namespace) -> Optional[str]:
     """Why `peer` cannot run here, or None."""
     if peer in GPU_PEERS and not cfg.device.startswith("cuda"):
         return "needs a GPU (--device cuda)"
+    if peer.endswith("-pergpu") and cfg.gpus < 2:
+        return "needs --gpus 2 or more (one server per GPU)"
     if peer == "dali" and (importlib.util.find_spec("nvidia") is None
                            or importlib.util.find_spec("nvidia.dali") is None):
         return "not installed (nvidia.dali is not importable)"
@@ -58,18 +67,18 @@ class _Watchdog(threading.Thread):
     """Kills the run's processes when it outlives `limit` seconds or its server dies early:
     the trainers then see end of file and the run fails with the logs, instead of hanging."""
 
-    def __init__(self, procs: List[subprocess.Popen], server: Optional[subprocess.Popen],
+    def __init__(self, procs: List[subprocess.Popen], servers: List[subprocess.Popen],
                  limit: float) -> None:
         super().__init__(daemon=True)
-        self.procs, self.server, self.deadline = procs, server, time.time() + limit
+        self.procs, self.servers, self.deadline = procs, servers, time.time() + limit
         self.done, self.reason = threading.Event(), ""
 
     def run(self) -> None:
         while not self.done.wait(0.5):
             if time.time() > self.deadline:
                 self.reason = "the run outlived its time limit (--run-timeout)"
-            elif self.server is not None and self.server.poll() is not None:
-                self.reason = f"the server exited early ({self.server.returncode})"
+            elif any(s.poll() is not None for s in self.servers):
+                self.reason = "a server exited early"
             else:
                 continue
             for p in self.procs:
@@ -78,25 +87,26 @@ class _Watchdog(threading.Thread):
 
 
 def _start_server(cfg: argparse.Namespace, peer: str, size: int, n: int, workers: int,
-                  data_cpus: Optional[List[int]], endpoint: str, log: IO[str]) -> subprocess.Popen:
+                  data_cpus: Optional[List[int]], endpoint: str, device: str,
+                  log: IO[str]) -> subprocess.Popen:
     cmd = [find_binary(), "serve", "--data", cfg.data, "--endpoint", endpoint,
            "--batch-size", str(cfg.batch_size), "--image-size", str(size),
            "--workers", str(workers), "--epochs", "0", "--min-consumers", str(n),
            "--status-interval", "0",
            # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
-           "--device", "cuda:0" if cfg.device.startswith("cuda") else "cpu",
-           "--decoder", "nvjpeg" if peer == "batchcast-nvjpeg" else "cpu"]
+           "--device", device,
+           "--decoder", "nvjpeg" if peer.startswith("batchcast-nvjpeg") else "cpu"]
     pin = None if data_cpus is None else (lambda: os.sched_setaffinity(0, data_cpus))
     return subprocess.Popen(cmd, stdout=log, stderr=log, preexec_fn=pin)
 
 
 def _trainer_cmd(cfg: argparse.Namespace, peer: str, model: str, size: int, workers: int,
-                 endpoint: str, data_cpus: Optional[List[int]],
+                 endpoint: str, device: str, data_cpus: Optional[List[int]],
                  trainer_cpus: Optional[List[int]]) -> List[str]:
     cmd = [sys.executable, "-m", "batchcast.bench.trainer", "--peer", peer, "--data", cfg.data,
            "--batch-size", str(cfg.batch_size), "--image-size", str(size),
            "--workers", str(workers), "--model", model, "--classes", str(cfg.classes),
-           "--device", cfg.device, "--warmup", str(cfg.warmup), "--endpoint", endpoint]
+           "--device", device, "--warmup", str(cfg.warmup), "--endpoint", endpoint]
     if cfg.fp32:
         cmd.append("--fp32")
     if data_cpus is not None:
@@ -123,22 +133,33 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
     trainer_cpus = all_cpus[k:] if limited else None
     workers = k if peer.startswith("batchcast") else max(1, k // n)  # unused by synthetic
     os.makedirs(log_dir, exist_ok=True)
+    gpus = cfg.gpus if cfg.device.startswith("cuda") else 1
+    devices = [f"cuda:{i % gpus}" if gpus > 1 else cfg.device for i in range(n)]
+    # One server, or one per GPU (-pergpu); trainer i reads from server i mod len(servers).
     # One endpoint per run: a failed server's record (<socket>.failed) must not fail the next run.
-    endpoint = f"ipc:///tmp/batchcast-bench-{os.getpid()}-{time.monotonic_ns()}.sock"
-    server = None
+    layout = [f"cuda:{g}" for g in range(gpus)] if peer.endswith("-pergpu") else [
+        ",".join(f"cuda:{g}" for g in range(gpus)) if cfg.device.startswith("cuda") else "cpu"]
+    endpoints = [f"ipc:///tmp/batchcast-bench-{os.getpid()}-{time.monotonic_ns()}-{s}.sock"
+                 for s in range(len(layout))]
+    servers: List[subprocess.Popen] = []
     logs = [os.path.join(log_dir, f"trainer{i}.log") for i in range(n)]
-    server_log = os.path.join(log_dir, "server.log")
+    server_logs = [os.path.join(log_dir, f"server{s}.log") for s in range(len(layout))]
+    server_log = server_logs[0]
     if peer.startswith("batchcast"):
-        with open(server_log, "w") as log:
-            server = _start_server(cfg, peer, size, n, workers, data_cpus, endpoint, log)
-    cmd = _trainer_cmd(cfg, peer, model, size, workers, endpoint, data_cpus, trainer_cpus)
+        for s, (device, endpoint, path) in enumerate(zip(layout, endpoints, server_logs)):
+            readers = len(range(s, n, len(layout)))
+            with open(path, "w") as log:
+                servers.append(_start_server(cfg, peer, size, readers, max(1, workers // len(
+                    layout)), data_cpus, endpoint, device, log))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs = []
-    for path in logs:
+    for i, path in enumerate(logs):
+        cmd = _trainer_cmd(cfg, peer, model, size, workers, endpoints[i % len(endpoints)],
+                           devices[i], data_cpus, trainer_cpus)
         with open(path, "w") as log:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=log, text=True, env=env))
-    dog = _Watchdog(procs + ([server] if server else []), server, cfg.run_timeout)
+    dog = _Watchdog(procs + servers, servers, cfg.run_timeout)
     dog.start()
     try:
         for p, path in zip(procs, logs):
@@ -171,16 +192,17 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
             if p.poll() is None:
                 p.kill()
             p.wait()
-        if server is not None:
+        for server in servers:
             server.send_signal(signal.SIGTERM)
             try:
                 server.wait(60)
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-        for leftover in (endpoint[len("ipc://"):], endpoint[len("ipc://"):] + ".failed"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
+        for endpoint in endpoints:
+            for leftover in (endpoint[len("ipc://"):], endpoint[len("ipc://"):] + ".failed"):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
     window = end - start
     rates = [r["samples"] / (r["end"] - r["start"]) for r in results]
     rate = sum(rates)
@@ -195,4 +217,23 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
         "cpu_cores": cpu["all"] / window, "data_cpu_cores": cpu["data"] / window,
         "gpu_watts": None if joules is None else joules / window,
         "joules_per_sample": None if joules is None or not rate else joules / (rate * window),
+        "gpus": gpus, "pool_mib": sum(_pool_mib(path) for path in server_logs) if servers else 0,
     }
+
+
+def _pool_mib(server_log: str) -> int:
+    """GPU (or host) memory of one server's pool, from its start line: slots x MiB x devices."""
+    import re
+    m = re.search(r"\((\d+) slots x (\d+) MiB in (.*)\)", _tail_head(server_log))
+    if not m:
+        return 0
+    places = m.group(3).count("cuda:") or 1
+    return int(m.group(1)) * int(m.group(2)) * places
+
+
+def _tail_head(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read(20000)
+    except OSError:
+        return ""

@@ -164,8 +164,10 @@ def batchcast_loader(args: argparse.Namespace, device: torch.device) -> Iterator
     """A batchcast server (started by the orchestrator, decoder per peer) through batchcast.Loader;
     with the pool on the GPU the tensors arrive there, zero-copy."""
     import batchcast
+    # On a GPU: read the pool's arena on this trainer's GPU (a pool on several GPUs has one each).
     loader = batchcast.Loader(args.endpoint, batch_size=args.batch_size, drop_last=True,
-                              timeout=300, name=f"bench-{os.getpid()}")
+                              timeout=300, name=f"bench-{os.getpid()}",
+                              device=device if device.type == "cuda" else None)
     try:
         for images, labels in _forever(loader):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -174,7 +176,8 @@ def batchcast_loader(args: argparse.Namespace, device: torch.device) -> Iterator
 
 
 SOURCES = {"synthetic": synthetic, "dataloader": dataloader, "gpu-decode": gpu_decode,
-           "batchcast-cpu": batchcast_loader, "batchcast-nvjpeg": batchcast_loader, "dali": dali}
+           "batchcast-cpu": batchcast_loader, "batchcast-nvjpeg": batchcast_loader, "dali": dali,
+           "batchcast-cpu-pergpu": batchcast_loader, "batchcast-nvjpeg-pergpu": batchcast_loader}
 
 
 def open_source(peer: str, args: argparse.Namespace, device: torch.device) -> Iterator[Batch]:
