@@ -3,10 +3,12 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "common/process.h"
 #include "metrics/collector.h"
@@ -169,13 +171,18 @@ int RunningServer::wait() {
 
 int serve(const ServeConfig& c) {
   SignalWatcher signals;  // before any thread starts: they inherit its signal mask
-  RunningServer server(c);
-  signals.watch([&server](int signo) {
+  std::vector<std::unique_ptr<RunningServer>> servers;
+  for (const ServeConfig& rc : c.every_rank ? c.rank_configs() : std::vector<ServeConfig>{c}) {
+    if (c.every_rank) spdlog::info("rank {} of {}: {}", rc.rank, rc.world_size, rc.endpoint);
+    servers.push_back(std::make_unique<RunningServer>(rc));
+  }
+  signals.watch([&servers](int signo) {
     spdlog::info("received {}: shutting down", signal_name(signo));
-    server.stop();
+    for (auto& server : servers) server->stop();
   });
-  const int code = server.wait();
-  signals.stop();  // its callback uses `server`, which is destroyed before `signals`
+  int code = 0;
+  for (auto& server : servers) code = std::max(code, server->wait());
+  signals.stop();  // its callback uses `servers`, which are destroyed before `signals`
   return code;
 }
 

@@ -58,9 +58,9 @@ class RunningServer {
   std::thread producing_;
 };
 
-// The program's `serve`: one RunningServer until its end or SIGINT/SIGTERM/SIGHUP (a clean
-// stop). Call it once per process from the main thread (it installs the signal handlers).
-// Returns RunningServer::wait()'s code.
+// The program's `serve`: one RunningServer (with every_rank, one per rank) until its end or
+// SIGINT/SIGTERM/SIGHUP (a clean stop). Call it once per process from the main thread (it
+// installs the signal handlers). Returns RunningServer::wait()'s code (the worst of them).
 int serve(const ServeConfig& config);
 
 }  // namespace batchcast

@@ -115,6 +115,10 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
       ->envname("WORLD_SIZE")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_flag("--every-rank", c.every_rank,
+                "serve every rank's shard from this process (one node-wide server for DDP "
+                "jobs): rank r listens on ENDPOINT.rank<r> (tcp: PORT + r), its pool on the "
+                "(r mod G)-th GPU of --device");
   add_choice(cmd, "--stall-policy", c.stall_policy, ServeConfig::kStallPolicies,
              "wait (never skip data) or skip");
   cmd->add_option("--stall-timeout", c.stall_timeout,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "protocol/messages.h"
 #ifdef BATCHCAST_HAVE_CUDA
 #include "shm/cuda_pool.h"
 #endif
@@ -25,6 +26,9 @@ const std::map<std::string, DType> ServeConfig::kOutputs = [] {
 void ServeConfig::validate() {
   if ((synthetic > 0) + !data.empty() + !file_list.empty() != 1)
     throw Error("give exactly one of --data DIR, --file-list FILE or --synthetic N");
+  if (every_rank && rank != 0)
+    throw Error("--every-rank serves every rank of --world-size: drop --rank (and RANK from the "
+                "environment)");
   if (rank >= world_size)
     throw Error("--rank " + std::to_string(rank) + " must be below --world-size " +
                 std::to_string(world_size) +
@@ -104,6 +108,24 @@ std::vector<TensorConversion> ServeConfig::conversions() const {
   return {images};
 }
 #endif
+
+std::vector<ServeConfig> ServeConfig::rank_configs() const {
+  std::vector<ServeConfig> out;
+  const std::string base = endpoint.empty() ? protocol::default_endpoint() : endpoint;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    ServeConfig c = *this;
+    c.every_rank = false;
+    c.rank = r;
+    c.endpoint = protocol::rank_endpoint(base, r);
+    c.workers = std::max(1u, workers / world_size);
+    if (!metrics_dir.empty()) c.metrics_dir = metrics_dir + "/rank" + std::to_string(r);
+    if (!cuda_devices_.empty())
+      c.device = "cuda:" + std::to_string(cuda_devices_[r % cuda_devices_.size()]);
+    c.validate();
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 ServerOptions ServeConfig::server_options(const SampleSource& source,
                                           uint64_t epoch_samples) const {

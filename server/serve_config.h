@@ -66,6 +66,10 @@ struct ServeConfig {
   bool shuffle = true;
   uint32_t rank = 0;
   uint32_t world_size = 1;
+  // Every rank's shard from this one process (a node-wide server for DDP jobs): rank r's stream
+  // listens on protocol::rank_endpoint(endpoint, r), its pool on the (r mod G)-th GPU of
+  // --device, its metrics (if any) in metrics_dir/rank<r>; the workers are split between ranks.
+  bool every_rank = false;
   StallPolicy stall_policy = StallPolicy::kWait;
   double stall_timeout = 10;
 
@@ -99,6 +103,8 @@ struct ServeConfig {
   // Per source tensor: what the GPU does to it between staging and slot.
   std::vector<TensorConversion> conversions() const;
 #endif
+  // After validate(), with every_rank: one validated config per rank, as described above.
+  std::vector<ServeConfig> rank_configs() const;
   // The core's options for serving `source` (slot bytes: its tensors as the pool holds them).
   ServerOptions server_options(const SampleSource& source, uint64_t epoch_samples) const;
   SampleProducerOptions producer_options() const;  // without a stage

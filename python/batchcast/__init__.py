@@ -27,6 +27,7 @@ from ._batchcast import (
     SampleError,
     ServerGoneError,
     TimeoutError,
+    rank_endpoint,
 )
 from . import metrics
 from .loader import Loader, LoaderStats
@@ -47,6 +48,7 @@ __all__ = [
     "ServerGoneError",
     "TimeoutError",
     "metrics",
+    "rank_endpoint",
     "serve",
 ]
 

@@ -189,6 +189,8 @@ class Loader(Closeable):
         name: shown in the server's log and metrics.
         framework: ``"torch"`` tensors (default), ``"numpy"`` arrays (numpy.from_dlpack), or
             ``"dlpack"`` objects with ``__dlpack__`` for any other framework.
+        rank: with a server of every rank (``serve --every-rank``, one node-wide server for
+            DDP jobs), read this rank's shard (its stream at ``rank_endpoint(endpoint, rank)``).
     """
 
     def __init__(
@@ -204,7 +206,10 @@ class Loader(Closeable):
         name: Optional[str] = None,
         framework: str = "torch",
         pin_memory: bool = False,
+        rank: Optional[int] = None,
     ) -> None:
+        if rank is not None:  # a server of every rank (serve --every-rank): this rank's stream
+            endpoint = _batchcast.rank_endpoint(endpoint or _batchcast.default_endpoint(), rank)
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: use an integer >= 1 (or None)")
         if framework not in _FRAMEWORKS:

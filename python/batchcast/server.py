@@ -63,11 +63,14 @@ def _file_id(path: str) -> Optional[tuple]:
 class Server:
     """A running ``batchcast serve`` process (see :func:`serve`)."""
 
-    def __init__(self, argv: Sequence[str], endpoint: str, log_path: str) -> None:
+    def __init__(self, argv: Sequence[str], endpoint: str, log_path: str,
+                 answer_at: Optional[str] = None) -> None:
         self.argv = list(argv)
         self.endpoint = endpoint
         self.log_path = log_path
-        ipc = _ipc_path(endpoint)
+        # Where readiness shows: the endpoint, or with every_rank the last rank's (started last).
+        self._answer_at = answer_at or endpoint
+        ipc = _ipc_path(self._answer_at)
         before = _file_id(ipc) if ipc else None  # a stale socket file is not an answer
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -114,11 +117,11 @@ class Server:
             time.sleep(0.02)
 
     def _answers(self) -> bool:
-        ipc = _ipc_path(self.endpoint)
+        ipc = _ipc_path(self._answer_at)
         if ipc is not None:
             now = _file_id(ipc)
             return now is not None and now != self._before
-        host, _, port = self.endpoint[len("tcp://") :].rpartition(":")
+        host, _, port = self._answer_at[len("tcp://") :].rpartition(":")
         host = "127.0.0.1" if host in ("*", "0.0.0.0", "") else host.strip("[]")
         try:
             with socket.create_connection((host, int(port)), timeout=0.2):
@@ -188,6 +191,7 @@ def serve_args(
     metrics_dir: Optional[str] = None,
     rank: Optional[int] = None,
     world_size: Optional[int] = None,
+    every_rank: bool = False,
     extra_args: Sequence[str] = (),
 ) -> List[str]:
     """The arguments of ``batchcast serve`` (after the word ``serve``) for these settings: what
@@ -199,7 +203,9 @@ def serve_args(
     decoded once and copied to the others; each consumer reads on its own GPU);
     ``decoder="nvjpeg"`` also decodes and augments there (on the first). Anything else
     goes in ``extra_args`` (see ``batchcast serve --help``). ``rank``/``world_size`` shard the
-    stream as a DistributedSampler would (None: the RANK/WORLD_SIZE environment, else 0/1).
+    stream as a DistributedSampler would (None: the RANK/WORLD_SIZE environment, else 0/1);
+    ``every_rank=True`` serves every rank's shard from this one server (a node-wide server for
+    DDP jobs): rank r at ``rank_endpoint(endpoint, r)``, read with ``Loader(endpoint, rank=r)``.
 
     The transform: ``train=False`` is the eval transform (Resize(resize_size) + CenterCrop(
     image_size)); ``mean``/``std`` (3 values), ``scale``/``ratio`` (MIN, MAX of
@@ -244,6 +250,8 @@ def serve_args(
         argv.append("--eval")
     if shuffle is not None:
         argv.append("--shuffle" if shuffle else "--no-shuffle")
+    if every_rank:
+        argv.append("--every-rank")
     return argv + [str(a) for a in extra_args]
 
 
@@ -265,6 +273,9 @@ def serve(
     args = serve_args(data, endpoint, batch_size, **options)
     fd, log_path = tempfile.mkstemp(prefix="batchcast-serve-", suffix=".log")
     os.close(fd)
-    server = Server([binary or find_binary(), "serve"] + args, endpoint, log_path)
+    last = None
+    if options.get("every_rank"):
+        last = _batchcast.rank_endpoint(endpoint, int(options.get("world_size") or 1) - 1)
+    server = Server([binary or find_binary(), "serve"] + args, endpoint, log_path, last)
     server.wait_ready(timeout)
     return server

@@ -71,6 +71,9 @@ void bind_common(py::module_& m) {
 
   m.def("default_endpoint", &protocol::default_endpoint,
         "The endpoint used when none is given: ipc:///tmp/batchcast-<uid>.sock.");
+  m.def("rank_endpoint", &protocol::rank_endpoint, py::arg("endpoint"), py::arg("rank"),
+        "Rank `rank`'s endpoint of a server that serves every rank (serve --every-rank): "
+        "ipc://PATH.rank<rank>, or tcp://HOST:<PORT + rank>.");
 }
 
 }  // namespace batchcast::python

@@ -110,3 +110,45 @@ def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path):
         assert result["epochs"] == [shard(rank, e) for e in range(EPOCHS)]
     by_rank = {r: [res["epochs"] for res in results if res["rank"] == r] for r in range(2)}
     assert all(len(v) == 2 and v[0] == v[1] for v in by_rank.values())  # job A == job B
+
+
+def test_one_node_wide_server_gives_every_rank_its_shard_and_jobs_share_it(endpoint):
+    """``serve --every-rank``: one process serves both ranks' shards; rank r of job A and of
+    job B read rank r's stream (``Loader(endpoint, rank=r)``), with DistributedSampler's shards."""
+    import threading
+
+    import torch
+
+    import batchcast
+
+    for r in range(2):
+        watch_endpoint(batchcast.rank_endpoint(endpoint, r))
+    for shuffle in (False, True):
+        with batchcast.serve(synthetic=SAMPLES, sample_bytes=8, endpoint=endpoint, batch_size=5,
+                             epochs=EPOCHS, workers=2, world_size=2, every_rank=True,
+                             min_consumers=2, shuffle=shuffle, seed=SEED) as server:
+            labels: dict = {}
+
+            def read(job: str, rank: int) -> None:
+                with batchcast.Loader(endpoint, rank=rank, timeout=30) as loader:
+                    labels[job, rank] = [torch.cat([y for _, y in loader]).tolist()
+                                         for _ in range(EPOCHS)]
+
+            threads = [threading.Thread(target=read, args=(job, rank))
+                       for job in "AB" for rank in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert server.wait(30) == 0, server.log_tail()
+        assert len(labels) == 4
+        for rank in range(2):
+            assert labels["A", rank] == labels["B", rank]  # the jobs share rank r's stream
+        for epoch in range(EPOCHS):
+            both = labels["A", 0][epoch] + labels["A", 1][epoch]
+            assert sorted(both) == list(range(SAMPLES))  # disjoint shards, the whole epoch
+            if not shuffle:  # DistributedSampler(shuffle=False): rank r takes r, r + 2, ...
+                for rank in range(2):
+                    sampler = DistributedSampler(range(SAMPLES), num_replicas=2, rank=rank,
+                                                 shuffle=False)
+                    assert labels["A", rank][epoch] == list(sampler)
