@@ -32,18 +32,16 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
       on_error_(on_error),
       tensors_(source.tensors()),
       layout_(SlotLayout::plan(tensors_, batch_size)),
-      samples_(static_cast<size_t>(arenas.primary().slot_count()) * batch_size) {
+      samples_(static_cast<size_t>(arenas.primary().slot_count()) * batch_size),
+      decoder_(arenas.primary().device()) {
   if (layout_.bytes > arena_.slot_bytes())
     throw Error("a chunk needs " + std::to_string(layout_.bytes) + " bytes but GPU slots hold " +
                 std::to_string(arena_.slot_bytes()));
   CudaDeviceGuard guard(arena_.device());
   labels_ = PinnedBuffer::allocate(samples_.size() * sizeof(int64_t));
   jobs_ = PinnedBuffer::allocate(samples_.size() * sizeof(ResizeJob));
-  for (size_t i = 0; i < kLanes; ++i) {
-    auto& lane = lanes_.emplace_back(std::make_unique<Lane>(arena_.device()));
-    lane->stream = CudaStream::create();
-    lane->device_jobs = DeviceBuffer::allocate(batch_size * sizeof(ResizeJob));
-  }
+  stream_ = CudaStream::create();
+  device_jobs_ = DeviceBuffer::allocate(batch_size * sizeof(ResizeJob));
   const PipelineOptions& o = source_.pipeline().options();
   ConvertTable table;
   if (o.output != DType::kUInt8) {
@@ -60,27 +58,11 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
         cudaMemcpy(table_.data(), table.bytes.data(), table.bytes.size(), cudaMemcpyHostToDevice),
         "copying the normalisation table to cuda:" + std::to_string(arena_.device()));
   }
-  spdlog::info("nvJPEG decoder on cuda:{} ({} backend, {} chunks in flight)", arena_.device(),
-               backend(), kLanes);
+  spdlog::info("nvJPEG decoder on cuda:{} ({} backend)", arena_.device(), decoder_.backend());
 }
 
 NvjpegStage::~NvjpegStage() {
-  for (auto& lane : lanes_)
-    if (lane->stream.get()) (void)cudaStreamSynchronize(lane->stream.get());
-}
-
-NvjpegStage::Lane& NvjpegStage::take_lane(uint64_t seq, std::unique_lock<std::mutex>* lock) {
-  for (size_t i = 0; i < kLanes; ++i) {  // the first free lane, looking from this chunk's own
-    Lane& lane = *lanes_[(seq + i) % kLanes];
-    std::unique_lock<std::mutex> l(lane.mu, std::try_to_lock);
-    if (l.owns_lock()) {
-      *lock = std::move(l);
-      return lane;
-    }
-  }
-  Lane& lane = *lanes_[seq % kLanes];  // all busy: wait for this chunk's own
-  *lock = std::unique_lock<std::mutex>(lane.mu);
-  return lane;
+  if (stream_.get()) (void)cudaStreamSynchronize(stream_.get());
 }
 
 void NvjpegStage::begin(uint32_t slot) {
@@ -116,9 +98,9 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
       entry.label;
 }
 
-void NvjpegStage::decode_group(Lane& lane, uint32_t slot, uint32_t first, uint32_t last,
-                               ResizeJob* jobs, std::vector<bool>* failed) {
-  cudaStream_t stream = lane.stream.get();
+void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
+                               std::vector<bool>* failed) {
+  cudaStream_t stream = stream_.get();
   std::vector<JpegBytes> jpegs;
   std::vector<uint8_t*> outs;
   std::vector<uint32_t> positions;
@@ -127,25 +109,25 @@ void NvjpegStage::decode_group(Lane& lane, uint32_t slot, uint32_t first, uint32
     PreparedSample& s = samples_[static_cast<size_t>(slot) * batch_size_ + k];
     jobs[k] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
     if (s.decoded_on_cpu) {
-      cuda_check(cudaMemcpyAsync(lane.decoded.data() + offset, s.bytes.data(), s.size,
+      cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
                                  cudaMemcpyHostToDevice, stream),
                  "uploading the CPU-decoded pixels of " + s.path);
     } else {
       jpegs.push_back(JpegBytes{s.bytes.data(), s.size, s.path});
-      outs.push_back(lane.decoded.data() + offset);
+      outs.push_back(decoded_.data() + offset);
       positions.push_back(k);
     }
     offset += decoded_bytes(s.width, s.height);
   }
   try {
-    lane.decoder.decode_batch(jpegs, outs, stream);
+    decoder_.decode_batch(jpegs, outs, stream);
     return;
   } catch (const SampleError&) {
     // Some image of the batch was refused: find it by decoding one at a time.
   }
   for (size_t i = 0; i < jpegs.size(); ++i) {
     try {
-      lane.decoder.decode_batch({jpegs[i]}, {outs[i]}, stream);
+      decoder_.decode_batch({jpegs[i]}, {outs[i]}, stream);
       continue;
     } catch (const SampleError& e) {
       spdlog::debug("nvJPEG refused {}; decoding it on the CPU", e.what());
@@ -168,10 +150,9 @@ void NvjpegStage::decode_group(Lane& lane, uint32_t slot, uint32_t first, uint32
 }
 
 void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
-  std::unique_lock<std::mutex> lk;
-  Lane& lane = take_lane(lease.seq, &lk);
+  std::lock_guard lk(mu_);
   CudaDeviceGuard guard(arena_.device());
-  cudaStream_t stream = lane.stream.get();
+  cudaStream_t stream = stream_.get();
   const size_t base = static_cast<size_t>(lease.slot) * batch_size_;
   ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
   int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
@@ -187,12 +168,12 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
       bytes += more;
       ++last;
     }
-    if (lane.decoded.size() < bytes) {
+    if (decoded_.size() < bytes) {
       cuda_check(cudaStreamSynchronize(stream), "waiting for the decode buffer to be free");
-      lane.decoded = DeviceBuffer();  // free first: peak memory is one buffer, not two
-      lane.decoded = DeviceBuffer::allocate(bytes);
+      decoded_ = DeviceBuffer();  // free first: peak memory is one buffer, not two
+      decoded_ = DeviceBuffer::allocate(bytes);
     }
-    decode_group(lane, lease.slot, first, last, jobs, &failed);
+    decode_group(lease.slot, first, last, jobs, &failed);
     // on_error=skip: a position no decoder could read shows another image of its group.
     for (uint32_t k = first; k < last; ++k) {
       if (!failed[k]) continue;
@@ -206,11 +187,11 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
     }
     const std::string where =
         " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(arena_.device());
-    cuda_check(cudaMemcpyAsync(lane.device_jobs.data() + first * sizeof(ResizeJob), jobs + first,
+    cuda_check(cudaMemcpyAsync(device_jobs_.data() + first * sizeof(ResizeJob), jobs + first,
                                (last - first) * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
                "copying resize jobs" + where);
-    launch_crop_resize(lane.decoded.data(),
-                       reinterpret_cast<const ResizeJob*>(lane.device_jobs.data()) + first,
+    launch_crop_resize(decoded_.data(),
+                       reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first,
                        last - first, o.image_size, table_.data(), element_bytes_,
                        lease.data + layout_.offsets[0], stream);
     first = last;

@@ -21,15 +21,14 @@
 // with another sample of the chunk and counted in skipped() (on_error=skip).
 //
 // Thread-safety: fill() from any worker (each position written by one worker), begin() from the
-// producer thread, upload() from any worker (up to kLanes chunks at once, each in a lane with its
-// own decoder, stream and decode buffer, locked while in use). Ownership: created after the ServerCore (it borrows its ArenaSet) and
+// producer thread, upload() from any worker (serialised by a mutex: one stream, one decoder, one
+// decode buffer). Ownership: created after the ServerCore (it borrows its ArenaSet) and
 // destroyed before it; it borrows the ImageSource (dataset + pipeline options), which outlives
 // it. Compiled only with nvJPEG (BATCHCAST_HAVE_NVJPEG).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -58,7 +57,7 @@ class NvjpegStage : public ChunkStage {
   void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) override;
   void upload(const FillLease& lease, uint32_t sample_count) override;
 
-  const char* backend() const { return lanes_.front()->decoder.backend(); }
+  const char* backend() const { return decoder_.backend(); }
   // Samples whose GPU and CPU decodes both failed at upload time (on_error=skip only).
   uint64_t skipped() const override { return skipped_.load(); }
 
@@ -74,25 +73,10 @@ class NvjpegStage : public ChunkStage {
     std::string path;
   };
 
-  // One chunk in flight on the GPU: its own decoder, stream and buffers. *Why several:* under
-  // time-slicing the server's GPU work waits for its context's turn beside busy trainers, so a
-  // chunk's decode and kernels take several turns; chunks in several lanes share those turns,
-  // and throughput is lanes over that latency instead of one chunk per latency.
-  struct Lane {
-    explicit Lane(int device) : decoder(device) {}
-    std::mutex mu;  // guards everything below
-    NvjpegDecoder decoder;
-    CudaStream stream;
-    DeviceBuffer device_jobs;  // batch_size ResizeJob, reused in stream order
-    DeviceBuffer decoded;      // full-size RGB images of one group, grown on demand
-  };
-  static constexpr size_t kLanes = 3;
-
-  // Decodes samples [first, last) of `slot` into the lane's buffer (one group that fits it) and
+  // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer) and
   // fills `jobs` with where each image landed; a sample no decoder can read is skipped or thrown.
-  void decode_group(Lane& lane, uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
+  void decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
                     std::vector<bool>* failed);
-  Lane& take_lane(uint64_t seq, std::unique_lock<std::mutex>* lock);
 
   const ArenaSet& arenas_;
   const DeviceArena& arena_;  // the primary: chunks are written there
@@ -104,9 +88,13 @@ class NvjpegStage : public ChunkStage {
   std::vector<PreparedSample> samples_;  // slot_count * batch_size
   PinnedBuffer labels_;                  // slot_count * batch_size int64
   PinnedBuffer jobs_;                    // slot_count * batch_size ResizeJob
-  std::vector<std::unique_ptr<Lane>> lanes_;
-  DeviceBuffer table_;     // normalisation table (float outputs), identity (planar uint8)
-  int element_bytes_ = 0;  // of table_'s entries
+  std::mutex mu_;                        // guards everything below
+  NvjpegDecoder decoder_;
+  CudaStream stream_;
+  DeviceBuffer device_jobs_;  // batch_size ResizeJob, reused in stream order
+  DeviceBuffer table_;        // normalisation table (float outputs), identity (planar uint8)
+  int element_bytes_ = 0;     // of table_'s entries
+  DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
   std::atomic<uint64_t> skipped_{0};
 };
 
