@@ -98,7 +98,7 @@ void CudaStage::upload(const FillLease& lease, uint32_t sample_count) {
   }
   cuda_check(cudaEventRecord(arena_.slot_event(lease.slot), s),
              "recording the ready event of slot " + std::to_string(lease.slot));
-  arenas_.replicate(lease.slot, slot_layout_.bytes);  // to the pool's other GPUs, if any
+  arenas_.replicate(lease.slot, slot_layout_.bytes, s);  // to the pool's other GPUs, if any
 }
 
 }  // namespace batchcast

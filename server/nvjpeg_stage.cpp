@@ -201,7 +201,7 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
              "copying the labels of chunk " + std::to_string(lease.seq));
   cuda_check(cudaEventRecord(arena_.slot_event(lease.slot), stream),
              "recording the ready event of slot " + std::to_string(lease.slot));
-  arenas_.replicate(lease.slot, layout_.bytes);  // to the pool's other GPUs, if any
+  arenas_.replicate(lease.slot, layout_.bytes, stream);  // to the pool's other GPUs, if any
 }
 
 }  // namespace batchcast

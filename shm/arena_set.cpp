@@ -8,6 +8,11 @@ ArenaSet::ArenaSet(const std::vector<int>& devices, uint32_t slot_count, uint64_
   if (devices.empty()) throw Error("a GPU pool needs at least one device");
   for (int device : devices) arenas_.push_back(DeviceArena::create(device, slot_count, slot_bytes));
   const int primary = devices.front();
+  if (arenas_.size() > 1) {
+    CudaDeviceGuard guard(primary);
+    for (uint32_t i = 0; i < slot_count; ++i)
+      written_.push_back(CudaEvent::create(/*interprocess=*/false));
+  }
   streams_.resize(arenas_.size());
   peer_.assign(arenas_.size(), false);
   for (size_t k = 1; k < arenas_.size(); ++k) {
@@ -33,8 +38,14 @@ ArenaSet::~ArenaSet() {
   }
 }
 
-void ArenaSet::replicate(uint32_t slot, uint64_t bytes) const {
+void ArenaSet::replicate(uint32_t slot, uint64_t bytes, cudaStream_t written_on) const {
+  if (arenas_.size() < 2) return;
   const DeviceArena& from = primary();
+  {
+    CudaDeviceGuard guard(from.device());
+    cuda_check(cudaEventRecord(written_[slot].get(), written_on),
+               "marking slot " + std::to_string(slot) + " written for its copies");
+  }
   for (size_t k = 1; k < arenas_.size(); ++k) {
     const DeviceArena& to = arenas_[k];
     CudaDeviceGuard guard(to.device());
@@ -42,7 +53,7 @@ void ArenaSet::replicate(uint32_t slot, uint64_t bytes) const {
     const std::string what = "copying slot " + std::to_string(slot) + " from cuda:" +
                              std::to_string(from.device()) + " to cuda:" +
                              std::to_string(to.device());
-    cuda_check(cudaStreamWaitEvent(s, from.slot_event(slot), 0), what);
+    cuda_check(cudaStreamWaitEvent(s, written_[slot].get(), 0), what);
     cuda_check(cudaMemcpyPeerAsync(to.slot_data(slot), to.device(), from.slot_data(slot),
                                    from.device(), bytes, s),
                what);

@@ -2,7 +2,7 @@
 //
 // A chunk is decoded once and written once, into the primary arena (the first GPU listed: where
 // nvJPEG decodes and where CPU-decoded chunks are uploaded). replicate() then copies the slot to
-// the arena of every other GPU, each copy on that GPU's own stream after the primary slot's event,
+// the arena of every other GPU, each copy on that GPU's own stream after the primary's write,
 // and records that arena's slot event after its copy. A consumer opens the arena of its own GPU
 // and waits on that arena's event, so every consumer reads zero-copy on its GPU. The slot book
 // (SlotRing) is one for all GPUs: a slot is refilled only when the consumers of every GPU
@@ -38,9 +38,10 @@ class ArenaSet {
 
   const DeviceArena& primary() const { return arenas_.front(); }
   const std::vector<DeviceArena>& arenas() const { return arenas_; }
-  // Call after the primary slot's event was recorded: copies its first `bytes` to every other
-  // arena and records their events. Throws Error.
-  void replicate(uint32_t slot, uint64_t bytes) const;
+  // Call right after the slot's last write was enqueued on `written_on` (a stream of the
+  // primary GPU): copies its first `bytes` to every other arena, after that write, and records
+  // their events. Throws Error.
+  void replicate(uint32_t slot, uint64_t bytes, cudaStream_t written_on) const;
   // Blocks until the slot's last write and all its copies are done: its staging and the primary
   // slot may be written again. Throws Error.
   void wait_for_slot(uint32_t slot) const;
@@ -51,6 +52,10 @@ class ArenaSet {
   std::vector<DeviceArena> arenas_;
   std::vector<CudaStream> streams_;  // [k]: copies into arenas_[k] (k >= 1), on its device
   std::vector<bool> peer_;           // [k]: arenas_[k]'s GPU reads the primary's directly
+  // [slot]: recorded on the primary after the slot's write, waited on by the copies. *Why not
+  // the slot's own event:* that one is interprocess, for consumers; a plain event is what
+  // another device's stream is documented to wait on.
+  std::vector<CudaEvent> written_;
 };
 
 }  // namespace batchcast

@@ -134,7 +134,7 @@ TEST(CudaPool, ASlotWrittenOnThePrimaryIsCopiedToEveryArena) {
                                cudaMemcpyHostToDevice, stream.get()),
                "up");
     cuda_check(cudaEventRecord(primary.slot_event(1), stream.get()), "record");
-    arenas.replicate(1, in.size());
+    arenas.replicate(1, in.size(), stream.get());
     arenas.wait_for_slot(1);
     CudaDeviceGuard guard(second);
     cuda_check(cudaMemcpy(out.data(), arenas.arenas()[1].slot_data(1), out.size(),
