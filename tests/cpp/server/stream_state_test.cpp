@@ -734,8 +734,8 @@ TEST(StreamState, ALateJoinerCatchesUpOnRegeneratedChunksThenMergesIntoTheStream
           << "no gap: nothing reported missed";
     }
   }
-  EXPECT_TRUE(is_private_seq(got.front().seq)) << "chunk 0 was regenerated";
-  EXPECT_FALSE(is_private_seq(got.back().seq)) << "b merged into the shared stream";
+  EXPECT_TRUE(protocol::is_private_seq(got.front().seq)) << "chunk 0 was regenerated";
+  EXPECT_FALSE(protocol::is_private_seq(got.back().seq)) << "b merged into the shared stream";
   auto stats = s.state.stats();
   EXPECT_EQ(stats.chunks_regenerated, 4u + 3u)
       << "what the ring had lost, and the 3 slots left before its merge chunk";
