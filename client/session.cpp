@@ -121,6 +121,12 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
 }
 
 Session::~Session() {
+  bool left;
+  {
+    std::lock_guard lk(mu_);
+    left = leaving_;
+  }
+  if (!left) goodbye();  // the Consumer's constructor failed after the handshake
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
@@ -298,9 +304,9 @@ void Session::loop() {
                              {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
   double next_heartbeat = 0, next_check = 0;
   bool stopping = false;
-  bool goodbye_sent = false;
+  double stop_by = 0;
   std::vector<Pending> waiting;  // releases and copies whose fences have not all passed
-  while (!stopping) {
+  while (true) {
     // A release waiting on the GPU: poll its fences often.
     zmq::poll(items, 2, std::chrono::milliseconds(waiting.empty() ? 50 : 1));
     if (items[1].revents & ZMQ_POLLIN) {
@@ -338,13 +344,16 @@ void Session::loop() {
       out.push_back(protocol::Heartbeat{samples.load(), wait_s.load()});
       next_heartbeat = now + welcome_.heartbeat_interval_s;
     }
-    if (stopping && !goodbye_sent) out.push_back(protocol::Goodbye{});
-    for (const auto& m : out) {
-      if (std::holds_alternative<protocol::Goodbye>(m)) {
-        if (goodbye_sent) continue;
-        goodbye_sent = true;
-      }
+    for (const auto& m : out)
       socket_.send(zmq::buffer(protocol::encode(m)), zmq::send_flags::dontwait);
+    if (stopping) {
+      // Chunks the server sent before it read our Goodbye may still be on their way: each is
+      // released as it arrives (leaving_), until the End it answers Goodbye with says nothing
+      // follows. Leaving at once kept their slots held until this process exited. A server
+      // that is gone, or silent for its heartbeat timeout, is not waited for.
+      if (!stop_by) stop_by = now + welcome_.heartbeat_timeout_s;
+      std::lock_guard lk(mu_);
+      if (ended_ || gone_ || now >= stop_by || server_gone(now)) break;
     }
     if (now >= next_check) {
       next_check = now + 0.2;

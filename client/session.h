@@ -14,8 +14,11 @@
 // and the I/O thread sends the Release only once every fence has passed; free_copy() likewise
 // keeps a private chunk's copy until its readers are done.
 // Ownership and lifetime: shared by the Consumer and every ChunkRef, so the socket and the
-// mapping outlive the Consumer while batches still view the pool. Destruction stops the thread
-// after sending Goodbye and the releases still queued.
+// mapping outlive the Consumer while batches still view the pool. Destruction (nothing is held
+// any more) sends the releases still queued and Goodbye if goodbye() was not called, then
+// keeps the thread until the server's End (its answer to Goodbye): chunks it sent before it
+// read the Goodbye are released as they arrive, instead of staying held until this process
+// exits. It waits at most the heartbeat timeout, and not at all for a server that is gone.
 // Thread-safety: pop() from one thread at a time; release(), free_copy(), post() and the
 // counters from any.
 #pragma once

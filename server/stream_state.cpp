@@ -265,7 +265,10 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
     on_seek(*c, *seek, true);
   } else if (std::holds_alternative<protocol::Goodbye>(m)) {
     // It wants no more chunks, but batches it handed out may still view slots it holds: keep
-    // those holds (and the record) until they are released or the process dies.
+    // those holds (and the record) until they are released or the process dies. End tells it
+    // that nothing follows: chunks sent before this Goodbye may still be on their way, and its
+    // session stays to release them until End arrives (client/session.h).
+    if (!c->end_sent) c->end_sent = send_(c->identity, protocol::End{rules_.epochs});
     c->closing = true;
     c->seek.reset();
     abandon(private_.stop(c->id));  // nor private chunks: nobody waits for it to catch up

@@ -492,6 +492,31 @@ TEST(StreamState, GoodbyeKeepsTheSlotsStillHeldUntilTheyAreReleased) {
   EXPECT_TRUE(s.fill());
 }
 
+TEST(StreamState, GoodbyeIsAnsweredWithEndAfterEverythingSentBefore) {
+  // Chunks sent just before the server reads a Goodbye are still on their way to the consumer,
+  // which cannot know of them: End, after them in the same order, tells its session that
+  // nothing follows, so it releases what arrives until then instead of leaving it held.
+  Stream s(rules(4));
+  s.join("a", 3);
+  s.produce(2);
+  s.tick();
+  s.send("a", protocol::Goodbye{});
+  std::vector<Message> box;
+  for (const auto& m : s.inbox["a"])
+    if (!std::holds_alternative<protocol::Heartbeat>(m)) box.push_back(m);
+  ASSERT_EQ(box.size(), 4u) << "Welcome, two chunks, End";
+  EXPECT_TRUE(std::holds_alternative<BatchDescriptor>(box[1]));
+  EXPECT_TRUE(std::holds_alternative<BatchDescriptor>(box[2]));
+  EXPECT_TRUE(std::holds_alternative<protocol::End>(box[3]));
+  EXPECT_EQ(s.state.consumers_now(), 1u) << "kept while it holds its two chunks";
+  s.inbox["a"].clear();
+  s.produce(1);
+  s.now += 1;
+  s.tick();
+  EXPECT_TRUE(s.take<BatchDescriptor>("a").empty()) << "nothing follows End";
+  EXPECT_TRUE(s.take<protocol::End>("a").empty()) << "which is sent once";
+}
+
 TEST(StreamState, ForgedAndDuplicateReleasesAreDroppedAndCounted) {
   Stream s(rules(2));
   s.hello("a");
