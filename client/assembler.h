@@ -1,8 +1,10 @@
 // Assembler: turns the pieces the Rebatcher cuts (rows of received chunks) into a Batch.
 //
 // A batch that is one piece of one chunk can be a zero-copy view of the slot (view()); any
-// other (spanning chunks, or beyond max_held) is a private copy (copy()). Which memory the
-// chunks are in decides the implementation, chosen once per session by create():
+// other (spanning chunks, or beyond max_held) is a private copy (copy()). A private chunk's rows
+// are already a copy (ChunkRef::copy, made on arrival: client/chunk_copy.h), so a batch of one
+// piece of it is a view of that copy, which pins no slot. Which memory the chunks are in decides
+// the implementation, chosen once per session by create():
 // - HostAssembler (client/host_assembler.h): host pools, copies with memcpy;
 // - CudaAssembler (client/cuda_assembler.h, CUDA builds only): GPU pools, device-to-device
 //   copies, stream-ordered readiness and releases (BatchDeviceState);
@@ -46,16 +48,26 @@ class Assembler {
                                            uint32_t batch_size, int cuda_device);
   virtual ~Assembler() = default;
 
+  // What view() of the rows added since the last view/copy/discard would be.
+  enum class View {
+    kNone,  // they are not one piece of one chunk still in place: copy() them
+    kSlot,  // one piece of a chunk in its slot: a zero-copy view that pins the slot
+    kCopy,  // one piece of a private chunk's copy: a view of memory only this consumer reads
+  };
+
   // The batch's next rows.
   virtual void add(Piece piece) = 0;
-  // The rows added since the last view/copy/discard are one piece of one chunk, still in place.
-  virtual bool viewable() const = 0;
-  // Fills `batch` (its size set) with views of that piece; only when viewable().
+  virtual View viewable() const = 0;
+  // Fills `batch` (its size set) with views of that piece; only when viewable() is not kNone.
   virtual void view(Batch& batch) = 0;
   // Fills `batch` (its size set) with a private contiguous copy of the rows added.
   virtual void copy(Batch& batch) = 0;
   // Forgets the rows added (a short last batch dropped by drop_last).
   virtual void discard() = 0;
+
+ protected:
+  // What a view of `piece` alone is: of its slot, or of its chunk's private copy.
+  static View view_of(const Piece& piece) { return piece.chunk->copy ? View::kCopy : View::kSlot; }
 };
 
 // Strided views of the piece's rows where they lie (host memory; a GPU assembler retags them).

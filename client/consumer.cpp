@@ -138,14 +138,18 @@ std::shared_ptr<Batch> Consumer::take_batch(const BatchSpan& span) {
   batch->epoch = span.epoch;
   batch->sample_start = span.sample_start;
   batch->size = span.size;
-  if (assembler_->viewable() && session_->held.load() < options_.max_held) {
+  const Assembler::View view = assembler_->viewable();
+  if (view == Assembler::View::kSlot && session_->held.load() < options_.max_held) {
     session_->held++;
     batch->session_ = session_;
     assembler_->view(*batch);
   } else {
     batch->copied = true;
     stats_.copies++;
-    assembler_->copy(*batch);
+    if (view == Assembler::View::kCopy)
+      assembler_->view(*batch);  // a private chunk's rows, already this consumer's own copy
+    else
+      assembler_->copy(*batch);
   }
   stats_.batches++;
   stats_.samples += span.size;

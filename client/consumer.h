@@ -5,9 +5,12 @@
 // spanning two; next() returns nullptr at every epoch end (and at once, forever, after the
 // server's last epoch); the last batch of an epoch is short unless drop_last. A batch inside
 // one chunk is a zero-copy view; one spanning chunks, or any batch while max_held zero-copy
-// batches are alive, is a private copy. Host views are read-only memory: writing through them
-// faults (after a message, shm/write_fault.h); CUDA views are writable (CUDA IPC has no
-// read-only mapping) and a write changes every consumer's batch. Clone before modifying.
+// batches are alive, is a private copy, and so is every batch of a chunk the server regenerated
+// for this consumer alone (catching up after a seek or a late join: the chunk is copied as it
+// arrives and its slot released at once, docs/stream.md). Host views are read-only memory:
+// writing through them faults (after a message, shm/write_fault.h); CUDA views are writable
+// (CUDA IPC has no read-only mapping) and a write changes every consumer's batch. Clone before
+// modifying.
 //
 // Lifetime: a Batch keeps its slot (and the mapping) alive until it is destroyed, even after
 // the Consumer is gone; the slot is released to the server then. Destroying the Consumer tells
@@ -108,7 +111,7 @@ class Batch {
   uint64_t epoch = 0;
   uint64_t sample_start = 0;  // position of its first sample inside the epoch
   uint32_t size = 0;
-  bool copied = false;
+  bool copied = false;  // private memory, no view of a shared slot (counted in stats().copies)
   // A host view of page-locked memory (ConsumerOptions::pin_memory): copy it to the GPU
   // asynchronously after use_on_stream(stream), on that stream.
   bool pinned = false;
@@ -138,7 +141,7 @@ struct ConsumerStats {
   uint64_t batches = 0;
   uint64_t samples = 0;
   uint64_t skipped = 0;  // samples missed: late join into a partial epoch, or left behind (skip)
-  uint64_t copies = 0;   // batches assembled by copy
+  uint64_t copies = 0;   // batches that are private copies (Batch::copied)
   double wait_s = 0;     // time next() waited for data
   uint64_t dropped_messages = 0;
 };

@@ -80,7 +80,61 @@ class CudaBatchState : public BatchDeviceState {
   std::optional<uintptr_t> stream_;  // the user's stream (use_on_stream)
 };
 
+// A private chunk's copy in device memory (allocated on `stream`), ready once `done` has passed.
+class CudaChunkCopy : public ChunkCopy {
+ public:
+  CudaChunkCopy(int device, std::shared_ptr<CudaStream> stream, void* buffer)
+      : device_(device), stream_(std::move(stream)) {
+    data_ = static_cast<const uint8_t*>(buffer);
+  }
+  ~CudaChunkCopy() override {
+    try {
+      CudaDeviceGuard guard(device_);
+      // Its readers are done (their fences passed), and the copy is ordered before on stream_.
+      (void)cudaFreeAsync(const_cast<uint8_t*>(data_), stream_->get());
+    } catch (const std::exception& e) {
+      spdlog::warn("freeing a regenerated chunk's copy: {}", e.what());
+    }
+  }
+  cudaEvent_t ready() const { return done->get(); }
+
+  std::shared_ptr<EventFence> done;  // recorded after the copy
+
+ private:
+  int device_;
+  std::shared_ptr<CudaStream> stream_;
+};
+
 }  // namespace
+
+// The event to wait on before reading a chunk's rows: the server's slot event, or our copy's.
+cudaEvent_t CudaAssembler::ready_event(const ChunkRef& chunk) const {
+  if (chunk.copy) return static_cast<const CudaChunkCopy&>(*chunk.copy).ready();
+  return memory_.slot_event(chunk.desc.slot);
+}
+
+CudaChunkCopier::CudaChunkCopier(const SlotMemory& memory)
+    : memory_(memory), device_(memory.cuda_device()) {
+  CudaDeviceGuard guard(device_);
+  stream_ = std::make_shared<CudaStream>(CudaStream::create());
+}
+
+ChunkCopier::Copied CudaChunkCopier::copy(const protocol::BatchDescriptor& d) {
+  (void)cudaSetDevice(device_);  // the I/O thread stays there (EventFence says why)
+  cudaStream_t s = stream_->get();
+  const size_t bytes = chunk_bytes(d);
+  cuda_check(cudaStreamWaitEvent(s, memory_.slot_event(d.slot), 0),
+             "waiting for the server's chunk " + std::to_string(d.seq));
+  void* buffer = nullptr;
+  cuda_check(cudaMallocAsync(&buffer, std::max<size_t>(bytes, 1), s),
+             "allocating a " + std::to_string(bytes) +
+                 "-byte copy of a regenerated chunk on the GPU (free GPU memory)");
+  auto copy = std::make_shared<CudaChunkCopy>(device_, stream_, buffer);  // frees it on a throw
+  cuda_check(cudaMemcpyAsync(buffer, memory_.slot_data(d.slot), bytes, cudaMemcpyDeviceToDevice, s),
+             "copying a regenerated chunk on the GPU");
+  copy->done = record_fence(device_, s, "recording a chunk copy's event");
+  return {copy, {copy->done}};
+}
 
 CudaAssembler::CudaAssembler(const Session& session)
     : memory_(session.memory()), device_(memory_.cuda_device()) {
@@ -91,7 +145,7 @@ CudaAssembler::CudaAssembler(const Session& session)
 void CudaAssembler::view(Batch& batch) {
   const Piece& p = pieces_.front();
   auto state = std::make_unique<CudaBatchState>(device_, copy_stream_);
-  state->ready.push_back(memory_.slot_event(p.chunk->desc.slot));
+  state->ready.push_back(ready_event(*p.chunk));
   batch.tensors = views_in_place(p);
   for (auto& v : batch.tensors) {
     v.device = protocol::DeviceKind::kCuda;
@@ -111,7 +165,7 @@ void CudaAssembler::copy(Batch& batch) {
   const auto& first = pieces_.front().chunk->desc;
   for (const auto& p : pieces_) {
     check_stackable(first, p.chunk->desc, /*contiguous=*/true);
-    cuda_check(cudaStreamWaitEvent(cs, memory_.slot_event(p.chunk->desc.slot), 0),
+    cuda_check(cudaStreamWaitEvent(cs, ready_event(*p.chunk), 0),
                "waiting for the server's chunk " + std::to_string(p.chunk->desc.seq));
   }
   for (size_t ti = 0; ti < first.tensors.size(); ++ti) {
@@ -149,7 +203,9 @@ PinnedHostAssembler::PinnedHostAssembler(uint32_t batch_size, int device)
 }
 
 void PinnedHostAssembler::view(Batch& batch) {
+  const bool in_pool = viewable() == View::kSlot;
   HostAssembler::view(batch);
+  if (!in_pool) return;  // a view of a private chunk's pageable copy: nothing to fence
   // Host memory needs no readiness wait (the server wrote it before the descriptor was sent):
   // the state only fences the release behind the user's copy.
   batch.device_ = std::make_unique<CudaBatchState>(device_, nullptr);

@@ -21,7 +21,9 @@ class HostAssembler : public Assembler {
   explicit HostAssembler(uint32_t batch_size) : capacity_(batch_size) {}
 
   void add(Piece piece) override;
-  bool viewable() const override { return !first_ && pieces_.size() == 1; }
+  View viewable() const override {
+    return !first_ && pieces_.size() == 1 ? view_of(pieces_.front()) : View::kNone;
+  }
   void view(Batch& batch) override;
   void copy(Batch& batch) override;
   void discard() override;

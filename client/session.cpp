@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client/chunk_copy.h"
 #include "common/error.h"
 #include "common/process.h"
 
@@ -45,6 +46,7 @@ Session::Session(const ConsumerOptions& options)
       welcome_(handshake(options)),
       server_local_(welcome_.boot_id == host_boot_id()),
       memory_(SlotMemory::attach(welcome_, options.pin_memory, options.cuda_device)) {
+  copier_ = ChunkCopier::create(memory_);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   last_heard_ = monotonic_seconds();
   thread_ = std::thread([this] { loop(); });
@@ -110,6 +112,12 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
 }
 
 Session::~Session() {
+  bool left;
+  {
+    std::lock_guard lk(mu_);
+    left = leaving_;
+  }
+  if (!left) goodbye();  // the Consumer's constructor failed after the handshake
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
@@ -136,7 +144,17 @@ void Session::release(protocol::Release release, std::vector<std::shared_ptr<Rel
   if (after.empty()) return post(release);
   {
     std::lock_guard lk(mu_);
-    pending_.push_back({release, std::move(after)});
+    pending_.push_back({release, nullptr, std::move(after)});
+  }
+  wake();
+}
+
+void Session::free_copy(std::shared_ptr<ChunkCopy> copy,
+                        std::vector<std::shared_ptr<ReleaseFence>> after) {
+  if (after.empty()) return;  // nothing reads it any more: freed here
+  {
+    std::lock_guard lk(mu_);
+    pending_.push_back({std::nullopt, std::move(copy), std::move(after)});
   }
   wake();
 }
@@ -144,7 +162,7 @@ void Session::release(protocol::Release release, std::vector<std::shared_ptr<Rel
 void Session::seek(protocol::Seek target) {
   {
     std::lock_guard lk(mu_);
-    for (const auto& d : queue_) let_go(d, true);
+    for (const auto& r : queue_) let_go(r.desc, r.copy != nullptr, true);
     queue_.clear();
     position_error_.clear();
     ++seeks_unanswered_;
@@ -153,8 +171,8 @@ void Session::seek(protocol::Seek target) {
   wake();
 }
 
-void Session::let_go(const protocol::BatchDescriptor& d, bool credit_back) {
-  outbox_.push_back(protocol::Release{d.seq, d.slot});
+void Session::let_go(const protocol::BatchDescriptor& d, bool copied, bool credit_back) {
+  if (!copied) outbox_.push_back(protocol::Release{d.seq, d.slot});
   if (credit_back) outbox_.push_back(protocol::Credit{1});
 }
 
@@ -163,7 +181,7 @@ void Session::goodbye() {
     // Chunks delivered but never read are released now, and any arriving later too: the
     // server keeps a leaving consumer (and its slots) until it has released every chunk.
     std::lock_guard lk(mu_);
-    for (const auto& d : queue_) let_go(d, false);
+    for (const auto& r : queue_) let_go(r.desc, r.copy != nullptr, false);
     queue_.clear();
     leaving_ = true;
   }
@@ -171,7 +189,7 @@ void Session::goodbye() {
   post(protocol::Goodbye{});
 }
 
-std::optional<protocol::BatchDescriptor> Session::pop(double timeout_s, double* waited) {
+std::optional<ReceivedChunk> Session::pop(double timeout_s, double* waited) {
   std::unique_lock lk(mu_);
   double start = monotonic_seconds();
   double deadline = deadline_from(timeout_s);
@@ -214,21 +232,10 @@ void Session::on_message(const void* data, size_t size, double now) {
     return;
   }
   last_heard_ = now;
+  if (auto* d = std::get_if<protocol::BatchDescriptor>(&*r.message))
+    return on_descriptor(std::move(*d));
   std::lock_guard lk(mu_);
-  if (auto* d = std::get_if<protocol::BatchDescriptor>(&*r.message)) {
-    if (seeks_unanswered_) return let_go(*d, true);  // sent for the cursor before the seek
-    auto invalid = protocol::validate_descriptor(*d, welcome_.slot_count, welcome_.slot_bytes);
-    if (invalid.empty() && memory_.pool().slot_seq(d->slot) != d->seq)
-      invalid =
-          "slot " + std::to_string(d->slot) + " does not hold chunk " + std::to_string(d->seq);
-    if (!invalid.empty()) {
-      dropped++;
-      spdlog::warn("dropped a descriptor from {}: {}", endpoint_, invalid);
-      return let_go(*d, false);
-    }
-    if (leaving_) return let_go(*d, false);
-    queue_.push_back(std::move(*d));
-  } else if (std::holds_alternative<protocol::End>(*r.message)) {
+  if (std::holds_alternative<protocol::End>(*r.message)) {
     ended_ = true;
   } else if (auto* reply = std::get_if<protocol::SeekReply>(&*r.message)) {
     if (seeks_unanswered_ && --seeks_unanswered_ == 0 && !reply->available)
@@ -241,14 +248,56 @@ void Session::on_message(const void* data, size_t size, double now) {
   ready_.notify_all();
 }
 
+void Session::on_descriptor(protocol::BatchDescriptor d) {
+  {
+    std::lock_guard lk(mu_);
+    if (seeks_unanswered_) return let_go(d, false, true);  // sent for the cursor before the seek
+    auto invalid = protocol::validate_descriptor(d, welcome_.slot_count, welcome_.slot_bytes);
+    if (invalid.empty() && memory_.pool().slot_seq(d.slot) != d.seq)
+      invalid = "slot " + std::to_string(d.slot) + " does not hold chunk " + std::to_string(d.seq);
+    if (!invalid.empty()) {
+      dropped++;
+      spdlog::warn("dropped a descriptor from {}: {}", endpoint_, invalid);
+      return let_go(d, false, false);
+    }
+    if (leaving_) return let_go(d, false, false);
+    if (!protocol::is_private_seq(d.seq)) {
+      queue_.push_back({std::move(d), nullptr});
+      ready_.notify_all();
+      return;
+    }
+  }
+  // A private chunk: copied now and its slot released, however long it waits to be read.
+  // Outside the lock, so that pop(), seek() and releases do not wait for the copy.
+  ReceivedChunk received{std::move(d), nullptr};
+  try {
+    auto copied = copier_->copy(received.desc);
+    received.copy = std::move(copied.copy);
+    release({received.desc.seq, received.desc.slot}, std::move(copied.release_after));
+  } catch (const std::exception& e) {
+    if (!copy_failed_)
+      spdlog::warn(
+          "could not copy a regenerated chunk out of its slot ({}); such chunks stay in their "
+          "slots until read, which can stall several consumers catching up at once",
+          e.what());
+    copy_failed_ = true;
+  }
+  std::lock_guard lk(mu_);
+  // A seek (or Goodbye) while it was copied: it was sent for the old cursor.
+  if (seeks_unanswered_) return let_go(received.desc, received.copy != nullptr, true);
+  if (leaving_) return let_go(received.desc, received.copy != nullptr, false);
+  queue_.push_back(std::move(received));
+  ready_.notify_all();
+}
+
 void Session::loop() {
   zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
                              {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
   double next_heartbeat = 0, next_check = 0;
   bool stopping = false;
-  bool goodbye_sent = false;
-  std::vector<PendingRelease> waiting;  // releases whose fences have not all passed
-  while (!stopping) {
+  double stop_by = 0;
+  std::vector<Pending> waiting;  // releases and copies whose fences have not all passed
+  while (true) {
     // A release waiting on the GPU: poll its fences often.
     zmq::poll(items, 2, std::chrono::milliseconds(waiting.empty() ? 50 : 1));
     if (items[1].revents & ZMQ_POLLIN) {
@@ -279,20 +328,23 @@ void Session::loop() {
         ++it;
         continue;
       }
-      out.push_back(it->release);
-      it = waiting.erase(it);
+      if (it->release) out.push_back(*it->release);
+      it = waiting.erase(it);  // and a copy waiting for its readers is freed
     }
     if (now >= next_heartbeat) {
       out.push_back(protocol::Heartbeat{samples.load(), wait_s.load()});
       next_heartbeat = now + welcome_.heartbeat_interval_s;
     }
-    if (stopping && !goodbye_sent) out.push_back(protocol::Goodbye{});
-    for (const auto& m : out) {
-      if (std::holds_alternative<protocol::Goodbye>(m)) {
-        if (goodbye_sent) continue;
-        goodbye_sent = true;
-      }
+    for (const auto& m : out)
       socket_.send(zmq::buffer(protocol::encode(m)), zmq::send_flags::dontwait);
+    if (stopping) {
+      // Chunks the server sent before it read our Goodbye may still be on their way: each is
+      // released as it arrives (leaving_), until the End it answers Goodbye with says nothing
+      // follows. Leaving at once kept their slots held until this process exited. A server
+      // that is gone, or silent for its heartbeat timeout, is not waited for.
+      if (!stop_by) stop_by = now + welcome_.heartbeat_timeout_s;
+      std::lock_guard lk(mu_);
+      if (ended_ || gone_ || now >= stop_by || server_gone(now)) break;
     }
     if (now >= next_check) {
       next_check = now + 0.2;
@@ -309,10 +361,18 @@ void Session::loop() {
   }
 }
 
-ChunkRef::ChunkRef(std::shared_ptr<Session> s, protocol::BatchDescriptor d)
-    : session(std::move(s)), desc(std::move(d)), base(session->memory().slot_data(desc.slot)) {}
+ChunkRef::ChunkRef(std::shared_ptr<Session> s, ReceivedChunk received)
+    : session(std::move(s)),
+      desc(std::move(received.desc)),
+      copy(std::move(received.copy)),
+      base(copy ? copy->data() : session->memory().slot_data(desc.slot)) {}
 
-ChunkRef::~ChunkRef() { session->release({desc.seq, desc.slot}, std::move(fences_)); }
+ChunkRef::~ChunkRef() {
+  if (copy)
+    session->free_copy(std::move(copy), std::move(fences_));
+  else
+    session->release({desc.seq, desc.slot}, std::move(fences_));
+}
 
 void ChunkRef::add_fence(std::shared_ptr<ReleaseFence> fence) {
   std::lock_guard lk(mu_);

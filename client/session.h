@@ -3,17 +3,24 @@
 // The constructor does the handshake on the caller's thread (Hello, then Welcome within
 // timeout_s) and maps the pool (SlotMemory). Then an I/O thread owns the DEALER socket: it
 // receives descriptors, heartbeats, End and errors, and sends the credits, releases and
-// heartbeats other threads queue (woken through an eventfd). A seek() drops what was sent for
-// the old cursor until the server answers it. It heartbeats every
-// heartbeat_interval_s and watches the server: by pid on the same host, by silence past the
-// heartbeat timeout otherwise; pop() then throws ServerGoneError instead of waiting forever.
+// heartbeats other threads queue (woken through an eventfd). A private chunk (regenerated for
+// this consumer alone) is copied out of its slot as it arrives and its slot released at once,
+// whether or not anyone reads it yet (client/chunk_copy.h says why). A seek() drops what was
+// sent for the old cursor until the server answers it. It heartbeats every heartbeat_interval_s
+// and watches the server: by pid on the same host, by silence past the heartbeat timeout
+// otherwise; pop() then throws ServerGoneError instead of waiting forever.
 //
 // Releases of GPU slots may wait for device work still reading them: release() takes fences,
-// and the I/O thread sends the Release only once every fence has passed.
+// and the I/O thread sends the Release only once every fence has passed; free_copy() likewise
+// keeps a private chunk's copy until its readers are done.
 // Ownership and lifetime: shared by the Consumer and every ChunkRef, so the socket and the
-// mapping outlive the Consumer while batches still view the pool. Destruction stops the thread
-// after sending Goodbye and the releases still queued.
-// Thread-safety: pop() from one thread at a time; release(), post() and the counters from any.
+// mapping outlive the Consumer while batches still view the pool. Destruction (nothing is held
+// any more) sends the releases still queued and Goodbye if goodbye() was not called, then
+// keeps the thread until the server's End (its answer to Goodbye): chunks it sent before it
+// read the Goodbye are released as they arrive, instead of staying held until this process
+// exits. It waits at most the heartbeat timeout, and not at all for a server that is gone.
+// Thread-safety: pop() from one thread at a time; release(), free_copy(), post() and the
+// counters from any.
 #pragma once
 
 #include <atomic>
@@ -42,6 +49,15 @@ class ReleaseFence {
   virtual bool passed(bool wait) noexcept = 0;
 };
 
+class ChunkCopy;
+class ChunkCopier;
+
+// A descriptor popped from the session, with the copy of its rows if it is a private chunk.
+struct ReceivedChunk {
+  protocol::BatchDescriptor desc;
+  std::shared_ptr<ChunkCopy> copy;  // private chunks: their slot was released on arrival
+};
+
 class Session {
  public:
   // Throws TimeoutError when no server answers within options.timeout_s, Error when the
@@ -55,7 +71,7 @@ class Session {
   // Blocks for the next descriptor. nullopt once End was received and the queue is empty.
   // Throws Error (the server's message), ServerGoneError, TimeoutError (after timeout_s, unless
   // timeout_s <= 0), or PositionUnavailableError (the server's answer to the last seek()).
-  std::optional<protocol::BatchDescriptor> pop(double timeout_s, double* waited);
+  std::optional<ReceivedChunk> pop(double timeout_s, double* waited);
   void post(protocol::Message message);
   // Asks the server to move this consumer's cursor. Descriptors queued or in flight until the
   // server's SeekReply were sent for the old cursor: they are released unread (their credits
@@ -63,6 +79,8 @@ class Session {
   void seek(protocol::Seek target);
   // Sends the Release for a chunk once every fence in `after` has passed (at once if none).
   void release(protocol::Release release, std::vector<std::shared_ptr<ReleaseFence>> after);
+  // Frees a private chunk's copy once every fence in `after` (its readers' work) has passed.
+  void free_copy(std::shared_ptr<ChunkCopy> copy, std::vector<std::shared_ptr<ReleaseFence>> after);
   void goodbye();
 
   const protocol::Welcome& welcome() const { return welcome_; }
@@ -75,19 +93,24 @@ class Session {
   std::atomic<double> wait_s{0};
 
  private:
-  struct PendingRelease {
-    protocol::Release release;
+  // What waits for fences: a slot's Release, or a private chunk's copy to be freed.
+  struct Pending {
+    std::optional<protocol::Release> release;
+    std::shared_ptr<ChunkCopy> copy;
     std::vector<std::shared_ptr<ReleaseFence>> after;
   };
 
   protocol::Welcome handshake(const ConsumerOptions& options);  // on the caller's thread
   void loop();
   void on_message(const void* data, size_t size, double now);
+  // A valid descriptor that arrived (I/O thread): queued, private chunks copied first.
+  void on_descriptor(protocol::BatchDescriptor d);
   bool server_gone(double now);
   void wake();
   // With mu_ held: gives back a chunk that is never handed out (dropped, sent before a seek,
-  // arriving while leaving); `credit_back` asks for another in its place.
-  void let_go(const protocol::BatchDescriptor& d, bool credit_back);
+  // arriving while leaving): its slot, unless it was copied and released on arrival;
+  // `credit_back` asks for another in its place.
+  void let_go(const protocol::BatchDescriptor& d, bool copied, bool credit_back);
 
   std::string endpoint_;
   zmq::context_t context_{1};
@@ -95,13 +118,15 @@ class Session {
   protocol::Welcome welcome_;
   bool server_local_;  // the server's pid can be checked
   SlotMemory memory_;
+  std::unique_ptr<ChunkCopier> copier_;  // used by the I/O thread only
+  bool copy_failed_ = false;             // logged once; I/O thread only
   int wake_fd_ = -1;
 
   std::mutex mu_;
   std::condition_variable ready_;
-  std::deque<protocol::BatchDescriptor> queue_;
+  std::deque<ReceivedChunk> queue_;
   std::vector<protocol::Message> outbox_;
-  std::vector<PendingRelease> pending_;  // taken by the I/O thread
+  std::vector<Pending> pending_;  // taken by the I/O thread
   bool ended_ = false;
   uint32_t seeks_unanswered_ = 0;  // descriptors arriving meanwhile are stale
   std::string position_error_;     // the last seek was refused; pop() raises it once
@@ -114,17 +139,19 @@ class Session {
   std::thread thread_;
 };
 
-// One received chunk, shared by the batches viewing it; the last owner releases its slot.
+// One received chunk, shared by the batches viewing it; the last owner releases its slot (or,
+// for a private chunk, frees its copy).
 struct ChunkRef {
   std::shared_ptr<Session> session;
   protocol::BatchDescriptor desc;
-  const uint8_t* base = nullptr;  // the slot's memory (host or device)
+  std::shared_ptr<ChunkCopy> copy;  // private chunks: their rows, copied on arrival
+  const uint8_t* base = nullptr;    // the rows' memory (host or device): the slot's, or the copy's
 
-  ChunkRef(std::shared_ptr<Session> s, protocol::BatchDescriptor d);
+  ChunkRef(std::shared_ptr<Session> s, ReceivedChunk received);
   ~ChunkRef();
   ChunkRef(const ChunkRef&) = delete;
   ChunkRef& operator=(const ChunkRef&) = delete;
-  // The slot is released only once `fence` has passed too.
+  // The slot is released (the copy freed) only once `fence` has passed too.
   void add_fence(std::shared_ptr<ReleaseFence> fence);
 
  private:

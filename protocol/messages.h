@@ -113,9 +113,16 @@ struct ChunkPosition {
 constexpr uint8_t kFlagEpochEnd = 1;
 constexpr uint8_t kFlagAllFlags = 1;
 
+// Chunk numbers from here up are private chunks: regenerated for one consumer alone (it sought a
+// position the ring no longer holds), never shared, far above any stream's length. Their
+// consumer copies them out of the slot on arrival and releases the slot at once
+// (docs/stream.md, "Catch-up").
+constexpr uint64_t kPrivateSeqBase = uint64_t{1} << 62;
+inline bool is_private_seq(uint64_t seq) { return seq >= kPrivateSeqBase; }
+
 // server -> consumer: one chunk of the stream, decoded once into one slot.
 struct BatchDescriptor {
-  uint64_t seq = 0;  // position of the chunk in the stream (0, 1, 2, ...)
+  uint64_t seq = 0;  // position of the chunk in the stream (0, 1, 2, ...), or a private chunk's
   ChunkPosition position;
   uint32_t slot = 0;
   std::vector<TensorSpec> tensors;

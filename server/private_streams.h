@@ -7,9 +7,9 @@
 //
 // It keeps, per consumer, the next chunk to ask the producer for and the next to send, the
 // chunks filled and waiting for their turn, and one queue of requests for the producer; private
-// chunks live in ring slots under sequence numbers from kPrivateSeqBase up, never confused with
-// the stream's. StreamState decides when a private stream starts and stops and sends the
-// chunks; this class only books them.
+// chunks live in ring slots under sequence numbers from protocol::kPrivateSeqBase up, never
+// confused with the stream's. StreamState decides when a private stream starts and stops and
+// sends the chunks; this class only books them.
 // Thread-safety: none; its owner (StreamState) serialises every call. Ownership: a plain value.
 #pragma once
 
@@ -33,10 +33,6 @@ struct ChunkAddress {
   }
   bool operator==(const ChunkAddress& o) const { return epoch == o.epoch && index == o.index; }
 };
-
-// Sequence numbers of private chunks start here: far above any stream's length.
-constexpr uint64_t kPrivateSeqBase = uint64_t{1} << 62;
-inline bool is_private_seq(uint64_t seq) { return seq >= kPrivateSeqBase; }
 
 class PrivateStreams {
  public:
@@ -85,7 +81,7 @@ class PrivateStreams {
   std::map<uint64_t, Stream> streams_;  // by consumer id
   std::deque<Request> requests_;
   std::map<uint64_t, Request> owners_;  // private chunks being filled or in the ring, by seq
-  uint64_t next_seq_ = kPrivateSeqBase;
+  uint64_t next_seq_ = protocol::kPrivateSeqBase;
   uint64_t generations_ = 0;
 };
 

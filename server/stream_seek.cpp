@@ -149,7 +149,7 @@ bool StreamState::deliver_sought(ConsumerRecord& c) {
   auto slot = ring_.find_published(c.next_seq);
   if (!slot) {
     auto oldest = ring_.oldest_published_from(c.next_seq);
-    c.next_seq = oldest && !is_private_seq(*oldest) ? *oldest : next_publish_seq_;
+    c.next_seq = oldest && !protocol::is_private_seq(*oldest) ? *oldest : next_publish_seq_;
     return false;
   }
   const auto& p = descriptors_.at(c.next_seq).position;

@@ -82,15 +82,17 @@ StreamState::SlotCount StreamState::count_slots(double now) const {
                                         may_reuse(e.seq, e.delivered, now));
     if (reusable)
       ++n.reusable;
-    else if (!is_private_seq(e.seq))
+    else if (!protocol::is_private_seq(e.seq))
       ++n.pinned_stream;
   }
   return n;
 }
 
 uint32_t StreamState::catch_up_slots() const {
-  // The consumer holds up to two chunks while it waits for the next (the batch its user still
-  // has, the chunk being cut): three slots always let its next private chunk in.
+  // A private chunk takes a slot only while it is filled, waits for its turn and travels: its
+  // consumer copies it out on arrival and releases the slot at once (client/chunk_copy.h),
+  // whatever its user does (holds every batch, reads another loader first). So these slots serve
+  // any number of consumers catching up at once; three let one be filled while others travel.
   return std::min(rules_.slot_count - 1, std::max<uint32_t>(3, rules_.slot_count / 4));
 }
 
@@ -114,7 +116,7 @@ uint64_t StreamState::chunks_per_epoch() const {
 
 void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
                           std::vector<protocol::TensorSpec> tensors) {
-  if (is_private_seq(seq)) {
+  if (protocol::is_private_seq(seq)) {
     BatchDescriptor d;
     d.seq = seq;
     d.position = position;
@@ -212,7 +214,7 @@ ServerStats StreamState::stats() const {
 // the stream starts, or while nobody is attached) is never discarded.
 bool StreamState::may_reuse(uint64_t old_seq, bool delivered, double now) const {
   // A private chunk is its consumer's alone: reusable once sent (and released) or abandoned.
-  if (is_private_seq(old_seq)) return delivered || !private_.owner(old_seq);
+  if (protocol::is_private_seq(old_seq)) return delivered || !private_.owner(old_seq);
   bool passed = false;
   for (const auto& [id, c] : consumers_.all()) {
     const auto* p = private_.find(id);
@@ -263,7 +265,10 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
     on_seek(*c, *seek, true);
   } else if (std::holds_alternative<protocol::Goodbye>(m)) {
     // It wants no more chunks, but batches it handed out may still view slots it holds: keep
-    // those holds (and the record) until they are released or the process dies.
+    // those holds (and the record) until they are released or the process dies. End tells it
+    // that nothing follows: chunks sent before this Goodbye may still be on their way, and its
+    // session stays to release them until End arrives (client/session.h).
+    if (!c->end_sent) c->end_sent = send_(c->identity, protocol::End{rules_.epochs});
     c->closing = true;
     c->seek.reset();
     abandon(private_.stop(c->id));  // nor private chunks: nobody waits for it to catch up
@@ -288,7 +293,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   std::optional<uint64_t> start;
   const auto& retained = ring_.published();
   for (auto it = retained.lower_bound(tail_begin());
-       it != retained.end() && !is_private_seq(it->first); ++it) {
+       it != retained.end() && !protocol::is_private_seq(it->first); ++it) {
     if (!start) start = it->first;
     if (descriptors_.at(it->first).position.index_in_epoch == 0) {
       start = it->first;
@@ -359,7 +364,7 @@ void StreamState::deliver() {
       auto slot = ring_.find_published(c.next_seq);
       if (!slot) {  // reused before this consumer was sent it (late join, or left behind)
         auto oldest = ring_.oldest_published_from(c.next_seq);
-        c.next_seq = oldest && !is_private_seq(*oldest) ? *oldest : next_publish_seq_;
+        c.next_seq = oldest && !protocol::is_private_seq(*oldest) ? *oldest : next_publish_seq_;
         continue;
       }
       const auto& d = descriptors_.at(c.next_seq);

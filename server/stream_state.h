@@ -26,10 +26,12 @@
 //   pins a shared chunk catch_up_slots() past the oldest retained and merges there; further,
 //   private for good) or answered "position unavailable". On a producer that regenerates, the
 //   stream's chunks pin at most the ring less catch_up_slots() (rings of 8 slots and more): a
-//   catch-up always finds slots, even while the other consumers do not read.
+//   catch-up always finds slots, even while the other consumers do not read; consumers release
+//   private chunks as they arrive, so any number of catch-ups at once share those slots.
 // - Skip: a chunk no attached consumer wants (all sought past it) is not filled (wanted/skip).
 // - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
-// - End to every consumer after finish(); fail() sends the error to everyone, also later joiners.
+// - End to every consumer after finish(), and to a consumer in answer to its Goodbye (nothing
+//   follows); fail() sends the error to everyone, also later joiners.
 //
 // The seek rules (on_seek, the private and sought deliveries, wanted) are defined in
 // stream_seek.cpp, the rest in stream_state.cpp.

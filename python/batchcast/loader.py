@@ -26,7 +26,9 @@ fix. CUDA views cannot be made read-only (CUDA IPC maps device memory read-write
 write changes the batch every other consumer sees. Either way, ``.clone()`` before modifying
 in place.
 A Loader that holds more than ``max_held`` zero-copy batches gets private copies from then on,
-so keeping batches in a list never stalls the server.
+so keeping batches in a list never stalls the server. Batches of chunks the server regenerates
+for this Loader alone (catching up after a mid-epoch join or a ``load_state_dict``) are private
+copies too: each such chunk is copied as it arrives and its slot given back at once.
 
 Structure: tensors named ``"#0", "#1", ...`` become a tuple (the native server sends
 ``(images, labels)``), a single ``"#"`` a bare tensor, any other names a dict.
@@ -53,7 +55,7 @@ class LoaderStats:
     batches: int  # batches yielded
     samples: int  # samples yielded
     skipped: int  # samples missed (late join into a partial epoch, or left behind by "skip")
-    copies: int  # batches assembled by copy (spanning chunks, or beyond max_held)
+    copies: int  # private copies (spanning chunks, beyond max_held, or of regenerated chunks)
     wait_s: float  # seconds spent waiting for data
     dropped_messages: int  # malformed messages from the server, dropped
 

@@ -259,7 +259,9 @@ void bind_consumer(py::module_& m) {
       .def_readonly("epoch", &Batch::epoch)
       .def_readonly("sample_start", &Batch::sample_start)
       .def_readonly("size", &Batch::size)
-      .def_readonly("copied", &Batch::copied)
+      .def_readonly("copied", &Batch::copied,
+                    "Private memory, no view of a shared slot: a batch spanning chunks, one "
+                    "beyond max_held, or one of a chunk regenerated for this consumer alone.")
       .def_readonly("pinned", &Batch::pinned,
                     "A host view of page-locked memory (Consumer pin_memory): copy it to the "
                     "GPU with non_blocking=True on the stream given to capsules().")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -240,6 +241,55 @@ def expected_rows(labels: torch.Tensor, width: int) -> torch.Tensor:
     i = labels.to(torch.int64).unsqueeze(1)
     j = torch.arange(width, device=labels.device, dtype=torch.int64).unsqueeze(0)
     return (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
+
+
+@needs_gpu
+def test_loaders_catching_up_together_on_a_gpu_pool_read_intact_copies(endpoint, batchcast_bin):
+    # test_loader's lockstep catch-up on a GPU pool: three loaders join mid-epoch at once, catch
+    # up on regenerated chunks read in lockstep (the leader in a thread of its own) and keep
+    # every batch. Each regenerated chunk is copied device to device as it arrives
+    # (client/chunk_copy.h): its slot goes back once the copy has run, its batches wait for the
+    # copy on the user's stream, and the copy lives as long as they do.
+    server = serve_or_skip(synthetic=400, sample_bytes=SAMPLE_BYTES, endpoint=endpoint,
+                           batch_size=4, epochs=2, workers=2, ring=16, device="cuda:0")
+    with server:
+        loaders = [batchcast.Loader(endpoint, timeout=60)]
+        lead = iter(loaders[0])
+        head = [y.cpu() for _, y in (next(lead) for _ in range(40))]  # the ring lost chunk 0
+        loaders += [batchcast.Loader(endpoint, timeout=60) for _ in range(3)]
+        kept = [[[], []] for _ in loaders]  # per loader, per epoch: every batch, kept
+
+        def in_lockstep(epoch: int, batches: dict) -> None:
+            while batches:  # one batch of each in turn, as zip() does
+                for k, it in list(batches.items()):
+                    batch = next(it, None)
+                    if batch is None:
+                        del batches[k]
+                    else:
+                        kept[k][epoch].append(batch)
+
+        leader = threading.Thread(target=lambda: kept[0][0].extend(lead))
+        leader.start()
+        in_lockstep(0, {k: iter(loaders[k]) for k in (1, 2, 3)})
+        leader.join(120)
+        assert not leader.is_alive()
+        in_lockstep(1, {k: iter(loader) for k, loader in enumerate(loaders)})
+        torch.cuda.synchronize()
+        assert all(x.is_cuda and torch.equal(x, expected_rows(y, SAMPLE_BYTES))
+                   for per_epoch in kept for x, y in per_epoch[0] + per_epoch[1]), "a bad batch"
+        labels = [[torch.cat([y for _, y in batches]).cpu().tolist() for batches in per_epoch]
+                  for per_epoch in kept]
+        whole = torch.cat(head).tolist() + labels[0][0]
+        assert sorted(whole) == list(range(400))
+        for k in (1, 2, 3):
+            assert labels[k] == [whole, labels[0][1]], f"joiner {k} differs from the leader"
+        kept.clear()  # a GPU pool's server exits once every batch is released
+        for loader in loaders:
+            loader.close()
+        assert server.wait(30) == 0
+        with open(server.log_path) as log:
+            caught_up = log.read().count("chunks regenerated for it until it reaches the stream")
+        assert caught_up == 3, "each joiner caught up on regenerated chunks"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the machine without a GPU")

@@ -320,6 +320,74 @@ def test_a_resumed_loader_reads_the_same_next_samples_and_bytes(
         a.close()
 
 
+def test_loaders_catching_up_together_in_lockstep_keeping_every_batch_never_stall(
+        endpoint, batchcast_bin):
+    # Trainers started together mid-epoch: three loaders of one thread join at once, each catches
+    # up on chunks regenerated for it alone, and the user reads them in lockstep, keeping every
+    # batch, while a leader reads on. A consumer copies a regenerated chunk as it arrives and
+    # releases its slot (client/chunk_copy.h), so neither kept batches nor loaders waiting for
+    # their turn pin the slots the server keeps for catching up. When each kept its first batches
+    # as views of its regenerated chunks, the joiners took all of those slots and the stream
+    # stalled (the loaders' timeout raised TimeoutError).
+    with serve(endpoint, samples=400, batch=4, epochs=2, ring=16) as server:
+        loaders = [batchcast.Loader(endpoint, timeout=30)]
+        lead = loaders[0]._open()
+        head = []
+        for _ in range(40):  # chunk 40 of 100: the ring of 16 lost the epoch's start
+            head += torch.from_dlpack(lead.next().tensors()[1]).tolist()
+        loaders += [batchcast.Loader(endpoint, timeout=30) for _ in range(3)]
+        consumers = [loader._open() for loader in loaders]
+        kept: List[List] = [[] for _ in consumers]  # every batch, alive until the end
+        labels: List[List[List[int]]] = [[[], []] for _ in consumers]  # per consumer, per epoch
+
+        def read(k: int, epoch: int) -> bool:
+            batch = consumers[k].next()
+            if batch is None:  # its epoch ended
+                return False
+            x, y = (torch.from_dlpack(t) for t in batch.tensors())
+            assert torch.equal(x, synthetic_rows(y)), "payload does not match its label"
+            labels[k][epoch] += y.tolist()
+            kept[k].append(batch)
+            return True
+
+        def in_lockstep(members: List[int], epoch: int) -> None:
+            reading = list(members)
+            while reading:  # one batch of each in turn, as zip() over the loaders does
+                reading = [k for k in reading if read(k, epoch)]
+
+        # The leader goes on in a thread of its own: it runs at most the ring ahead of the
+        # joiners' merge chunks (stall_policy=wait), so it must not wait for the user's turn.
+        errors: List[BaseException] = []
+
+        def lead_epoch() -> None:
+            try:
+                while read(0, 0):
+                    pass
+            except BaseException as e:  # noqa: B036 - recorded for the assertion
+                errors.append(e)
+
+        leader = threading.Thread(target=lead_epoch)
+        leader.start()
+        in_lockstep([1, 2, 3], 0)
+        leader.join(60)
+        assert not leader.is_alive() and not errors, errors
+        in_lockstep([0, 1, 2, 3], 1)  # then all four, on the shared stream
+
+        whole = head + labels[0][0]
+        assert sorted(whole) == list(range(400))
+        for k in (1, 2, 3):
+            assert labels[k][0] == whole, f"joiner {k} did not get epoch 0 whole, in order"
+            assert labels[k][1] == labels[0][1], f"joiner {k} differs in epoch 1"
+            assert kept[k][0].copied, "a regenerated chunk's batch is a private copy"
+        assert not kept[0][0].copied, "the leader's first kept batch is a zero-copy view"
+        assert server.wait(20) == 0
+        with open(server.log_path) as log:
+            caught_up = log.read().count("chunks regenerated for it until it reaches the stream")
+        assert caught_up == 3, "each joiner caught up on regenerated chunks"
+        for loader in loaders:
+            loader.close()
+
+
 def test_a_refused_position_is_an_error_the_loader_survives(endpoint):
     epoch = [(torch.full((2, 3), i, dtype=torch.uint8), torch.arange(2)) for i in range(6)]
     producer = batchcast.Producer(epoch, endpoint, ring=2)

@@ -161,11 +161,42 @@ class Stream {
     return s;
   }
 
+  // `id` as the consumer library treats what it is sent (client/chunk_copy.h): a private chunk
+  // is copied and its slot released as it arrives, read or not; a stream chunk stays in its slot
+  // until read, then while its user keeps the batch (here the last two: the oldest goes once a
+  // third is read). `read`: the user reads what arrived, each read giving its credit back; else
+  // it is busy elsewhere (another loader of the same thread). Returns the chunks read, in order.
+  std::vector<BatchDescriptor> client_reads(const std::string& id, bool read) {
+    auto& c = clients[id];
+    for (auto& d : take<BatchDescriptor>(id)) {
+      if (protocol::is_private_seq(d.seq)) release(id, d);
+      c.unread.push_back(d);
+    }
+    if (!read) return {};
+    std::vector<BatchDescriptor> out;
+    for (auto& d : c.unread) {
+      credit(id, 1);
+      out.push_back(d);
+      if (protocol::is_private_seq(d.seq)) continue;
+      c.kept.push_back(d);
+      if (c.kept.size() > 2) {
+        release(id, c.kept.front());
+        c.kept.erase(c.kept.begin());
+      }
+    }
+    c.unread.clear();
+    return out;
+  }
+
   double now = 1000;
   std::set<pid_t> dead;
   std::set<std::string> refusing;
   std::map<std::string, std::vector<Message>> inbox;
   std::map<std::string, pid_t> pids;
+  struct Client {
+    std::vector<BatchDescriptor> unread, kept;
+  };
+  std::map<std::string, Client> clients;  // client_reads()
   StreamState state;
 };
 
@@ -461,6 +492,31 @@ TEST(StreamState, GoodbyeKeepsTheSlotsStillHeldUntilTheyAreReleased) {
   EXPECT_TRUE(s.fill());
 }
 
+TEST(StreamState, GoodbyeIsAnsweredWithEndAfterEverythingSentBefore) {
+  // Chunks sent just before the server reads a Goodbye are still on their way to the consumer,
+  // which cannot know of them: End, after them in the same order, tells its session that
+  // nothing follows, so it releases what arrives until then instead of leaving it held.
+  Stream s(rules(4));
+  s.join("a", 3);
+  s.produce(2);
+  s.tick();
+  s.send("a", protocol::Goodbye{});
+  std::vector<Message> box;
+  for (const auto& m : s.inbox["a"])
+    if (!std::holds_alternative<protocol::Heartbeat>(m)) box.push_back(m);
+  ASSERT_EQ(box.size(), 4u) << "Welcome, two chunks, End";
+  EXPECT_TRUE(std::holds_alternative<BatchDescriptor>(box[1]));
+  EXPECT_TRUE(std::holds_alternative<BatchDescriptor>(box[2]));
+  EXPECT_TRUE(std::holds_alternative<protocol::End>(box[3]));
+  EXPECT_EQ(s.state.consumers_now(), 1u) << "kept while it holds its two chunks";
+  s.inbox["a"].clear();
+  s.produce(1);
+  s.now += 1;
+  s.tick();
+  EXPECT_TRUE(s.take<BatchDescriptor>("a").empty()) << "nothing follows End";
+  EXPECT_TRUE(s.take<protocol::End>("a").empty()) << "which is sent once";
+}
+
 TEST(StreamState, ForgedAndDuplicateReleasesAreDroppedAndCounted) {
   Stream s(rules(2));
   s.hello("a");
@@ -734,8 +790,8 @@ TEST(StreamState, ALateJoinerCatchesUpOnRegeneratedChunksThenMergesIntoTheStream
           << "no gap: nothing reported missed";
     }
   }
-  EXPECT_TRUE(is_private_seq(got.front().seq)) << "chunk 0 was regenerated";
-  EXPECT_FALSE(is_private_seq(got.back().seq)) << "b merged into the shared stream";
+  EXPECT_TRUE(protocol::is_private_seq(got.front().seq)) << "chunk 0 was regenerated";
+  EXPECT_FALSE(protocol::is_private_seq(got.back().seq)) << "b merged into the shared stream";
   auto stats = s.state.stats();
   EXPECT_EQ(stats.chunks_regenerated, 4u + 3u)
       << "what the ring had lost, and the 3 slots left before its merge chunk";
@@ -848,39 +904,78 @@ TEST(StreamState, AConsumerThatLeavesWhileCatchingUpHoldsNobodyBack) {
       << "the stream goes on, up to the ring less its reserve; b's held slots stay out";
 }
 
-// Known defect, disabled until fixed (docs/stream.md, Catch-up): it fails today (the three
-// joiners get 3, 1 and 0 chunks). Taking turns in attach order made it pass but deadlocked two
-// loaders of one process reading in lockstep (test_resume's restarted trainer, 1 run in 5).
-TEST(StreamState, DISABLED_SeveralConsumersCatchingUpAtOnceAllReachTheStream) {
-  // The soak's stall: consumers that join mid-epoch together all catch up privately, and each
-  // holds up to two chunks while it waits for its next (the batch its user has, the chunk being
-  // cut). Private chunks are not shared, so their holdings add up; they must not add up to a
-  // ring where nobody can get a next chunk.
+// `got` is the stream from its first chunk on (`per_epoch` chunks an epoch), without a gap: the
+// first chunks regenerated, the last the shared stream's.
+void expect_caught_up(const std::vector<BatchDescriptor>& got, uint64_t per_epoch,
+                      const std::string& id) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].position.epoch * per_epoch + got[i].position.index_in_epoch, i)
+        << id << ": every chunk, in order";
+    if (i) {
+      EXPECT_EQ(got[i].position.stream_position, got[i - 1].position.stream_position + kChunk)
+          << id << ": no gap";
+    }
+  }
+  ASSERT_FALSE(got.empty()) << id;
+  EXPECT_TRUE(protocol::is_private_seq(got.front().seq)) << id << " caught up privately";
+  EXPECT_FALSE(protocol::is_private_seq(got.back().seq)) << id << " merged into the stream";
+}
+
+TEST(StreamState, SeveralConsumersCatchingUpAtOnceAllReachTheStream) {
+  // The soak's stall: consumers that join mid-epoch together (trainers started at once) all
+  // catch up privately. Private chunks are not shared, so their slots add up; had each consumer
+  // kept its private chunks while its user held their batches, three of them took every slot
+  // of the reserve and none got a next chunk. Released on arrival, they share it.
   const uint64_t per_epoch = 100;
   Stream s(regenerating(8, per_epoch));
   s.lead("a", 12, per_epoch);
   const std::vector<std::string> late = {"b", "c", "d"};
   for (const auto& id : late) s.join(id, 3);
-  std::map<std::string, std::vector<BatchDescriptor>> held;
-  std::map<std::string, size_t> got;
+  std::map<std::string, std::vector<BatchDescriptor>> got;
   for (int round = 0; round < 400; ++round) {
     s.regenerate(per_epoch);
     if (auto f = s.fill()) s.publish(*f, per_epoch);
     s.tick();
     if (auto n = s.consume("a").size()) s.credit("a", static_cast<uint32_t>(n));
-    for (const auto& id : late) {
-      for (auto& d : s.take<BatchDescriptor>(id)) {
-        held[id].push_back(d);
-        ++got[id];
-        if (held[id].size() > 2) {  // the oldest is let go once a third arrived
-          s.release(id, held[id].front());
-          held[id].erase(held[id].begin());
-          s.credit(id, 1);
-        }
-      }
-    }
+    for (const auto& id : late)
+      for (auto& d : s.client_reads(id, true)) got[id].push_back(d);
   }
-  for (const auto& id : late) EXPECT_GE(got[id], 30u) << id << " stalled";
+  for (const auto& id : late) {
+    EXPECT_GE(got[id].size(), 30u) << id << " stalled";
+    expect_caught_up(got[id], per_epoch, id);
+  }
+}
+
+TEST(StreamState, ACatchUpGoesOnWhileAnotherCatchingUpIsNotRead) {
+  // Two loaders of one thread read in lockstep (zip) while both catch up: while the user waits
+  // for b's next batch, c is not read, however many chunks it asked for ahead (3 here, the
+  // whole reserve). Its private chunks are released on arrival, so they leave b slots.
+  const uint64_t per_epoch = 100;
+  Stream s(regenerating(8, per_epoch));
+  s.lead("a", 12, per_epoch);
+  s.join("b", 3);
+  s.join("c", 3);
+  std::map<std::string, std::vector<BatchDescriptor>> got;
+  auto rounds = [&](int n, bool read_c) {
+    for (int round = 0; round < n; ++round) {
+      s.regenerate(per_epoch);
+      if (auto f = s.fill()) s.publish(*f, per_epoch);
+      s.tick();
+      if (auto k = s.consume("a").size()) s.credit("a", static_cast<uint32_t>(k));
+      for (auto& d : s.client_reads("b", true)) got["b"].push_back(d);
+      for (auto& d : s.client_reads("c", read_c)) got["c"].push_back(d);
+    }
+  };
+  rounds(100, /*read_c=*/false);
+  ASSERT_FALSE(got["b"].empty());
+  EXPECT_FALSE(protocol::is_private_seq(got["b"].back().seq))
+      << "b reached the stream while c was not read";
+  EXPECT_TRUE(got["c"].empty());
+  rounds(300, /*read_c=*/true);  // the user gets to c: both go on together
+  for (const std::string id : {"b", "c"}) {
+    EXPECT_GE(got[id].size(), 30u) << id << " stalled";
+    expect_caught_up(got[id], per_epoch, id);
+  }
 }
 
 }  // namespace

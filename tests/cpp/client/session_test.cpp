@@ -1,0 +1,147 @@
+// A consumer's session when the server's messages cross its own: the test plays the server on
+// a real ROUTER socket over a real pool, because a real server cannot be made to send a chunk
+// exactly while a consumer closes (a race of microseconds, which is how it bit: a trainer that
+// closed one loader and opened another kept two slots held for good, test_resume's stall).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+#include <zmq.hpp>
+
+#include "client/consumer.h"
+#include "common/process.h"
+#include "shm/slot_memory.h"
+
+namespace batchcast {
+namespace {
+
+// The server's side of the protocol, one message at a time, for one consumer.
+class ScriptedServer {
+ public:
+  explicit ScriptedServer(const std::string& tag)
+      : endpoint_("ipc:///tmp/bctest-session-" + std::to_string(::getpid()) + "-" + tag + ".sock"),
+        memory_(SlotMemory::create(segment_name_for(endpoint_), 4, 4096, protocol::DeviceKind::kCpu,
+                                   -1)) {
+    router_.set(zmq::sockopt::linger, 0);
+    router_.bind(endpoint_);
+  }
+  ~ScriptedServer() {
+    router_.close();
+    ::unlink(endpoint_.substr(std::string("ipc://").size()).c_str());
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+  // The consumer's next message; nullopt after `timeout_s` (the test fails on it).
+  std::optional<protocol::Message> receive(double timeout_s) {
+    zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int>(timeout_s * 1000)));
+    if (!(item.revents & ZMQ_POLLIN)) return std::nullopt;
+    zmq::message_t identity, body;
+    (void)router_.recv(identity);
+    (void)router_.recv(body);
+    identity_ = identity.to_string();
+    return protocol::decode(body.data(), body.size()).message;
+  }
+  // Skips messages until one of type T; false if none came within `timeout_s` of each other.
+  template <typename T>
+  bool receive_until(double timeout_s) {
+    while (auto m = receive(timeout_s))
+      if (std::holds_alternative<T>(*m)) return true;
+    return false;
+  }
+  void send(const protocol::Message& m) {
+    router_.send(zmq::buffer(identity_), zmq::send_flags::sndmore);
+    router_.send(zmq::buffer(protocol::encode(m)), zmq::send_flags::none);
+  }
+  // Answers the Hello: a host pool of 4 slots, chunks of 4 int64 samples, epochs of 2 chunks.
+  void welcome(double heartbeat_timeout_s) {
+    ASSERT_TRUE(receive_until<protocol::Hello>(10));
+    protocol::Welcome w;
+    w.consumer_id = 1;
+    w.server_pid = static_cast<uint32_t>(::getpid());
+    w.boot_id = host_boot_id();
+    w.server_batch_size = 4;
+    w.epoch_samples = 8;
+    w.epochs = 1;
+    w.heartbeat_timeout_s = heartbeat_timeout_s;
+    memory_.describe(w);
+    send(w);
+  }
+  // Publishes chunk `seq` in slot `slot` and sends its descriptor.
+  void chunk(uint64_t seq, uint32_t slot) {
+    memory_.pool().set_slot_seq(slot, seq);
+    protocol::BatchDescriptor d;
+    d.seq = seq;
+    d.slot = slot;
+    d.position.index_in_epoch = seq;
+    d.position.sample_start = seq * 4;
+    d.position.sample_count = 4;
+    d.position.epoch_samples = 8;
+    d.position.epoch_end = seq == 1;
+    d.tensors = {{"#", DType::kInt64, {4}, {1}, 0}};
+    send(d);
+  }
+
+ private:
+  std::string endpoint_;
+  SlotMemory memory_;
+  zmq::context_t context_{1};
+  zmq::socket_t router_{context_, zmq::socket_type::router};
+  std::string identity_;
+};
+
+// A consumer that connects and closes at once, holding nothing, on a thread of its own: the
+// future is ready once close() returned. Detached, so that a close() that never returns fails
+// the test instead of hanging it.
+std::future<void> connect_and_close(const std::string& endpoint) {
+  std::packaged_task<void()> task([endpoint] {
+    ConsumerOptions o;
+    o.endpoint = endpoint;
+    o.timeout_s = 10;
+    Consumer consumer(o);
+    consumer.close();  // nothing views the pool: the session ends here
+  });
+  auto closed = task.get_future();
+  std::thread(std::move(task)).detach();
+  return closed;
+}
+
+TEST(Session, ChunksOnTheirWayWhenAConsumerClosesAreReleasedUntilTheServersEnd) {
+  ScriptedServer server("in-flight");
+  auto closed = connect_and_close(server.endpoint());
+  server.welcome(/*heartbeat_timeout_s=*/30);
+  // The server sent two chunks before it read the Goodbye, then End in answer to it.
+  ASSERT_TRUE(server.receive_until<protocol::Goodbye>(10));
+  server.chunk(0, 0);
+  server.chunk(1, 1);
+  server.send(protocol::End{1});
+  std::set<std::pair<uint64_t, uint32_t>> released;
+  while (released.size() < 2) {
+    auto m = server.receive(10);
+    if (!m) break;
+    if (auto* r = std::get_if<protocol::Release>(&*m)) released.insert({r->seq, r->slot});
+  }
+  EXPECT_EQ(released, (std::set<std::pair<uint64_t, uint32_t>>{{0, 0}, {1, 1}}))
+      << "a chunk the consumer never let go of stays held until its process exits";
+  ASSERT_EQ(closed.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  closed.get();
+}
+
+TEST(Session, AClosingConsumerWaitsForTheServersEndNoLongerThanItsHeartbeatTimeout) {
+  ScriptedServer server("no-end");
+  auto closed = connect_and_close(server.endpoint());
+  server.welcome(/*heartbeat_timeout_s=*/0.5);
+  ASSERT_TRUE(server.receive_until<protocol::Goodbye>(10));
+  // No End: the server is stuck. The consumer goes after 0.5 s; 10 s is only a safety net.
+  ASSERT_EQ(closed.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "close() waited for a server that never answered";
+  closed.get();
+}
+
+}  // namespace
+}  // namespace batchcast
