@@ -25,8 +25,7 @@ class ScriptedServer {
  public:
   explicit ScriptedServer(const std::string& tag)
       : endpoint_("ipc:///tmp/bctest-session-" + std::to_string(::getpid()) + "-" + tag + ".sock"),
-        memory_(SlotMemory::create(segment_name_for(endpoint_), 4, 4096, protocol::DeviceKind::kCpu,
-                                   -1)) {
+        memory_(SlotMemory::create(segment_name_for(endpoint_), 4, 4096, {})) {
     router_.set(zmq::sockopt::linger, 0);
     router_.bind(endpoint_);
   }
