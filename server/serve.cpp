@@ -105,8 +105,6 @@ RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   if (c.on_gpu() && !stage_)
     stage_ = std::make_unique<CudaStage>(*core_->memory().arenas(), *source_,
                                          c.conversions(), c.batch_size);
-#endif
-#ifdef BATCHCAST_HAVE_CUDA
   if (const ArenaSet* arenas = core_->memory().arenas(); arenas && arenas->arenas().size() > 1)
     spdlog::info("the pool is on {} GPUs, every chunk copied from the first: {}",
                  arenas->arenas().size(), arenas->describe_copies());

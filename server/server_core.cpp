@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/process.h"
+#include "shm/device_identity.h"
 
 namespace batchcast {
 namespace {
@@ -38,12 +39,6 @@ std::string resolve_endpoint(const std::string& endpoint, bool allow_remote,
     return "tcp://" + host + ep.substr(colon);
   }
   throw Error("endpoint " + ep + ": unsupported scheme; use ipc://PATH or tcp://HOST:PORT");
-}
-
-std::string gpu_list(const std::vector<int>& devices) {
-  std::string out;
-  for (int d : devices) out += (out.empty() ? "cuda:" : ", cuda:") + std::to_string(d);
-  return out;
 }
 
 SlotMemory create_pool(const ServerOptions& o, const std::string& endpoint) {
@@ -131,7 +126,7 @@ ServerCore::ServerCore(ServerOptions options)
                memory_.pool().slot_bytes() >> 20,
                memory_.pool().host_slots()
                    ? "/dev/shm/" + memory_.pool().segment_name()
-                   : "GPU memory of " + gpu_list(options_.cuda_devices));
+                   : "GPU memory of " + cuda_list(options_.cuda_devices));
   loop_thread_ = std::thread([this] { loop(); });
 }
 

@@ -6,6 +6,16 @@ namespace batchcast {
 
 namespace {
 
+// "a,b,c" -> {"a", "b", "c"}; "" -> {""}.
+std::vector<std::string> comma_items(const std::string& text) {
+  std::vector<std::string> items;
+  size_t from = 0;
+  for (size_t comma; (comma = text.find(',', from)) != std::string::npos; from = comma + 1)
+    items.push_back(text.substr(from, comma - from));
+  items.push_back(text.substr(from));
+  return items;
+}
+
 constexpr const char* kForms =
     "use one of {cpu,cuda}, cuda:K (K a GPU index), or GPU-<uuid> / MIG-<uuid> (a MIG instance) "
     "as nvidia-smi -L prints it";
@@ -72,35 +82,29 @@ std::optional<DeviceList> parse_device_list(const std::string& text) {
     list.all = true;
     return list;
   }
-  size_t from = 0;
-  while (true) {
-    const size_t comma = text.find(',', from);
-    auto spec = parse_device_spec(text.substr(from, comma - from));
-    if (!spec) return std::nullopt;
+  const std::vector<std::string> items = comma_items(text);
+  for (const std::string& item : items) {
+    auto spec = parse_device_spec(item);
+    if (!spec || (items.size() > 1 && spec->kind == DeviceSpec::Kind::kCpu)) return std::nullopt;
     list.devices.push_back(*spec);
-    if (comma == std::string::npos) break;
-    from = comma + 1;
   }
-  if (list.devices.size() > 1)
-    for (const auto& d : list.devices)
-      if (d.kind == DeviceSpec::Kind::kCpu) return std::nullopt;
   return list;
 }
 
 std::string device_list_error(const std::string& text) {
   if (parse_device_list(text)) return {};
-  size_t from = 0;
-  bool several = text.find(',') != std::string::npos;
-  while (true) {
-    const size_t comma = text.find(',', from);
-    const std::string item = text.substr(from, comma - from);
+  for (const std::string& item : comma_items(text)) {
     if (std::string why = device_spec_error(item); !why.empty()) return why;
-    if (several && item == "cpu")
+    if (item == "cpu")  // parse_device_list refused it, so it is not alone
       return text + ": cpu stands alone (a host pool); list GPUs only, e.g. cuda:0,cuda:1";
-    if (comma == std::string::npos) break;
-    from = comma + 1;
   }
   return text + " is not a device list";
+}
+
+std::string cuda_list(const std::vector<int>& indices) {
+  std::string out;
+  for (int i : indices) out += (out.empty() ? "cuda:" : ", cuda:") + std::to_string(i);
+  return out;
 }
 
 std::string format_device_uuid(const DeviceUuid& uuid, bool mig) {
@@ -145,8 +149,10 @@ std::string unreachable_pool_message(const std::vector<DeviceUuid>& pool,
   if (in_mig)
     return msg +
            ". CUDA IPC cannot cross MIG instances: run this process in the server's instance "
-           "(CUDA_VISIBLE_DEVICES=MIG-<uuid>), or serve a host pool (--device cpu) that every "
-           "instance can read, or start one server per instance (--device MIG-<uuid>)";
+           "(CUDA_VISIBLE_DEVICES=MIG-" +
+           (pool.size() == 1 ? format_device_uuid(pool.front(), false).substr(4) : "<uuid>") +
+           "), or serve a host pool (--device cpu) that every instance can read, or start one "
+           "server per instance (--device MIG-<uuid>)";
   return msg +
          ". CUDA IPC shares memory on one device only: run this process with one of those GPUs "
          "in CUDA_VISIBLE_DEVICES, or serve a host pool (--device cpu), or serve this GPU too "
@@ -169,15 +175,15 @@ ArenaChoice choose_pool_arena(const std::vector<DeviceUuid>& pool,
       c.device = wanted;
       return c;
     }
-    std::string here;  // the pool's devices this process sees
+    std::vector<int> here;  // the pool's devices this process sees
     for (const auto& v : visible)
       for (const auto& p : pool)
-        if (p == v.uuid) here += (here.empty() ? "cuda:" : ", cuda:") + std::to_string(v.index);
+        if (p == v.uuid) here.push_back(v.index);
     if (here.empty()) {
       c.error = unreachable_pool_message(pool, visible);
       return c;
     }
-    c.error = "the server's GPU pool is on " + here + " of this process, not on cuda:" +
+    c.error = "the server's GPU pool is on " + cuda_list(here) + " of this process, not on cuda:" +
               std::to_string(wanted) +
               "; batchcast hands out zero-copy tensors only on the pool's GPUs: read on one of "
               "them (and .to() yourself), or serve this GPU too (--device cuda:0,cuda:1 or "

@@ -48,6 +48,9 @@ std::optional<DeviceList> parse_device_list(const std::string& text);
 // Empty when `text` parses, else why not.
 std::string device_list_error(const std::string& text);
 
+// "cuda:0, cuda:1": CUDA indices of this process as messages name them.
+std::string cuda_list(const std::vector<int>& indices);
+
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" ("MIG-..." when mig), as nvidia-smi -L prints it.
 std::string format_device_uuid(const DeviceUuid& uuid, bool mig);
 

@@ -23,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,12 +56,16 @@ def unavailable(peer: str, cfg: argparse.Namespace) -> Optional[str]:
     return None
 
 
-def _tail(path: str) -> str:
+def _read(path: str) -> str:
     try:
         with open(path, errors="replace") as f:
-            return f.read()[-2000:]
+            return f.read()
     except OSError:
         return ""
+
+
+def _tail(path: str) -> str:
+    return _read(path)[-2000:]
 
 
 class _Watchdog(threading.Thread):
@@ -223,17 +228,8 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
 
 def _pool_mib(server_log: str) -> int:
     """GPU (or host) memory of one server's pool, from its start line: slots x MiB x devices."""
-    import re
-    m = re.search(r"\((\d+) slots x (\d+) MiB in (.*)\)", _tail_head(server_log))
+    m = re.search(r"\((\d+) slots x (\d+) MiB in (.*)\)", _read(server_log))
     if not m:
         return 0
     places = m.group(3).count("cuda:") or 1
     return int(m.group(1)) * int(m.group(2)) * places
-
-
-def _tail_head(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read(20000)
-    except OSError:
-        return ""

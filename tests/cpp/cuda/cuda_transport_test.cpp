@@ -92,7 +92,9 @@ TEST(CudaTransport, APoolOnEveryGpuServesEachConsumerOnItsOwn) {
     EXPECT_EQ(lines, first) << "consumer on cuda:" << g;
   }
   EXPECT_EQ(server.wait(30), 0) << server.err();
-  if (gpus > 1) EXPECT_NE(server.err().find("every chunk copied"), std::string::npos);
+  if (gpus > 1) {
+    EXPECT_NE(server.err().find("every chunk copied"), std::string::npos) << server.err();
+  }
 }
 
 TEST(CudaTransport, ConsumerOnAnotherGpuIsAClearError) {
