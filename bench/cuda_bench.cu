@@ -103,7 +103,7 @@ void bandwidth() {
     auto run = [&](int n) {
       for (int i = 0; i < n; ++i) {
         uint32_t slot = static_cast<uint32_t>(i % 4);
-        stage.begin(slot);
+        stage.begin(slot, kBatch);
         stage.upload(FillLease{static_cast<uint64_t>(i), slot, arena.slot_data(slot), slot_bytes},
                      kBatch);
       }
@@ -177,7 +177,7 @@ void latency(const char* self, bool normalise) {
   for (uint32_t c = 0; c < chunks; ++c) {
     auto lease = core.acquire();
     if (!lease) break;
-    stage.begin(lease->slot);
+    stage.begin(lease->slot, kBatch);
     protocol::ChunkPosition position;
     std::vector<protocol::TensorSpec> tensors;
     position.index_in_epoch = c;

@@ -63,7 +63,7 @@ CudaStage::~CudaStage() {
 
 std::vector<SampleTensor> CudaStage::slot_tensors() const { return slot_tensors_; }
 
-void CudaStage::begin(uint32_t slot) {
+void CudaStage::begin(uint32_t slot, uint32_t /*samples*/) {
   // The slot's event was last recorded after its previous upload; once it completed, that
   // upload no longer reads this staging area.
   arenas_.wait_for_slot(slot);

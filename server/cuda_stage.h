@@ -51,7 +51,7 @@ class CudaStage : public ChunkStage {
   CudaStage& operator=(const CudaStage&) = delete;
 
   std::vector<SampleTensor> slot_tensors() const override;
-  void begin(uint32_t slot) override;
+  void begin(uint32_t slot, uint32_t samples) override;
   void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) override;
   void upload(const FillLease& lease, uint32_t sample_count) override;
 

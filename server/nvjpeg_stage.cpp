@@ -21,10 +21,23 @@ uint64_t decoded_bytes(int width, int height) {
   return (bytes + kImageAlignment - 1) / kImageAlignment * kImageAlignment;
 }
 
+// The job that passes a finished size x size square (the CPU's crop) through unchanged: a 1:1
+// bilinear resize samples every pixel exactly, so only the normalisation table applies.
+ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
+  SampleGeometry g;
+  g.crop = g.scaled = PixelRect{0, 0, size, size};
+  g.resize_w = g.resize_h = size;
+  return make_resize_job(g, size, size, source_offset, output_index);
+}
+
+// How many samples may wait behind one the CPU takes (DecodeSplit): one chunk, so the CPU decodes
+// while the producer is at most one chunk ahead of the workers.
+uint32_t split_slack(uint32_t batch_size) { return batch_size; }
+
 }  // namespace
 
 NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
-                         OnErrorPolicy on_error)
+                         OnErrorPolicy on_error, bool cpu_first)
     : arenas_(arenas),
       arena_(arenas.primary()),
       source_(source),
@@ -58,25 +71,51 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
         cudaMemcpy(table_.data(), table.bytes.data(), table.bytes.size(), cudaMemcpyHostToDevice),
         "copying the normalisation table to cuda:" + std::to_string(arena_.device()));
   }
-  spdlog::info("nvJPEG decoder on cuda:{} ({} backend)", arena_.device(), decoder_.backend());
+  if (cpu_first) {
+    PipelineOptions crop = o;
+    crop.output = DType::kUInt8;
+    crop.uint8_layout = Uint8Layout::kHWC;
+    crop_pipeline_.emplace(crop);
+    crop_bytes_ = crop_pipeline_->sample_bytes();
+    crops_ = PinnedBuffer::allocate(samples_.size() * crop_bytes_);
+    device_crops_ = DeviceBuffer::allocate(batch_size * crop_bytes_);
+    split_.emplace(split_slack(batch_size));
+  }
+  spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
+               cpu_first ? "CPU workers first, then nvJPEG," : "nvJPEG decoder", arena_.device(),
+               decoder_.backend());
 }
 
 NvjpegStage::~NvjpegStage() {
   if (stream_.get()) (void)cudaStreamSynchronize(stream_.get());
+  if (split_)
+    spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder",
+                 cpu_samples_.load(), engine_samples_.load());
 }
 
-void NvjpegStage::begin(uint32_t slot) {
+void NvjpegStage::begin(uint32_t slot, uint32_t samples) {
   // The slot's event is recorded after its last upload; once that is done, nothing on the device
-  // reads this slot's host-side samples, labels or jobs any more.
+  // reads this slot's host-side samples, crops, labels or jobs any more.
   arenas_.wait_for_slot(slot);
+  if (split_) split_->queued(samples);
 }
 
 void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
-  PreparedSample& s = samples_[static_cast<size_t>(slot) * batch_size_ + position];
+  const size_t at = static_cast<size_t>(slot) * batch_size_ + position;
+  PreparedSample& s = samples_[at];
   const DatasetEntry& entry = source_.dataset()[index];
   s.path = entry.path;
   s.size = read_image_file(entry.path, s.bytes);
   const uint8_t* data = s.bytes.data();
+  reinterpret_cast<int64_t*>(labels_.data())[at] = entry.label;
+  s.cropped_on_cpu = split_ && split_->take_on_cpu();
+  if (s.cropped_on_cpu) {
+    crop_pipeline_->process_bytes(data, s.size, entry.path, epoch, index,
+                                  crops_.data() + at * crop_bytes_);
+    ++cpu_samples_;
+    return;
+  }
+  if (split_) ++engine_samples_;
   const ImagePipeline& pipeline = source_.pipeline();
   const SampleHeader header =
       check_sample(data, s.size, entry.path, pipeline.options().max_image_pixels,
@@ -94,20 +133,20 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
       std::memcpy(out + y * row, rgb.pixels + y * rgb.stride, row);
     s.size = row * rgb.height;
   }
-  reinterpret_cast<int64_t*>(labels_.data())[static_cast<size_t>(slot) * batch_size_ + position] =
-      entry.label;
 }
 
-void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
+void NvjpegStage::decode_group(uint32_t slot, const std::vector<uint32_t>& group_positions,
+                               size_t first, size_t last, ResizeJob* jobs,
                                std::vector<bool>* failed) {
   cudaStream_t stream = stream_.get();
   std::vector<JpegBytes> jpegs;
   std::vector<uint8_t*> outs;
   std::vector<uint32_t> positions;
   uint64_t offset = 0;
-  for (uint32_t k = first; k < last; ++k) {
+  for (size_t i = first; i < last; ++i) {
+    const uint32_t k = group_positions[i];
     PreparedSample& s = samples_[static_cast<size_t>(slot) * batch_size_ + k];
-    jobs[k] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
+    jobs[i - first] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
     if (s.decoded_on_cpu) {
       cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
                                  cudaMemcpyHostToDevice, stream),
@@ -154,15 +193,44 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
   CudaDeviceGuard guard(arena_.device());
   cudaStream_t stream = stream_.get();
   const size_t base = static_cast<size_t>(lease.slot) * batch_size_;
-  ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
+  ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;  // in launch order
   int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
   const PipelineOptions& o = source_.pipeline().options();
+  const std::string where =
+      " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(arena_.device());
+  uint32_t launched = 0;  // jobs copied to the device and launched so far
+  auto launch = [&](const uint8_t* images, uint32_t n) {
+    cuda_check(cudaMemcpyAsync(device_jobs_.data() + launched * sizeof(ResizeJob), jobs + launched,
+                               n * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
+               "copying resize jobs" + where);
+    launch_crop_resize(images, reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + launched,
+                       n, o.image_size, table_.data(), element_bytes_,
+                       lease.data + layout_.offsets[0], stream);
+    launched += n;
+  };
+
+  // Mixed: the squares the CPU finished, in one copy and one launch.
+  std::vector<uint32_t> engine;  // positions nvJPEG decodes
+  uint32_t cropped = 0;
+  for (uint32_t k = 0; k < sample_count; ++k) {
+    if (samples_[base + k].cropped_on_cpu)
+      jobs[cropped++] = pass_through_job(o.image_size, k * crop_bytes_, static_cast<int>(k));
+    else
+      engine.push_back(k);
+  }
+  if (cropped > 0) {
+    cuda_check(cudaMemcpyAsync(device_crops_.data(), crops_.data() + base * crop_bytes_,
+                               sample_count * crop_bytes_, cudaMemcpyHostToDevice, stream),
+               "copying the CPU-decoded samples" + where);
+    launch(device_crops_.data(), cropped);
+  }
+
   std::vector<bool> failed(sample_count);
-  for (uint32_t first = 0; first < sample_count;) {
+  for (size_t first = 0; first < engine.size();) {
     uint64_t bytes = 0;
-    uint32_t last = first;
-    while (last < sample_count) {
-      const PreparedSample& s = samples_[base + last];
+    size_t last = first;
+    while (last < engine.size()) {
+      const PreparedSample& s = samples_[base + engine[last]];
       uint64_t more = decoded_bytes(s.width, s.height);
       if (last > first && bytes + more > kDecodeBudget) break;
       bytes += more;
@@ -173,27 +241,20 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
       decoded_ = DeviceBuffer();  // free first: peak memory is one buffer, not two
       decoded_ = DeviceBuffer::allocate(bytes);
     }
-    decode_group(lease.slot, first, last, jobs, &failed);
+    ResizeJob* group = jobs + launched;
+    decode_group(lease.slot, engine, first, last, group, &failed);
     // on_error=skip: a position no decoder could read shows another image of its group.
-    for (uint32_t k = first; k < last; ++k) {
-      if (!failed[k]) continue;
-      uint32_t good = first;
-      while (good < last && failed[good]) ++good;
+    for (size_t i = first; i < last; ++i) {
+      if (!failed[engine[i]]) continue;
+      size_t good = first;
+      while (good < last && failed[engine[good]]) ++good;
       if (good == last)
         throw Error("no image of chunk " + std::to_string(lease.seq) + " could be decoded");
-      jobs[k] = jobs[good];
-      jobs[k].output_index = static_cast<int32_t>(k);
-      labels[k] = labels[good];
+      group[i - first] = group[good - first];
+      group[i - first].output_index = static_cast<int32_t>(engine[i]);
+      labels[engine[i]] = labels[engine[good]];
     }
-    const std::string where =
-        " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(arena_.device());
-    cuda_check(cudaMemcpyAsync(device_jobs_.data() + first * sizeof(ResizeJob), jobs + first,
-                               (last - first) * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
-               "copying resize jobs" + where);
-    launch_crop_resize(decoded_.data(),
-                       reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first,
-                       last - first, o.image_size, table_.data(), element_bytes_,
-                       lease.data + layout_.offsets[0], stream);
+    launch(decoded_.data(), static_cast<uint32_t>(last - first));
     first = last;
   }
   cuda_check(cudaMemcpyAsync(lease.data + layout_.offsets[1], labels,

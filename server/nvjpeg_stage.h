@@ -1,4 +1,5 @@
-// NvjpegStage: the ChunkStage of a GPU pool that decodes on the GPU (`serve --decoder nvjpeg`).
+// NvjpegStage: the ChunkStage of a GPU pool that decodes on the GPU (`serve --decoder nvjpeg`),
+// or on the CPU workers first and on the GPU what they cannot keep up with (`--decoder mixed`).
 //
 // fill() runs on the producer's worker threads and does the CPU's small share: it reads the file,
 // checks it with the CPU pipeline's own check sequence (decoders/sample_check.h: JPEG signature,
@@ -11,6 +12,12 @@
 // kernel (launch_crop_resize) crops, resizes, flips and normalises them straight into the slot,
 // the labels are copied from pinned memory, and the slot's interprocess event is recorded. A pool
 // on several GPUs decodes on the first and the slot is then copied to the others (ArenaSet).
+//
+// Mixed (cpu_first): a DecodeSplit (server/decode_split.h) decides per sample, as its worker
+// starts it. A sample the CPU takes is decoded and augmented there by the CPU pipeline itself, as
+// uint8 HWC into a pinned area per slot; upload() copies that area to the device in one copy and
+// the same kernel passes those squares through unchanged (a 1:1 job), normalising them with the
+// same table as `--decoder cpu`, so those samples are bit-identical to the CPU decoder's.
 //
 // Output: the slot holds what the CPU pipeline's slot would hold (same tensors, dtypes, shapes,
 // crops and flips); pixels agree within tolerance, not bit for bit: nvJPEG's IDCT and chroma
@@ -30,12 +37,14 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "decoders/gpu_convert.h"
 #include "decoders/nvjpeg_decode.h"
 #include "decoders/scratch_buffer.h"
 #include "server/chunk_stage.h"
+#include "server/decode_split.h"
 #include "server/image_source.h"
 #include "server/sample_producer.h"
 #include "server/slot_layout.h"
@@ -46,14 +55,15 @@ namespace batchcast {
 
 class NvjpegStage : public ChunkStage {
  public:
+  // cpu_first: `--decoder mixed` (above).
   NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
-              OnErrorPolicy on_error);
+              OnErrorPolicy on_error, bool cpu_first);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
   NvjpegStage& operator=(const NvjpegStage&) = delete;
 
   std::vector<SampleTensor> slot_tensors() const override { return source_.tensors(); }
-  void begin(uint32_t slot) override;
+  void begin(uint32_t slot, uint32_t samples) override;
   void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) override;
   void upload(const FillLease& lease, uint32_t sample_count) override;
 
@@ -66,17 +76,19 @@ class NvjpegStage : public ChunkStage {
   struct PreparedSample {
     ScratchBuffer bytes;
     size_t size = 0;
-    bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB
+    bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB (CMYK files)
+    bool cropped_on_cpu = false;  // mixed: the finished uint8 square is in crops_
     int width = 0;
     int height = 0;
     SampleGeometry geometry;
     std::string path;
   };
 
-  // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer) and
-  // fills `jobs` with where each image landed; a sample no decoder can read is skipped or thrown.
-  void decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
-                    std::vector<bool>* failed);
+  // Decodes the samples at positions[first, last) of `slot` into decoded_ (one group that fits
+  // the buffer) and fills jobs[0, last - first) with where each image landed; a sample no decoder
+  // can read is marked in `failed` (on_error=skip) or thrown.
+  void decode_group(uint32_t slot, const std::vector<uint32_t>& positions, size_t first,
+                    size_t last, ResizeJob* jobs, std::vector<bool>* failed);
 
   const ArenaSet& arenas_;
   const DeviceArena& arena_;  // the primary: chunks are written there
@@ -96,6 +108,13 @@ class NvjpegStage : public ChunkStage {
   int element_bytes_ = 0;     // of table_'s entries
   DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
   std::atomic<uint64_t> skipped_{0};
+  // Mixed only (cpu_first):
+  std::optional<DecodeSplit> split_;
+  std::optional<ImagePipeline> crop_pipeline_;  // the source's options, uint8 HWC output
+  size_t crop_bytes_ = 0;                       // one uint8 square
+  PinnedBuffer crops_;                          // slot_count * batch_size squares
+  DeviceBuffer device_crops_;                   // batch_size squares, reused in stream order
+  std::atomic<uint64_t> cpu_samples_{0}, engine_samples_{0};  // logged when the stage ends
 };
 
 }  // namespace batchcast

@@ -144,17 +144,17 @@ bool SampleProducer::run() {
                     std::shared_ptr<const std::vector<uint64_t>> order) {
     auto job = std::make_shared<ChunkJob>();
     job->lease = lease;
+    job->position = position_of(e, c);
+    const auto& pos = job->position;
     try {
       std::lock_guard lk(begin_mu);
-      if (options_.stage) options_.stage->begin(lease.slot);
+      if (options_.stage) options_.stage->begin(lease.slot, pos.sample_count);
     } catch (const std::exception& ex) {
       failed = true;
       core_.fail(ex.what());
       return false;
     }
     job->order = std::move(order);
-    job->position = position_of(e, c);
-    const auto& pos = job->position;
     job->tensors = slot_layout_.specs(slot_tensors_, pos.sample_count);
     job->remaining = pos.sample_count;
     for (uint32_t p = 0; p < pos.sample_count; ++p) queue.push({job, p});

@@ -11,7 +11,7 @@
 namespace batchcast {
 
 const std::map<std::string, DecoderKind> ServeConfig::kDecoders = {
-    {"cpu", DecoderKind::kCpu}, {"nvjpeg", DecoderKind::kNvjpeg}};
+    {"cpu", DecoderKind::kCpu}, {"nvjpeg", DecoderKind::kNvjpeg}, {"mixed", DecoderKind::kMixed}};
 const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
 const std::map<std::string, StallPolicy> ServeConfig::kStallPolicies = {
@@ -43,15 +43,16 @@ void ServeConfig::validate() {
   if (!devices) throw Error("--device " + device_list_error(device));
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (gpu_decoding()) {
+    const std::string flag =
+        std::string("--decoder ") + (decoder == DecoderKind::kMixed ? "mixed" : "nvjpeg");
     if (interpolation != Interpolation::kBilinear)
-      throw Error("--decoder nvjpeg resizes bilinearly: drop --interpolation or use --decoder cpu");
-    if (synthetic)
-      throw Error("--decoder nvjpeg decodes images; --synthetic has none: drop --decoder nvjpeg");
-    if (!on_gpu) throw Error("--decoder nvjpeg decodes into a GPU pool: add --device cuda:K");
+      throw Error(flag + " resizes bilinearly: drop --interpolation or use --decoder cpu");
+    if (synthetic) throw Error(flag + " decodes images; --synthetic has none: drop " + flag);
+    if (!on_gpu) throw Error(flag + " decodes into a GPU pool: add --device cuda:K");
 #ifndef BATCHCAST_HAVE_NVJPEG
-    throw Error(
-        "--decoder nvjpeg: this build has no nvJPEG (its CUDA toolkit lacks nvjpeg.h); "
-        "rebuild where the toolkit has it, or use --decoder cpu");
+    throw Error(flag +
+                ": this build has no nvJPEG (its CUDA toolkit lacks nvjpeg.h); rebuild where the "
+                "toolkit has it, or use --decoder cpu");
 #endif
   }
 #ifdef BATCHCAST_HAVE_CUDA

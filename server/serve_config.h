@@ -27,7 +27,7 @@
 
 namespace batchcast {
 
-enum class DecoderKind { kCpu, kNvjpeg };
+enum class DecoderKind { kCpu, kNvjpeg, kMixed };
 
 struct ServeConfig {
   // What to serve: exactly one of an image folder, a file list or N synthetic samples.
@@ -94,7 +94,7 @@ struct ServeConfig {
   // there), empty for a pool in host memory.
   const std::vector<int>& cuda_devices() const { return cuda_devices_; }
   bool on_gpu() const { return !cuda_devices_.empty(); }
-  bool gpu_decoding() const { return decoder == DecoderKind::kNvjpeg; }
+  bool gpu_decoding() const { return decoder != DecoderKind::kCpu; }
 
   // What ImageSource decodes. A GPU pool without GPU decoding stages uint8 HWC and normalises
   // on the GPU (conversions()), so the CPU never writes floats it would have to upload.

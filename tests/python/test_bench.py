@@ -10,7 +10,7 @@ import pytest
 import torch
 
 CPU_PEERS = ("synthetic", "dataloader", "batchcast-cpu")
-GPU_PEERS = ("gpu-decode", "batchcast-nvjpeg")
+GPU_PEERS = ("gpu-decode", "batchcast-nvjpeg", "batchcast-mixed")
 
 
 def run_quick(tmp_path, batchcast_cli, *extra):

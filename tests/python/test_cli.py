@@ -28,7 +28,7 @@ def project_version() -> str:
 @pytest.mark.parametrize(
     "option, value, valid",
     [
-        ("--decoder", "gpu", ["cpu", "nvjpeg"]),
+        ("--decoder", "gpu", ["cpu", "mixed", "nvjpeg"]),
         ("--output", "float64", ["bfloat16", "float16", "float32", "uint8"]),
         ("--on-error", "ignore", ["raise", "skip"]),
         ("--stall-policy", "drop", ["skip", "wait"]),
@@ -86,6 +86,8 @@ def test_report_and_bench_point_to_the_python_package(batchcast_bin, command):
         ([], "give exactly one of --data DIR, --file-list FILE or --synthetic N"),
         (["--synthetic", "10", "--rank", "2", "--world-size", "2"], "lower --rank or raise --world-size"),
         (["--synthetic", "10", "--decoder", "nvjpeg"], "drop --decoder nvjpeg"),
+        (["--synthetic", "10", "--decoder", "mixed"], "drop --decoder mixed"),
+        (["--data", ROOT, "--decoder", "mixed"], "--decoder mixed decodes into a GPU pool: add --device cuda:K"),
         (["--data", ROOT, "--decoder", "nvjpeg"], "add --device cuda:K"),
     ],
 )

@@ -172,6 +172,39 @@ def test_nvjpeg_agrees_with_the_cpu_decoder(jpeg_folder, batchcast_bin, run_py, 
 
 
 @needs_gpu
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_mixed_decoder_serves_the_cpu_decoders_bytes_or_nvjpegs(jpeg_folder, batchcast_bin,
+                                                                run_py, tmp_path, train):
+    # --decoder mixed: each sample is decoded either by the CPU pipeline (then bit-identical to
+    # --decoder cpu, normalisation included) or by nvJPEG (then within nvJPEG's tolerance); the
+    # server counts both, and every sample is one or the other.
+    common = dict(data=jpeg_folder, batch_size=8, image_size=96, output="float32", shuffle=False,
+                  seed=5, device="cuda:0", workers=2, extra_args=[] if train else ["--eval"])
+    results, logs = {}, {}
+    for decoder in ("cpu", "mixed"):
+        ep = watch_endpoint(f"ipc:///tmp/batchcast-test-mix-{decoder}-{os.getpid()}.sock")
+        with serve_or_skip(endpoint=ep, decoder=decoder, min_consumers=2, **common) as server:
+            (x, y), (x2, y2) = dump(run_py, ep, str(tmp_path / decoder), consumers=2)
+            assert server.wait(30) == 0, server.log_tail()
+            logs[decoder] = server.log_tail(50)
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+        results[decoder] = (x, y)
+    (cpu_x, cpu_y), (mix_x, mix_y) = results["cpu"], results["mixed"]
+    assert mix_x.shape == cpu_x.shape == (30, 3, 96, 96) and torch.equal(mix_y, cpu_y)
+    counts = re.search(r"--decoder mixed: (\d+) samples decoded on the CPU, (\d+) on the GPU",
+                       logs["mixed"])
+    assert counts, logs["mixed"]
+    on_cpu, on_engine = int(counts.group(1)), int(counts.group(2))
+    assert on_cpu + on_engine == 30
+    exact = sum(torch.equal(a, b) for a, b in zip(mix_x, cpu_x))
+    assert exact >= on_cpu, (exact, on_cpu, on_engine)
+    levels = ((mix_x - cpu_x) * STD * 255).abs()  # back to 0-255 levels
+    assert levels.flatten(1).mean(1).max() < 2.0  # nvJPEG's samples: as in the test above
+    print(f"mixed ({'train' if train else 'eval'}): {on_cpu} on the CPU ({exact} exact), "
+          f"{on_engine} on nvJPEG")
+
+
+@needs_gpu
 def test_nvjpeg_float_output_is_the_normalised_uint8(jpeg_folder, batchcast_bin, run_py, tmp_path):
     outs = {}
     for output in ("uint8", "float32"):
@@ -211,7 +244,7 @@ def test_nvjpeg_bad_files_are_skipped_and_counted(jpeg_folder, batchcast_bin, ru
 def test_nvjpeg_without_a_gpu_pool_is_a_clear_error(jpeg_folder, batchcast_bin, endpoint):
     with pytest.raises(batchcast.BatchcastError, match=r"add --device cuda:K"):
         batchcast.serve(data=jpeg_folder, endpoint=endpoint, decoder="nvjpeg")
-    with pytest.raises(batchcast.BatchcastError, match=r"--decoder: gpu not in \{cpu,nvjpeg\}"):
+    with pytest.raises(batchcast.BatchcastError, match=r"--decoder: gpu not in \{cpu,mixed,nvjpeg\}"):
         batchcast.serve(data=jpeg_folder, endpoint=endpoint, decoder="gpu")
     if not torch.cuda.is_available():
         with pytest.raises(batchcast.BatchcastError,

@@ -5,6 +5,7 @@ side by side in one invocation (issue 17). Peers (batchcast.bench.sources):
   gpu-decode        per trainer torchvision.io.decode_jpeg on CUDA + crops on the GPU;
   batchcast-cpu     one `batchcast serve` (CPU decoder) for all N trainers;
   batchcast-nvjpeg  one `batchcast serve --decoder nvjpeg` for all N trainers;
+  batchcast-mixed   one `batchcast serve --decoder mixed` (CPU workers first, nvJPEG the rest);
   dali              per trainer an NVIDIA DALI pipeline (mixed decode), where importable.
 Trainers train as people do today: bf16 autocast + channels_last (--fp32: plain float32).
 Per run: aggregate samples/s over one shared window, its share of the synthetic ceiling, the
@@ -36,7 +37,7 @@ from batchcast.server import find_binary
 
 PLANS: Dict[str, Dict[str, Any]] = {
     "h100": {"regimes": "resnet18:224:4,resnet18:224:8,mobilenet_v3_small:128:8",
-             "cores_sweep": "1,2,4,8,16", "sweep_peers": "batchcast-nvjpeg,dataloader",
+             "cores_sweep": "1,2,4,8,16", "sweep_peers": "batchcast-nvjpeg,batchcast-mixed,dataloader",
              "anchor": "batchcast-cpu,batchcast-nvjpeg,gpu-decode,dali"},
     # CI: every peer once (GPU ones say why they skip), the data side pinned to one core where
     # there are two; the report's sweep and anchor tables are unit-tested on their own.

@@ -34,10 +34,13 @@ from typing import IO, Any, Dict, List, Optional
 from batchcast.bench import probes
 from batchcast.server import find_binary
 
-PEERS = ("synthetic", "dataloader", "gpu-decode", "batchcast-cpu", "batchcast-nvjpeg", "dali",
-         "batchcast-cpu-pergpu", "batchcast-nvjpeg-pergpu")
-GPU_PEERS = ("gpu-decode", "batchcast-nvjpeg", "dali", "batchcast-cpu-pergpu",
+PEERS = ("synthetic", "dataloader", "gpu-decode", "batchcast-cpu", "batchcast-nvjpeg",
+         "batchcast-mixed", "dali", "batchcast-cpu-pergpu", "batchcast-nvjpeg-pergpu")
+GPU_PEERS = ("gpu-decode", "batchcast-nvjpeg", "batchcast-mixed", "dali", "batchcast-cpu-pergpu",
              "batchcast-nvjpeg-pergpu")
+# The --decoder of each batchcast peer's server.
+DECODERS = {"batchcast-nvjpeg": "nvjpeg", "batchcast-nvjpeg-pergpu": "nvjpeg",
+            "batchcast-mixed": "mixed"}
 
 
 class RunError(RuntimeError):
@@ -100,7 +103,7 @@ def _start_server(cfg: argparse.Namespace, peer: str, size: int, n: int, workers
            "--status-interval", "0",
            # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
            "--device", device,
-           "--decoder", "nvjpeg" if peer.startswith("batchcast-nvjpeg") else "cpu"]
+           "--decoder", DECODERS.get(peer, "cpu")]
     pin = None if data_cpus is None else (lambda: os.sched_setaffinity(0, data_cpus))
     return subprocess.Popen(cmd, stdout=log, stderr=log, preexec_fn=pin)
 

@@ -176,7 +176,8 @@ def batchcast_loader(args: argparse.Namespace, device: torch.device) -> Iterator
 
 
 SOURCES = {"synthetic": synthetic, "dataloader": dataloader, "gpu-decode": gpu_decode,
-           "batchcast-cpu": batchcast_loader, "batchcast-nvjpeg": batchcast_loader, "dali": dali,
+           "batchcast-cpu": batchcast_loader, "batchcast-nvjpeg": batchcast_loader,
+           "batchcast-mixed": batchcast_loader, "dali": dali,
            "batchcast-cpu-pergpu": batchcast_loader, "batchcast-nvjpeg-pergpu": batchcast_loader}
 
 
