@@ -1,19 +1,19 @@
-// DecodeSplit: under `--decoder mixed`, which samples the CPU workers decode themselves and which
+// DecodeSplit: under `--decoder mixed`, which chunks the CPU workers decode themselves and which
 // they hand to the GPU's JPEG engine (server/nvjpeg_stage.h).
 //
 // Why: nvJPEG queues a colour-conversion kernel behind every image the hardware engine decodes,
 // so the server's context holds the GPU's compute engine, waiting, for as long as the engine works
 // on its images; under time-slicing that is time the collocated trainers lose (bench/RESULTS.md,
-// "where the last 9 % goes"). Samples the CPU decodes cost the trainers nothing but one copy.
+// "Where the nvJPEG path's last 9 % goes"). Chunks the CPU decodes cost the trainers one copy.
 //
-// The rule: a worker decodes its sample on the CPU while at most `slack` samples wait behind it
-// for the workers; beyond that the stream is falling behind its consumers (the producer only
-// queues a chunk when a slot is free), and the sample goes to the engine, its worker only reading
-// the file. So the CPU does all it can keep up with and the engine the rest, with no clock and no
-// tuning: a consumer-bound stream ends up decoded on the CPU, a CPU-starved one on the engine.
+// The rule: a chunk goes to the CPU workers when at most `slack` samples wait ahead of it for the
+// workers, else to the engine. The producer queues a chunk whenever a slot is free, so a backlog
+// means the consumers freed slots faster than the CPU refills them. The CPU thus decodes all it
+// keeps up with and the engine the rest, with no clock and no tuning: a consumer-bound stream
+// ends up decoded on the CPU, a CPU-starved one mostly on the engine. Whole chunks, not samples:
+// the engine then always gets full batches, and nvJPEG never re-plans for a new batch size.
 //
-// Thread-safety: every call may come from any thread (one atomic counter). Value semantics are
-// not needed: the stage owns one.
+// Thread-safety: every call may come from any thread (one atomic counter).
 #pragma once
 
 #include <atomic>
@@ -23,16 +23,17 @@ namespace batchcast {
 
 class DecodeSplit {
  public:
-  explicit DecodeSplit(uint32_t slack) : slack_(slack) {}
+  explicit DecodeSplit(uint64_t slack) : slack_(static_cast<int64_t>(slack)) {}
 
-  // A chunk of `samples` samples was queued for the workers.
-  void queued(uint32_t samples) { waiting_ += samples; }
-  // A worker starts a sample: true if it decodes it on the CPU, false if the engine does.
-  // (A sample retried after a bad file counts twice; that only lowers the backlog seen by one.)
-  bool take_on_cpu() { return --waiting_ <= static_cast<int64_t>(slack_); }
+  // A chunk of `samples` samples is queued for the workers: true if the CPU decodes it, false if
+  // the engine does.
+  bool queue(uint32_t samples) { return waiting_.fetch_add(samples) <= slack_; }
+  // A worker started one queued sample. (A sample retried after a bad file starts twice; that
+  // only makes the backlog look one sample shorter.)
+  void started() { --waiting_; }
 
  private:
-  const uint32_t slack_;
+  const int64_t slack_;
   std::atomic<int64_t> waiting_{0};
 };
 

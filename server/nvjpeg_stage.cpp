@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -30,9 +31,11 @@ ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
   return make_resize_job(g, size, size, source_offset, output_index);
 }
 
-// How many samples may wait behind one the CPU takes (DecodeSplit): one chunk, so the CPU decodes
-// while the producer is at most one chunk ahead of the workers.
-uint32_t split_slack(uint32_t batch_size) { return batch_size; }
+// How many samples may wait ahead of a chunk the CPU takes (DecodeSplit): half the ring, so the
+// other half can hold chunks ready for the consumers while the CPU works off a backlog.
+uint64_t split_slack(uint32_t slots, uint32_t batch_size) {
+  return uint64_t{std::max<uint32_t>(slots / 2, 1)} * batch_size;
+}
 
 }  // namespace
 
@@ -79,7 +82,8 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
     crop_bytes_ = crop_pipeline_->sample_bytes();
     crops_ = PinnedBuffer::allocate(samples_.size() * crop_bytes_);
     device_crops_ = DeviceBuffer::allocate(batch_size * crop_bytes_);
-    split_.emplace(split_slack(batch_size));
+    split_.emplace(split_slack(arena_.slot_count(), batch_size));
+    cpu_chunk_.assign(arena_.slot_count(), 0);
   }
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
                cpu_first ? "CPU workers first, then nvJPEG," : "nvJPEG decoder", arena_.device(),
@@ -97,7 +101,7 @@ void NvjpegStage::begin(uint32_t slot, uint32_t samples) {
   // The slot's event is recorded after its last upload; once that is done, nothing on the device
   // reads this slot's host-side samples, crops, labels or jobs any more.
   arenas_.wait_for_slot(slot);
-  if (split_) split_->queued(samples);
+  if (split_) cpu_chunk_[slot] = split_->queue(samples);
 }
 
 void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
@@ -108,7 +112,9 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   s.size = read_image_file(entry.path, s.bytes);
   const uint8_t* data = s.bytes.data();
   reinterpret_cast<int64_t*>(labels_.data())[at] = entry.label;
-  s.cropped_on_cpu = split_ && split_->take_on_cpu();
+  if (split_) split_->started();
+  // cpu_chunk_ was written by begin() before this chunk's samples were queued for the workers.
+  s.cropped_on_cpu = split_ && cpu_chunk_[slot];
   if (s.cropped_on_cpu) {
     crop_pipeline_->process_bytes(data, s.size, entry.path, epoch, index,
                                   crops_.data() + at * crop_bytes_);

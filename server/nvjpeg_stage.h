@@ -13,9 +13,9 @@
 // the labels are copied from pinned memory, and the slot's interprocess event is recorded. A pool
 // on several GPUs decodes on the first and the slot is then copied to the others (ArenaSet).
 //
-// Mixed (cpu_first): a DecodeSplit (server/decode_split.h) decides per sample, as its worker
-// starts it. A sample the CPU takes is decoded and augmented there by the CPU pipeline itself, as
-// uint8 HWC into a pinned area per slot; upload() copies that area to the device in one copy and
+// Mixed (cpu_first): a DecodeSplit (server/decode_split.h) decides per chunk, in begin(). A
+// sample of a CPU chunk is decoded and augmented by the CPU pipeline itself, as uint8 HWC into a
+// pinned area per slot; upload() copies that area to the device in one copy and
 // the same kernel passes those squares through unchanged (a 1:1 job), normalising them with the
 // same table as `--decoder cpu`, so those samples are bit-identical to the CPU decoder's.
 //
@@ -110,6 +110,7 @@ class NvjpegStage : public ChunkStage {
   std::atomic<uint64_t> skipped_{0};
   // Mixed only (cpu_first):
   std::optional<DecodeSplit> split_;
+  std::vector<uint8_t> cpu_chunk_;              // per slot: its chunk is decoded on the CPU
   std::optional<ImagePipeline> crop_pipeline_;  // the source's options, uint8 HWC output
   size_t crop_bytes_ = 0;                       // one uint8 square
   PinnedBuffer crops_;                          // slot_count * batch_size squares

@@ -1,4 +1,4 @@
-// server/decode_split.h: the CPU takes a sample while at most `slack` wait behind it.
+// server/decode_split.h: a chunk goes to the CPU while at most `slack` samples wait ahead of it.
 #include "server/decode_split.h"
 
 #include <gtest/gtest.h>
@@ -10,54 +10,47 @@
 namespace batchcast {
 namespace {
 
-// Samples of `queued_chunks` chunks of `batch`, all queued before any is started: how many the
-// CPU takes.
-int cpu_share(uint32_t slack, uint32_t batch, int queued_chunks) {
-  DecodeSplit split(slack);
-  for (int c = 0; c < queued_chunks; ++c) split.queued(batch);
-  int cpu = 0;
-  for (uint32_t s = 0; s < batch * queued_chunks; ++s) cpu += split.take_on_cpu();
-  return cpu;
-}
-
 TEST(DecodeSplit, AStreamThatKeepsUpIsDecodedOnTheCpu) {
-  // The producer queues one chunk at a time (consumer-bound): every sample to the CPU.
-  DecodeSplit split(64);
+  // The producer queues a chunk when a slot frees and the workers finish it before the next:
+  // every chunk to the CPU, whatever the slack.
+  DecodeSplit split(0);
   for (int chunk = 0; chunk < 10; ++chunk) {
-    split.queued(64);
-    for (int s = 0; s < 64; ++s) EXPECT_TRUE(split.take_on_cpu()) << chunk << "/" << s;
+    EXPECT_TRUE(split.queue(64)) << chunk;
+    for (int s = 0; s < 64; ++s) split.started();
   }
 }
 
-TEST(DecodeSplit, ABacklogGoesToTheEngineUntilOnlySlackIsLeft) {
-  // Eight chunks queued at once (a start, or the workers falling behind): the first samples go to
-  // the engine until no more than `slack` wait, and those last ones to the CPU.
-  EXPECT_EQ(cpu_share(64, 64, 8), 65);  // the sample that leaves 64 behind, and those 64
-  EXPECT_EQ(cpu_share(0, 64, 1), 1);    // slack 0: only a sample with none behind it
-  EXPECT_EQ(cpu_share(128, 64, 1), 64);
+TEST(DecodeSplit, ChunksQueuedBeyondTheSlackGoToTheEngine) {
+  // Eight chunks queued at once (a start, or consumers freeing slots faster than the CPU refills
+  // them): those with at most two chunks' samples ahead of them go to the CPU.
+  DecodeSplit split(128);
+  int cpu = 0;
+  for (int chunk = 0; chunk < 8; ++chunk) cpu += split.queue(64);
+  EXPECT_EQ(cpu, 3);  // 0, 64 and 128 samples ahead
 }
 
-TEST(DecodeSplit, ASecondChunkQueuedMidwaySendsTheRestOfTheFirstToTheEngine) {
+TEST(DecodeSplit, TheCpuTakesChunksAgainOnceTheBacklogIsWorkedOff) {
   DecodeSplit split(64);
-  split.queued(64);
-  for (int s = 0; s < 32; ++s) EXPECT_TRUE(split.take_on_cpu());
-  split.queued(64);  // 32 + 64 wait now
-  int engine = 0;
-  for (int s = 0; s < 96; ++s) engine += !split.take_on_cpu();
-  EXPECT_EQ(engine, 31);  // down to 64 waiting behind, then the CPU again
+  EXPECT_TRUE(split.queue(64));
+  EXPECT_TRUE(split.queue(64));
+  EXPECT_FALSE(split.queue(64));  // 128 ahead
+  for (int s = 0; s < 100; ++s) split.started();
+  EXPECT_FALSE(split.queue(64));  // 92 ahead
+  for (int s = 0; s < 100; ++s) split.started();
+  EXPECT_TRUE(split.queue(64));  // 56 ahead
 }
 
-TEST(DecodeSplit, ConcurrentWorkersSplitExactlyAsOneThreadWould) {
-  DecodeSplit split(100);
-  split.queued(1000);
-  std::atomic<int> cpu{0};
+TEST(DecodeSplit, ConcurrentWorkersCountEverySample) {
+  DecodeSplit split(0);
+  EXPECT_TRUE(split.queue(1000));
   std::vector<std::thread> workers;
   for (int w = 0; w < 4; ++w)
     workers.emplace_back([&] {
-      for (int s = 0; s < 250; ++s) cpu += split.take_on_cpu();
+      for (int s = 0; s < 250; ++s) split.started();
     });
   for (auto& t : workers) t.join();
-  EXPECT_EQ(cpu.load(), 101);
+  EXPECT_TRUE(split.queue(1));  // nothing waits any more
+  EXPECT_FALSE(split.queue(1));
 }
 
 }  // namespace
