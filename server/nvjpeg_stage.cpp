@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -31,11 +30,6 @@ ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
   return make_resize_job(g, size, size, source_offset, output_index);
 }
 
-// How many samples may wait ahead of a chunk the CPU takes (DecodeSplit): half the ring, so the
-// other half can hold chunks ready for the consumers while the CPU works off a backlog.
-uint64_t split_slack(uint32_t slots, uint32_t batch_size) {
-  return uint64_t{std::max<uint32_t>(slots / 2, 1)} * batch_size;
-}
 
 }  // namespace
 
@@ -82,7 +76,11 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
     crop_bytes_ = crop_pipeline_->sample_bytes();
     crops_ = PinnedBuffer::allocate(samples_.size() * crop_bytes_);
     device_crops_ = DeviceBuffer::allocate(batch_size * crop_bytes_);
-    split_.emplace(split_slack(arena_.slot_count(), batch_size));
+    // Slack: one chunk. A chunk with more than one whole chunk ahead of it goes to the engine. A
+    // larger slack never triggers: three slots are reserved for catch-ups and the consumers hold
+    // some, so a ring of 8 leaves a backlog of about three chunks at most (measured: slack four
+    // chunks, N = 4 trainers, 2 cores: no chunk ever reached the engine, 85 % of the ceiling).
+    split_.emplace(batch_size);
     cpu_chunk_.assign(arena_.slot_count(), 0);
   }
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
