@@ -77,9 +77,10 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
     crops_ = PinnedBuffer::allocate(samples_.size() * crop_bytes_);
     device_crops_ = DeviceBuffer::allocate(batch_size * crop_bytes_);
     // Slack: one chunk. A chunk with more than one whole chunk ahead of it goes to the engine. A
-    // larger slack never triggers: three slots are reserved for catch-ups and the consumers hold
-    // some, so a ring of 8 leaves a backlog of about three chunks at most (measured: slack four
-    // chunks, N = 4 trainers, 2 cores: no chunk ever reached the engine, 85 % of the ceiling).
+    // much larger slack never triggers: the stream may pin only the ring less the catch-up slots
+    // (stream_state.h) and the consumers hold some, so a ring of 8 leaves a backlog of about three
+    // chunks (measured: slack four chunks, N = 4 trainers, 2 cores: no chunk reached the engine,
+    // 85 % of the ceiling).
     split_.emplace(batch_size);
     cpu_chunk_.assign(arena_.slot_count(), 0);
   }
