@@ -30,7 +30,6 @@ ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
   return make_resize_job(g, size, size, source_offset, output_index);
 }
 
-
 }  // namespace
 
 NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
