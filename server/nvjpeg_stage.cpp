@@ -110,6 +110,15 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   s.size = read_image_file(entry.path, s.bytes);
   const uint8_t* data = s.bytes.data();
   reinterpret_cast<int64_t*>(labels_.data())[at] = entry.label;
+  // Checked before the split: under --decoder mixed a file is refused or accepted the same way
+  // whichever side decodes it (a PNG the CPU could decode would otherwise fail only sometimes).
+  const ImagePipeline& pipeline = source_.pipeline();
+  const SampleHeader header = check_sample(
+      data, s.size, entry.path, pipeline.options().max_image_pixels,
+      split_ ? "not a JPEG: --decoder mixed reads JPEG files only (serve other formats with "
+               "--decoder cpu)"
+             : "not a JPEG: --decoder nvjpeg reads JPEG files only (serve other formats with "
+               "--decoder cpu)");
   if (split_) split_->started();
   // cpu_chunk_ was written by begin() before this chunk's samples were queued for the workers.
   s.cropped_on_cpu = split_ && cpu_chunk_[slot];
@@ -120,11 +129,6 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
     return;
   }
   if (split_) ++engine_samples_;
-  const ImagePipeline& pipeline = source_.pipeline();
-  const SampleHeader header =
-      check_sample(data, s.size, entry.path, pipeline.options().max_image_pixels,
-                   "not a JPEG: --decoder nvjpeg reads JPEG files only (serve other formats "
-                   "with --decoder cpu)");
   s.width = header.jpeg.width;
   s.height = header.jpeg.height;
   s.geometry = pipeline.geometry(s.width, s.height, true, epoch, index, entry.path);
