@@ -222,7 +222,11 @@ def test_nvjpeg_float_output_is_the_normalised_uint8(jpeg_folder, batchcast_bin,
 
 
 @needs_gpu
-def test_nvjpeg_bad_files_are_skipped_and_counted(jpeg_folder, batchcast_bin, run_py, tmp_path):
+@pytest.mark.parametrize("decoder", ["nvjpeg", "mixed"])
+def test_nvjpeg_bad_files_are_skipped_and_counted(jpeg_folder, batchcast_bin, run_py, tmp_path,
+                                                  decoder):
+    # mixed: the files are checked before the split, so the same files are refused whichever
+    # side decodes their chunk.
     bad = os.path.join(jpeg_folder, "class0")
     with open(os.path.join(jpeg_folder, "class0", "000.jpg"), "rb") as f:
         data = f.read()
@@ -232,7 +236,7 @@ def test_nvjpeg_bad_files_are_skipped_and_counted(jpeg_folder, batchcast_bin, ru
         f.write(b"not an image at all")
     ep = watch_endpoint(f"ipc:///tmp/batchcast-test-nvbad-{os.getpid()}.sock")
     with serve_or_skip(data=jpeg_folder, endpoint=ep, batch_size=8, image_size=32, seed=2,
-                       device="cuda:0", decoder="nvjpeg", extra_args=["--on-error", "skip"]) as server:
+                       device="cuda:0", decoder=decoder, extra_args=["--on-error", "skip"]) as server:
         ((x, y),) = dump(run_py, ep, str(tmp_path / "bad"))
         assert server.wait(30) == 0, server.log_tail()
         log = server.log_tail(50)
@@ -240,7 +244,7 @@ def test_nvjpeg_bad_files_are_skipped_and_counted(jpeg_folder, batchcast_bin, ru
     # Each failed attempt counts: a bad file drawn again as a replacement counts again.
     skipped = re.search(r"(\d+) bad samples skipped", log)
     assert skipped and int(skipped.group(1)) >= 2, log
-    assert "truncated JPEG" in log and "not a JPEG" in log, log
+    assert "truncated JPEG" in log and f"not a JPEG: --decoder {decoder}" in log, log
 
 
 def test_nvjpeg_without_a_gpu_pool_is_a_clear_error(jpeg_folder, batchcast_bin, endpoint):
