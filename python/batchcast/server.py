@@ -201,7 +201,9 @@ def serve_args(
     left None take the CLI's defaults; ``epochs=None`` serves until stopped. ``device="cuda:K"``
     puts the pool on GPU K (``"cuda:0,cuda:1"`` or ``"all"``: on each of those GPUs, every chunk
     decoded once and copied to the others; each consumer reads on its own GPU);
-    ``decoder="nvjpeg"`` also decodes and augments there (on the first). Anything else
+    ``decoder="nvjpeg"`` also decodes and augments there (on the first); ``decoder="mixed"``
+    has the ``workers`` decode on the CPU what they keep up with and nvJPEG the rest (for
+    GPU-bound trainers sharing the GPU: docs/architecture.md). Anything else
     goes in ``extra_args`` (see ``batchcast serve --help``). ``rank``/``world_size`` shard the
     stream as a DistributedSampler would (None: the RANK/WORLD_SIZE environment, else 0/1);
     ``every_rank=True`` serves every rank's shard from this one server (a node-wide server for
