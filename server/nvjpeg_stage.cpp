@@ -39,6 +39,8 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
       source_(source),
       batch_size_(batch_size),
       on_error_(on_error),
+      not_jpeg_(std::string("not a JPEG: --decoder ") + (cpu_first ? "mixed" : "nvjpeg") +
+                " reads JPEG files only (serve other formats with --decoder cpu)"),
       tensors_(source.tensors()),
       layout_(SlotLayout::plan(tensors_, batch_size)),
       samples_(static_cast<size_t>(arenas.primary().slot_count()) * batch_size),
@@ -113,16 +115,11 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   // Checked before the split: under --decoder mixed a file is refused or accepted the same way
   // whichever side decodes it (a PNG the CPU could decode would otherwise fail only sometimes).
   const ImagePipeline& pipeline = source_.pipeline();
-  const SampleHeader header = check_sample(
-      data, s.size, entry.path, pipeline.options().max_image_pixels,
-      split_ ? "not a JPEG: --decoder mixed reads JPEG files only (serve other formats with "
-               "--decoder cpu)"
-             : "not a JPEG: --decoder nvjpeg reads JPEG files only (serve other formats with "
-               "--decoder cpu)");
+  const SampleHeader header = check_sample(data, s.size, entry.path,
+                                           pipeline.options().max_image_pixels, not_jpeg_.c_str());
   if (split_) split_->started();
   // cpu_chunk_ was written by begin() before this chunk's samples were queued for the workers.
-  s.cropped_on_cpu = split_ && cpu_chunk_[slot];
-  if (s.cropped_on_cpu) {
+  if (split_ && cpu_chunk_[slot]) {
     crop_pipeline_->process_bytes(data, s.size, entry.path, epoch, index,
                                   crops_.data() + at * crop_bytes_);
     ++cpu_samples_;
@@ -143,18 +140,16 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   }
 }
 
-void NvjpegStage::decode_group(uint32_t slot, const std::vector<uint32_t>& group_positions,
-                               size_t first, size_t last, ResizeJob* jobs,
+void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
                                std::vector<bool>* failed) {
   cudaStream_t stream = stream_.get();
   std::vector<JpegBytes> jpegs;
   std::vector<uint8_t*> outs;
   std::vector<uint32_t> positions;
   uint64_t offset = 0;
-  for (size_t i = first; i < last; ++i) {
-    const uint32_t k = group_positions[i];
+  for (uint32_t k = first; k < last; ++k) {
     PreparedSample& s = samples_[static_cast<size_t>(slot) * batch_size_ + k];
-    jobs[i - first] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
+    jobs[k] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
     if (s.decoded_on_cpu) {
       cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
                                  cudaMemcpyHostToDevice, stream),
@@ -201,69 +196,60 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
   CudaDeviceGuard guard(arena_.device());
   cudaStream_t stream = stream_.get();
   const size_t base = static_cast<size_t>(lease.slot) * batch_size_;
-  ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;  // in launch order
+  ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
   int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
   const PipelineOptions& o = source_.pipeline().options();
   const std::string where =
       " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(arena_.device());
-  uint32_t launched = 0;  // jobs copied to the device and launched so far
-  auto launch = [&](const uint8_t* images, uint32_t n) {
-    cuda_check(cudaMemcpyAsync(device_jobs_.data() + launched * sizeof(ResizeJob), jobs + launched,
+  // Crops, resizes, flips and normalises images[jobs[first, first + n)] into the slot.
+  auto launch = [&](const uint8_t* images, uint32_t first, uint32_t n) {
+    cuda_check(cudaMemcpyAsync(device_jobs_.data() + first * sizeof(ResizeJob), jobs + first,
                                n * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
                "copying resize jobs" + where);
-    launch_crop_resize(images, reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + launched,
-                       n, o.image_size, table_.data(), element_bytes_,
-                       lease.data + layout_.offsets[0], stream);
-    launched += n;
+    launch_crop_resize(images, reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first, n,
+                       o.image_size, table_.data(), element_bytes_, lease.data + layout_.offsets[0],
+                       stream);
   };
-
-  // Mixed: the squares the CPU finished, in one copy and one launch.
-  std::vector<uint32_t> engine;  // positions nvJPEG decodes
-  uint32_t cropped = 0;
-  for (uint32_t k = 0; k < sample_count; ++k) {
-    if (samples_[base + k].cropped_on_cpu)
-      jobs[cropped++] = pass_through_job(o.image_size, k * crop_bytes_, static_cast<int>(k));
-    else
-      engine.push_back(k);
-  }
-  if (cropped > 0) {
+  if (split_ && cpu_chunk_[lease.slot]) {
+    // Mixed, a chunk the CPU decoded: its finished squares in one copy, passed through.
+    for (uint32_t k = 0; k < sample_count; ++k)
+      jobs[k] = pass_through_job(o.image_size, k * crop_bytes_, static_cast<int>(k));
     cuda_check(cudaMemcpyAsync(device_crops_.data(), crops_.data() + base * crop_bytes_,
                                sample_count * crop_bytes_, cudaMemcpyHostToDevice, stream),
                "copying the CPU-decoded samples" + where);
-    launch(device_crops_.data(), cropped);
-  }
-
-  std::vector<bool> failed(sample_count);
-  for (size_t first = 0; first < engine.size();) {
-    uint64_t bytes = 0;
-    size_t last = first;
-    while (last < engine.size()) {
-      const PreparedSample& s = samples_[base + engine[last]];
-      uint64_t more = decoded_bytes(s.width, s.height);
-      if (last > first && bytes + more > kDecodeBudget) break;
-      bytes += more;
-      ++last;
+    launch(device_crops_.data(), 0, sample_count);
+  } else {  // nvJPEG decodes the chunk, in groups that fit the decode budget
+    std::vector<bool> failed(sample_count);
+    for (uint32_t first = 0; first < sample_count;) {
+      uint64_t bytes = 0;
+      uint32_t last = first;
+      while (last < sample_count) {
+        const PreparedSample& s = samples_[base + last];
+        uint64_t more = decoded_bytes(s.width, s.height);
+        if (last > first && bytes + more > kDecodeBudget) break;
+        bytes += more;
+        ++last;
+      }
+      if (decoded_.size() < bytes) {
+        cuda_check(cudaStreamSynchronize(stream), "waiting for the decode buffer to be free");
+        decoded_ = DeviceBuffer();  // free first: peak memory is one buffer, not two
+        decoded_ = DeviceBuffer::allocate(bytes);
+      }
+      decode_group(lease.slot, first, last, jobs, &failed);
+      // on_error=skip: a position no decoder could read shows another image of its group.
+      for (uint32_t k = first; k < last; ++k) {
+        if (!failed[k]) continue;
+        uint32_t good = first;
+        while (good < last && failed[good]) ++good;
+        if (good == last)
+          throw Error("no image of chunk " + std::to_string(lease.seq) + " could be decoded");
+        jobs[k] = jobs[good];
+        jobs[k].output_index = static_cast<int32_t>(k);
+        labels[k] = labels[good];
+      }
+      launch(decoded_.data(), first, last - first);
+      first = last;
     }
-    if (decoded_.size() < bytes) {
-      cuda_check(cudaStreamSynchronize(stream), "waiting for the decode buffer to be free");
-      decoded_ = DeviceBuffer();  // free first: peak memory is one buffer, not two
-      decoded_ = DeviceBuffer::allocate(bytes);
-    }
-    ResizeJob* group = jobs + launched;
-    decode_group(lease.slot, engine, first, last, group, &failed);
-    // on_error=skip: a position no decoder could read shows another image of its group.
-    for (size_t i = first; i < last; ++i) {
-      if (!failed[engine[i]]) continue;
-      size_t good = first;
-      while (good < last && failed[engine[good]]) ++good;
-      if (good == last)
-        throw Error("no image of chunk " + std::to_string(lease.seq) + " could be decoded");
-      group[i - first] = group[good - first];
-      group[i - first].output_index = static_cast<int32_t>(engine[i]);
-      labels[engine[i]] = labels[engine[good]];
-    }
-    launch(decoded_.data(), static_cast<uint32_t>(last - first));
-    first = last;
   }
   cuda_check(cudaMemcpyAsync(lease.data + layout_.offsets[1], labels,
                              sample_count * sizeof(int64_t), cudaMemcpyHostToDevice, stream),

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "decoders/gpu_convert.h"
@@ -77,24 +78,23 @@ class NvjpegStage : public ChunkStage {
     ScratchBuffer bytes;
     size_t size = 0;
     bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB (CMYK files)
-    bool cropped_on_cpu = false;  // mixed: the finished uint8 square is in crops_
     int width = 0;
     int height = 0;
     SampleGeometry geometry;
     std::string path;
   };
 
-  // Decodes the samples at positions[first, last) of `slot` into decoded_ (one group that fits
-  // the buffer) and fills jobs[0, last - first) with where each image landed; a sample no decoder
-  // can read is marked in `failed` (on_error=skip) or thrown.
-  void decode_group(uint32_t slot, const std::vector<uint32_t>& positions, size_t first,
-                    size_t last, ResizeJob* jobs, std::vector<bool>* failed);
+  // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer) and
+  // fills `jobs` with where each image landed; a sample no decoder can read is skipped or thrown.
+  void decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
+                    std::vector<bool>* failed);
 
   const ArenaSet& arenas_;
   const DeviceArena& arena_;  // the primary: chunks are written there
   const ImageSource& source_;
   uint32_t batch_size_;
   OnErrorPolicy on_error_;
+  std::string not_jpeg_;               // why a non-JPEG file is refused, naming this --decoder
   std::vector<SampleTensor> tensors_;  // #0 images, #1 labels
   SlotLayout layout_;
   std::vector<PreparedSample> samples_;  // slot_count * batch_size

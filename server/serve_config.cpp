@@ -44,7 +44,9 @@ void ServeConfig::validate() {
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (gpu_decoding()) {
     const std::string flag =
-        std::string("--decoder ") + (decoder == DecoderKind::kMixed ? "mixed" : "nvjpeg");
+        "--decoder " + std::find_if(kDecoders.begin(), kDecoders.end(), [&](const auto& named) {
+                         return named.second == decoder;
+                       })->first;
     if (interpolation != Interpolation::kBilinear)
       throw Error(flag + " resizes bilinearly: drop --interpolation or use --decoder cpu");
     if (synthetic) throw Error(flag + " decodes images; --synthetic has none: drop " + flag);
