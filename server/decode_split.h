@@ -6,14 +6,18 @@
 // on its images; under time-slicing that is time the collocated trainers lose (bench/RESULTS.md,
 // "Where the nvJPEG path's last 9 % goes"). Chunks the CPU decodes cost the trainers one copy.
 //
-// The rule: a chunk goes to the CPU workers when at most `slack` samples wait ahead of it for the
-// workers, else to the engine. The producer queues a chunk whenever a slot is free, so a backlog
-// means the consumers freed slots faster than the CPU refills them. The CPU thus decodes all it
-// keeps up with and the engine the rest, with no clock and no tuning: a consumer-bound stream
-// ends up decoded on the CPU, a CPU-starved one mostly on the engine. Whole chunks, not samples:
-// the engine then always gets full batches, and nvJPEG never re-plans for a new batch size.
+// The rule: a chunk goes to the CPU workers when at most `slack` samples of CPU-decoded chunks
+// wait ahead of it for the workers, else to the engine. The producer queues a chunk whenever a
+// slot is free, so a backlog means the consumers freed slots faster than the CPU refills them.
+// The CPU thus decodes all it keeps up with and the engine the rest, with no clock and no tuning:
+// a consumer-bound stream ends up decoded on the CPU, a CPU-starved one partly on the engine.
+// Only CPU chunks count in the backlog: an engine chunk costs the workers a file read and a header
+// check, not a decode, and counting it made one engine chunk send the next ones to the engine too
+// (measured: 61 % of the samples on the engine where the CPU had room for 88 %).
+// Whole chunks, not samples: the engine then always gets full batches, and nvJPEG never re-plans
+// for a new batch size.
 //
-// Thread-safety: every call may come from any thread (one atomic counter).
+// Thread-safety: queue() from one thread (the producer); started() from any thread.
 #pragma once
 
 #include <atomic>
@@ -27,9 +31,13 @@ class DecodeSplit {
 
   // A chunk of `samples` samples is queued for the workers: true if the CPU decodes it, false if
   // the engine does.
-  bool queue(uint32_t samples) { return waiting_.fetch_add(samples) <= slack_; }
-  // A worker started one queued sample. (A sample retried after a bad file starts twice; that
-  // only makes the backlog look one sample shorter.)
+  bool queue(uint32_t samples) {
+    if (waiting_.load() > slack_) return false;
+    waiting_ += samples;
+    return true;
+  }
+  // A worker started one sample of a chunk queue() gave the CPU. (A sample retried after a bad
+  // file starts twice; that only makes the backlog look one sample shorter.)
   void started() { --waiting_; }
 
  private:

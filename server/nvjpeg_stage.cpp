@@ -117,9 +117,9 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   const ImagePipeline& pipeline = source_.pipeline();
   const SampleHeader header = check_sample(data, s.size, entry.path,
                                            pipeline.options().max_image_pixels, not_jpeg_.c_str());
-  if (split_) split_->started();
   // cpu_chunk_ was written by begin() before this chunk's samples were queued for the workers.
   if (split_ && cpu_chunk_[slot]) {
+    split_->started();
     crop_pipeline_->process_bytes(data, s.size, entry.path, epoch, index,
                                   crops_.data() + at * crop_bytes_);
     ++cpu_samples_;

@@ -102,17 +102,20 @@ class Server:
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
                 raise _batchcast.BatchcastError(
                     f"batchcast serve exited with code {self.process.returncode} before "
-                    f"answering on {self.endpoint}:\n{self.log_tail()}"
+                    f"answering on {self.endpoint}:\n{tail}"
                 )
             if self._answers():
                 return
             if time.monotonic() > deadline:
+                tail = self.log_tail()
                 self.stop()
                 raise _batchcast.TimeoutError(
                     f"batchcast serve did not answer on {self.endpoint} within {timeout} s:\n"
-                    f"{self.log_tail()}"
+                    f"{tail}"
                 )
             time.sleep(0.02)
 
@@ -134,7 +137,8 @@ class Server:
         return self.process.wait(timeout)
 
     def stop(self, timeout: float = 10.0) -> Optional[int]:
-        """SIGTERM (clean shutdown), then SIGKILL if it is not gone within ``timeout``."""
+        """SIGTERM (clean shutdown), then SIGKILL if it is not gone within ``timeout``. Removes
+        the log too: read :meth:`log_tail` before stopping."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -143,6 +147,10 @@ class Server:
                 self.process.kill()
                 self.process.wait()
         self._guard.release()
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
         return self.process.returncode
 
     def __enter__(self) -> "Server":
@@ -150,10 +158,6 @@ class Server:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-        try:
-            os.unlink(self.log_path)
-        except OSError:
-            pass
 
 
 def _numbers(values: Optional[Sequence[float]]) -> Optional[str]:

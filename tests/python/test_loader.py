@@ -181,6 +181,7 @@ def test_killed_server_raises_server_gone(endpoint, batchcast_bin):
     finally:
         server.stop()
         remove_killed_server_files(endpoint)
+    assert not os.path.exists(server.log_path), "stop() leaves no server log in /tmp"
 
 
 def test_ctrl_c_interrupts_a_blocked_next_quickly(endpoint, batchcast_bin, run_py):
