@@ -4,8 +4,8 @@
 // slot_tensors(), before it is published (upload). Implemented by CudaStage (CPU decode into
 // pinned staging; server/cuda_stage.h) and NvjpegStage (GPU decode; server/nvjpeg_stage.h).
 //
-// Thread-safety: as documented per call below (fill and upload run on worker threads, begin on
-// the producer thread). Ownership: the producer borrows the stage; the stage outlives it.
+// Thread-safety: as documented per call below (fill runs on the worker threads, upload on the
+// producer's upload thread, begin on the producer thread). Ownership: the producer borrows the stage; the stage outlives it.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,8 @@ class ChunkStage {
   // the worker threads, concurrently for different positions. Throws SampleError for a bad sample.
   virtual void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) = 0;
   // Queues the chunk's copy (and conversion) into its slot and marks when it is done for the
-  // consumers. Thread-safe. Throws Error if the device fails.
+  // consumers. Called from one thread, chunks in the order their last sample was filled; may
+  // block on the device. Throws Error if the device fails.
   virtual void upload(const FillLease& lease, uint32_t sample_count) = 0;
   // Bad samples the stage itself replaced at upload time (on_error=skip), beyond fill()'s.
   virtual uint64_t skipped() const { return 0; }

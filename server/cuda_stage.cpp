@@ -76,7 +76,6 @@ void CudaStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t 
 }
 
 void CudaStage::upload(const FillLease& lease, uint32_t sample_count) {
-  std::lock_guard lk(mu_);
   CudaDeviceGuard guard(arena_.device());
   const uint8_t* src = staging_.data() + lease.slot * staged_layout_.bytes;
   cudaStream_t s = stream_.get();

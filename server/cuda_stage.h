@@ -11,16 +11,15 @@
 // reused in stream order. begin(slot) waits for the slot's previous upload (its event) before the
 // area is filled again, so a chunk is never overwritten while it is being copied.
 //
-// Thread-safety: fill() and upload() may be called from any producer worker (upload is serialised
-// by a mutex, so the scratch buffer's copy/convert pairs stay in order on the one stream); begin()
-// from the producer thread. Ownership: created after the ServerCore (it borrows its ArenaSet)
+// Thread-safety: fill() from any producer worker; upload() from the producer's one upload thread
+// (so the scratch buffer's copy/convert pairs stay in order on the one stream); begin() from the
+// producer thread. Ownership: created after the ServerCore (it borrows its ArenaSet)
 // and destroyed before it; it borrows the source, which outlives it; the destructor waits for the
 // stream to finish. CUDA builds only.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -73,7 +72,6 @@ class CudaStage : public ChunkStage {
   CudaStream stream_;
   std::vector<DeviceBuffer> tables_;  // per tensor: conversion table on the device (or empty)
   DeviceBuffer scratch_;              // uint8 images of one chunk
-  std::mutex mu_;
 };
 
 }  // namespace batchcast

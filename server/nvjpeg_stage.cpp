@@ -192,7 +192,6 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, Res
 }
 
 void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
-  std::lock_guard lk(mu_);
   CudaDeviceGuard guard(arena_.device());
   cudaStream_t stream = stream_.get();
   const size_t base = static_cast<size_t>(lease.slot) * batch_size_;

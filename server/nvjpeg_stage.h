@@ -28,7 +28,7 @@
 // with another sample of the chunk and counted in skipped() (on_error=skip).
 //
 // Thread-safety: fill() from any worker (each position written by one worker), begin() from the
-// producer thread, upload() from any worker (serialised by a mutex: one stream, one decoder, one
+// producer thread, upload() from the producer's one upload thread (one stream, one decoder, one
 // decode buffer). Ownership: created after the ServerCore (it borrows its ArenaSet) and
 // destroyed before it; it borrows the ImageSource (dataset + pipeline options), which outlives
 // it. Compiled only with nvJPEG (BATCHCAST_HAVE_NVJPEG).
@@ -36,7 +36,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,7 +99,7 @@ class NvjpegStage : public ChunkStage {
   std::vector<PreparedSample> samples_;  // slot_count * batch_size
   PinnedBuffer labels_;                  // slot_count * batch_size int64
   PinnedBuffer jobs_;                    // slot_count * batch_size ResizeJob
-  std::mutex mu_;                        // guards everything below
+  // Used by upload() only:
   NvjpegDecoder decoder_;
   CudaStream stream_;
   DeviceBuffer device_jobs_;  // batch_size ResizeJob, reused in stream order

@@ -4,8 +4,9 @@
 // is published when its last sample is written, and the core publishes in stream order.
 //
 // GPU pools: with a ChunkStage (chunk_stage.h) the workers have the stage prepare each sample
-// instead, and the last worker of a chunk has the stage upload it into its device slot before
-// publishing.
+// instead, and a thread of its own has the stage upload each finished chunk into its device
+// slot, then publishes it (an upload may wait on the GPU: a worker waiting there would not
+// decode).
 //
 // Regeneration: a chunk's content is a function of (seed, epoch, chunk index) (the plan's order
 // comes from (seed, epoch), each sample's augmentation from (seed, epoch, index)), so on a core
