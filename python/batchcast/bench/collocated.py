@@ -91,12 +91,13 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--device", help="cuda or cpu (default cuda where torch sees a GPU)")
     p.add_argument("--warmup", type=int, help="steps per trainer before the window (5)")
     p.add_argument("--settle", type=float, help="seconds trained, uncounted, after all are "
-                                                "ready: drains queues filled while waiting (1)")
-    p.add_argument("--seconds", type=float, help="measured window per run (4)")
+                                                "ready: drains queues filled while waiting (2)")
+    p.add_argument("--seconds", type=float, help="measured window per run (10: with 4 s, runs "
+                                                 "of one command varied by up to 10 points)")
     p.add_argument("--run-timeout", type=float, default=120.0, help="a run's time limit (s)")
     args = p.parse_args(argv)
-    defaults = {"batch_size": 128, "classes": 10, "per_class": 100, "warmup": 5, "settle": 1.0,
-                "seconds": 4.0, "sweep_peers": "batchcast-nvjpeg,dataloader"}
+    defaults = {"batch_size": 128, "classes": 10, "per_class": 100, "warmup": 5, "settle": 2.0,
+                "seconds": 10.0, "sweep_peers": "batchcast-nvjpeg,dataloader"}
     for key, value in {**defaults, **PLANS.get(args.plan or "", {})}.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
