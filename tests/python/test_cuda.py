@@ -177,10 +177,11 @@ def test_mixed_decoder_serves_the_cpu_decoders_bytes_or_nvjpegs(jpeg_folder, bat
                                                                 run_py, tmp_path, train):
     # --decoder mixed: each chunk is decoded either by the CPU pipeline (then bit-identical to
     # --decoder cpu, normalisation included) or by nvJPEG (then within nvJPEG's tolerance); the
-    # server counts both, and every sample is one or the other. One worker and a ring of 3 make a
-    # backlog, and so engine chunks, likely (fast consumers); nothing asserted depends on it.
+    # server counts both, and every sample is one or the other. One worker and a ring of 8 make a
+    # backlog of more than two chunks at the start, and so engine chunks, likely (the producer
+    # queues a chunk per free slot faster than one worker decodes); nothing asserted depends on it.
     common = dict(data=jpeg_folder, batch_size=8, image_size=96, output="float32", shuffle=False,
-                  seed=5, device="cuda:0", workers=1, ring=3,
+                  seed=5, device="cuda:0", workers=1, ring=8,
                   extra_args=[] if train else ["--eval"])
     results, logs = {}, {}
     for decoder in ("cpu", "mixed"):
