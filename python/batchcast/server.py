@@ -64,10 +64,13 @@ class Server:
     """A running ``batchcast serve`` process (see :func:`serve`)."""
 
     def __init__(self, argv: Sequence[str], endpoint: str, log_path: str,
-                 answer_at: Optional[str] = None) -> None:
+                 answer_at: Optional[str] = None, *, owns_log: bool = False) -> None:
         self.argv = list(argv)
         self.endpoint = endpoint
         self.log_path = log_path
+        # serve() makes the log a temporary file of this server's own; a path the caller chose
+        # (a file to keep, /dev/null) is never removed.
+        self._owns_log = owns_log
         # Where readiness shows: the endpoint, or with every_rank the last rank's (started last).
         self._answer_at = answer_at or endpoint
         ipc = _ipc_path(self._answer_at)
@@ -138,7 +141,7 @@ class Server:
 
     def stop(self, timeout: float = 10.0) -> Optional[int]:
         """SIGTERM (clean shutdown), then SIGKILL if it is not gone within ``timeout``. Removes
-        the log too: read :meth:`log_tail` before stopping."""
+        the log where :func:`serve` made it: read :meth:`log_tail` before stopping."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -147,10 +150,11 @@ class Server:
                 self.process.kill()
                 self.process.wait()
         self._guard.release()
-        try:
-            os.unlink(self.log_path)
-        except OSError:
-            pass
+        if self._owns_log:
+            try:
+                os.unlink(self.log_path)
+            except OSError:
+                pass
         return self.process.returncode
 
     def __enter__(self) -> "Server":
@@ -282,6 +286,7 @@ def serve(
     last = None
     if options.get("every_rank"):
         last = _batchcast.rank_endpoint(endpoint, int(options.get("world_size") or 1) - 1)
-    server = Server([binary or find_binary(), "serve"] + args, endpoint, log_path, last)
+    server = Server([binary or find_binary(), "serve"] + args, endpoint, log_path, last,
+                    owns_log=True)
     server.wait_ready(timeout)
     return server

@@ -184,6 +184,18 @@ def test_killed_server_raises_server_gone(endpoint, batchcast_bin):
     assert not os.path.exists(server.log_path), "stop() leaves no server log in /tmp"
 
 
+def test_stop_keeps_a_log_the_caller_chose(endpoint, batchcast_bin, tmp_path):
+    # Only the temporary log serve() made is the Server's to remove: a path the caller passed
+    # (a file to keep, or /dev/null, which a root test run once deleted this way) stays.
+    log = tmp_path / "server.log"
+    argv = [batchcast_bin, "serve"] + batchcast.server.serve_args(
+        None, endpoint, 8, synthetic=16, sample_bytes=SAMPLE_BYTES, epochs=0)
+    server = batchcast.server.Server(argv, endpoint, str(log))
+    server.wait_ready(30)
+    server.stop()
+    assert log.exists() and "serving on" in log.read_text()
+
+
 def test_ctrl_c_interrupts_a_blocked_next_quickly(endpoint, batchcast_bin, run_py):
     # min_consumers=2 with one consumer: the stream never starts, next() blocks.
     with serve(endpoint, min_consumers=2):
