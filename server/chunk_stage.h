@@ -5,7 +5,8 @@
 // pinned staging; server/cuda_stage.h) and NvjpegStage (GPU decode; server/nvjpeg_stage.h).
 //
 // Thread-safety: as documented per call below (fill runs on the worker threads, upload on the
-// producer's upload thread, begin on the producer thread). Ownership: the producer borrows the stage; the stage outlives it.
+// producer's upload thread, begin on the producer thread). Ownership: the producer borrows the
+// stage; the stage outlives it.
 #pragma once
 
 #include <cstdint>

@@ -99,7 +99,8 @@ class NvjpegStage : public ChunkStage {
   std::vector<PreparedSample> samples_;  // slot_count * batch_size
   PinnedBuffer labels_;                  // slot_count * batch_size int64
   PinnedBuffer jobs_;                    // slot_count * batch_size ResizeJob
-  // Used by upload() only:
+  // Set up by the constructor, then used by upload() only (one thread); skipped() reads skipped_
+  // from others:
   NvjpegDecoder decoder_;
   CudaStream stream_;
   DeviceBuffer device_jobs_;  // batch_size ResizeJob, reused in stream order
