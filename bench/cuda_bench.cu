@@ -7,6 +7,7 @@
 //   3. JPEG decode images/s: nvJPEG (batched) versus the CPU decoder (TurboJPEG) on one core.
 // `cuda_bench --decode DIR` measures only 3, on DIR's JPEG files (the collocated benchmark's
 // physical anchor: the nvJPEG engine's standalone rate on the files the trainers read).
+// `cuda_bench --copies` measures only how a chunk reaches every GPU of a pool on several GPUs.
 // Needs a GPU; exits 0 with a message without one.
 #include <sys/wait.h>
 #include <time.h>
@@ -21,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -118,6 +120,64 @@ void bandwidth() {
         "staged bytes, %.0f images/s |\n",
         kBatch, normalise ? " -> float32 NCHW normalised" : ", copied as is",
         chunks * staged_bytes / secs / 1e9, chunks * kBatch / secs);
+  }
+}
+
+// Issue 19: how a chunk reaches every GPU of a pool on several GPUs. Shipped: one upload to the
+// first GPU, then peer copies to the others (ArenaSet::replicate). The alternative: one upload
+// per GPU, each from pinned staging of its own (G CudaStages over one-GPU ArenaSets). Both with
+// uint8 images copied as they are and converted to float32 NCHW on the GPU (the alternative then
+// converts on every GPU). With one GPU the shipped path runs with both arenas on it: a smoke run
+// of the code, not a measure.
+void copies() {
+  const int gpus = cuda_device_count();
+  std::vector<int> devices;
+  for (int d = 0; d < gpus; ++d) devices.push_back(d);
+  if (gpus == 1) devices.push_back(0);
+  const uint32_t slots = 4, chunks = 100;
+  StampSource source;
+  for (bool normalise : {false, true}) {
+    std::vector<TensorConversion> conv(2);
+    if (normalise) conv[0].normalize = DType::kFloat32;
+    const uint64_t slot_bytes =
+        (SlotLayout::plan(CudaStage::converted(image_tensors(), conv), kBatch).bytes + 4095) /
+        4096 * 4096;
+    // Chunks per second with `stages` each writing every chunk into its arenas' primary.
+    auto rate = [&](const std::vector<std::unique_ptr<ArenaSet>>& sets) {
+      std::vector<std::unique_ptr<CudaStage>> stages;
+      for (const auto& set : sets)
+        stages.push_back(std::make_unique<CudaStage>(*set, source, conv, kBatch));
+      auto run = [&](uint32_t n) {
+        for (uint32_t i = 0; i < n; ++i)
+          for (size_t k = 0; k < stages.size(); ++k) {
+            const uint32_t slot = i % slots;
+            stages[k]->begin(slot, kBatch);
+            stages[k]->upload(FillLease{i, slot, sets[k]->primary().slot_data(slot), slot_bytes},
+                              kBatch);
+          }
+        for (const auto& set : sets)
+          for (uint32_t slot = 0; slot < slots; ++slot) set->wait_for_slot(slot);
+      };
+      run(8);
+      auto t0 = std::chrono::steady_clock::now();
+      run(chunks);
+      return chunks / seconds_since(t0);
+    };
+    std::vector<std::unique_ptr<ArenaSet>> one, each;
+    one.push_back(std::make_unique<ArenaSet>(devices, slots, slot_bytes));
+    const std::string how = one.front()->describe_copies();
+    const double peer = rate(one);
+    one.clear();
+    for (int d : devices)
+      each.push_back(std::make_unique<ArenaSet>(std::vector<int>{d}, slots, slot_bytes));
+    const double staged = rate(each);
+    const double mib = slot_bytes / double(1 << 20);
+    std::printf(
+        "| a chunk on %zu GPUs (%u x 224x224x3 uint8%s, slot %.0f MiB): one upload + peer copies "
+        "(%s) vs one upload per GPU | %.0f vs %.0f chunks/s (%.1f vs %.1f GB/s delivered)%s |\n",
+        devices.size(), kBatch, normalise ? " -> float32 NCHW" : "", mib, how.c_str(), peer, staged,
+        peer * slot_bytes * devices.size() / 1e9, staged * slot_bytes * devices.size() / 1e9,
+        gpus == 1 ? "; one GPU: both arenas on it, a smoke run only" : "");
   }
 }
 
@@ -338,6 +398,10 @@ int main(int argc, char** argv) {
                 std::thread::hardware_concurrency());
     if (argc == 3 && std::string(argv[1]) == "--decode") {
       decode_files(argv[2]);
+      return 0;
+    }
+    if (argc == 2 && std::string(argv[1]) == "--copies") {
+      copies();
       return 0;
     }
     bandwidth();

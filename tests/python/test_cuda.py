@@ -25,6 +25,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device: torch.cuda is not available")
 
 SAMPLE_BYTES = 2048
+SAMPLES_PER_EPOCH = 320
 
 CONSUMER = textwrap.dedent(
     """
@@ -391,3 +392,88 @@ def test_pin_memory_page_locks_the_mapping_or_says_why(endpoint, batchcast_bin, 
     assert not copied
     # Either the read-only mapping was registered, or the consumer said once why not.
     assert pinned or err.count("stays pageable") == 1, err
+
+
+# --- one server for every GPU of a node (serve --device all) ------------------------------------
+# On one GPU these run the same code paths with the pool on that GPU alone; on a multi-GPU
+# machine every GPU has consumers of its own.
+
+ON_DEVICE = textwrap.dedent(
+    """
+    import hashlib, sys, torch, batchcast
+    device = sys.argv[2]
+    torch.cuda.set_device(device)
+    loader = batchcast.Loader(sys.argv[1], device=device, timeout=60)
+    out, labels = [], []
+    for x, y in loader:
+        assert x.device == torch.device(device), (x.device, device)
+        i = y.to(torch.int64).unsqueeze(1)
+        j = torch.arange(x.shape[1], device=x.device, dtype=torch.int64).unsqueeze(0)
+        want = (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
+        assert bool((x == want).all()), "payload does not match its label"
+        out.append(hashlib.sha1(x.cpu().numpy().tobytes()).hexdigest())
+        labels += y.tolist()
+    print(len(labels), sorted(labels) == list(range(300)),
+          hashlib.sha1(" ".join(out).encode()).hexdigest())
+    """
+)
+
+
+@needs_gpu
+def test_one_server_on_every_gpu_serves_each_gpus_consumers_the_same_bytes(
+        endpoint, batchcast_bin, run_py):
+    gpus = torch.cuda.device_count()
+    consumers = [f"cuda:{k}" for k in range(gpus) for _ in range(2)]  # two per GPU
+    with serve_or_skip(synthetic=300, sample_bytes=SAMPLE_BYTES, endpoint=endpoint,
+                       batch_size=32, epochs=1, workers=2, ring=4, device="all",
+                       min_consumers=len(consumers)) as server:
+        procs = [run_py(ON_DEVICE, endpoint, device) for device in consumers]
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err.decode()[-3000:]
+            outs.append(out.split())
+        assert server.wait(30) == 0, server.log_tail()
+        log = server.log_tail(50)
+    assert all(o[:2] == [b"300", b"True"] for o in outs), outs  # the whole epoch, each
+    assert len({o[2] for o in outs}) == 1, outs  # identical bytes on every GPU
+    if gpus > 1:
+        assert f"the pool is on {gpus} GPUs" in log, log
+
+
+@needs_gpu
+def test_every_rank_server_on_gpus_gives_each_rank_its_shard_on_its_gpu(endpoint, batchcast_bin):
+    # serve --every-rank --device all: rank r's pool is on GPU r mod G; rank r of job A and of job
+    # B read the same bytes there, and the two ranks' shards cover the epoch once.
+    gpus = torch.cuda.device_count()
+    for r in range(2):
+        watch_endpoint(batchcast.rank_endpoint(endpoint, r))
+    with serve_or_skip(synthetic=SAMPLES_PER_EPOCH, sample_bytes=SAMPLE_BYTES,
+                       endpoint=endpoint, batch_size=16, epochs=1, workers=2, ring=4,
+                       world_size=2, every_rank=True, min_consumers=2, device="all") as server:
+        seen: dict = {}
+
+        def read(job: str, rank: int) -> None:
+            device = f"cuda:{rank % gpus}"
+            torch.cuda.set_device(device)
+            with batchcast.Loader(endpoint, rank=rank, device=device, timeout=60) as loader:
+                xs, ys = [], []
+                for x, y in loader:
+                    assert x.device == torch.device(device), (x.device, device)
+                    assert torch.equal(x, expected_rows(y, SAMPLE_BYTES)), "a bad batch"
+                    xs.append(x.cpu())
+                    ys.append(y.cpu())
+                seen[job, rank] = (torch.cat(xs), torch.cat(ys))
+
+        threads = [threading.Thread(target=read, args=(job, rank))
+                   for job in "AB" for rank in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert server.wait(30) == 0, server.log_tail()
+    assert len(seen) == 4, "a reader failed (see its exception above)"
+    for rank in range(2):
+        assert torch.equal(seen["A", rank][0], seen["B", rank][0])  # the jobs share rank r
+    both = torch.cat([seen["A", 0][1], seen["A", 1][1]]).tolist()
+    assert sorted(both) == list(range(SAMPLES_PER_EPOCH))  # disjoint shards, the whole epoch
