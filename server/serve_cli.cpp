@@ -94,7 +94,8 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   add_choice(cmd, "--decoder", c.decoder, ServeConfig::kDecoders,
              "cpu (TurboJPEG/libjpeg), nvjpeg (the GPU's JPEG decoder; needs --device cuda:K) or "
              "mixed (the --workers decode on the CPU what they keep up with, nvJPEG the rest; "
-             "for GPU-bound trainers sharing the GPU: docs/architecture.md)");
+             "for 4 or more GPU-bound trainers sharing the GPU; with 1-2 on few cores use nvjpeg: "
+             "docs/architecture.md)");
   cmd->add_option("--epochs", c.epochs, "epochs to serve (0: until stopped)")
       ->capture_default_str();
   cmd->add_option("--seed", c.seed, "seed of shuffling and augmentation")->capture_default_str();
