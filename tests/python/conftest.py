@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from typing import Iterator, List
+from typing import Any, Callable, Iterator, List
 
 import pytest
 
@@ -97,6 +98,25 @@ def _is_our_share_producer(cmdline: bytes) -> bool:
     endpoints are this test's (other runs on the machine have their own)."""
     return b"batchcast._share_producer" in cmdline and any(
         ep.encode() in cmdline for ep in _WATCHED)
+
+
+def in_threads_per_job_and_rank(read: Callable[[str, int], Any], ranks: int = 2,
+                                timeout: float = 120) -> dict:
+    """Runs read(job, rank) for jobs "A" and "B" and every rank, each in a thread (the ranks of two
+    DDP jobs reading one node-wide server); returns {(job, rank): its result}. A reader that
+    raised is missing from the result (threading prints its exception)."""
+    results: dict = {}
+
+    def run(job: str, rank: int) -> None:
+        results[job, rank] = read(job, rank)
+
+    threads = [threading.Thread(target=run, args=(job, rank))
+               for job in "AB" for rank in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return results
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import batchcast
-from conftest import watch_endpoint
+from conftest import in_threads_per_job_and_rank, watch_endpoint
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device: torch.cuda is not available")
@@ -451,9 +451,7 @@ def test_every_rank_server_on_gpus_gives_each_rank_its_shard_on_its_gpu(endpoint
     with serve_or_skip(synthetic=SAMPLES_PER_EPOCH, sample_bytes=SAMPLE_BYTES,
                        endpoint=endpoint, batch_size=16, epochs=1, workers=2, ring=4,
                        world_size=2, every_rank=True, min_consumers=2, device="all") as server:
-        seen: dict = {}
-
-        def read(job: str, rank: int) -> None:
+        def read(job: str, rank: int) -> tuple:
             device = f"cuda:{rank % gpus}"
             torch.cuda.set_device(device)
             with batchcast.Loader(endpoint, rank=rank, device=device, timeout=60) as loader:
@@ -463,14 +461,9 @@ def test_every_rank_server_on_gpus_gives_each_rank_its_shard_on_its_gpu(endpoint
                     assert torch.equal(x, expected_rows(y, SAMPLE_BYTES)), "a bad batch"
                     xs.append(x.cpu())
                     ys.append(y.cpu())
-                seen[job, rank] = (torch.cat(xs), torch.cat(ys))
+                return torch.cat(xs), torch.cat(ys)
 
-        threads = [threading.Thread(target=read, args=(job, rank))
-                   for job in "AB" for rank in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        seen = in_threads_per_job_and_rank(read)
         assert server.wait(30) == 0, server.log_tail()
     assert len(seen) == 4, "a reader failed (see its exception above)"
     for rank in range(2):

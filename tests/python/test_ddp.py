@@ -18,7 +18,7 @@ import uuid
 from torch.utils.data import DistributedSampler
 
 from batchcast.dataloader import share_paths
-from conftest import watch_endpoint
+from conftest import in_threads_per_job_and_rank, watch_endpoint
 
 SAMPLES, EPOCHS, SEED = 24, 2, 7
 
@@ -115,8 +115,6 @@ def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path):
 def test_one_node_wide_server_gives_every_rank_its_shard_and_jobs_share_it(endpoint):
     """``serve --every-rank``: one process serves both ranks' shards; rank r of job A and of
     job B read rank r's stream (``Loader(endpoint, rank=r)``), with DistributedSampler's shards."""
-    import threading
-
     import torch
 
     import batchcast
@@ -127,19 +125,11 @@ def test_one_node_wide_server_gives_every_rank_its_shard_and_jobs_share_it(endpo
         with batchcast.serve(synthetic=SAMPLES, sample_bytes=8, endpoint=endpoint, batch_size=5,
                              epochs=EPOCHS, workers=2, world_size=2, every_rank=True,
                              min_consumers=2, shuffle=shuffle, seed=SEED) as server:
-            labels: dict = {}
-
-            def read(job: str, rank: int) -> None:
+            def read(job: str, rank: int) -> list:
                 with batchcast.Loader(endpoint, rank=rank, timeout=30) as loader:
-                    labels[job, rank] = [torch.cat([y for _, y in loader]).tolist()
-                                         for _ in range(EPOCHS)]
+                    return [torch.cat([y for _, y in loader]).tolist() for _ in range(EPOCHS)]
 
-            threads = [threading.Thread(target=read, args=(job, rank))
-                       for job in "AB" for rank in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
+            labels = in_threads_per_job_and_rank(read, timeout=60)
             assert server.wait(30) == 0, server.log_tail()
         assert len(labels) == 4
         for rank in range(2):
