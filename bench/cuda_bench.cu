@@ -69,6 +69,19 @@ class StampSource : public SampleSource {
   }
 };
 
+// The images copied as they are, or normalised to float32 NCHW on the GPU; the labels as they are.
+std::vector<TensorConversion> conversions(bool normalise) {
+  std::vector<TensorConversion> conv(2);
+  if (normalise) conv[0].normalize = DType::kFloat32;
+  return conv;
+}
+
+// A GPU slot for one chunk of kBatch images under `conv`, in whole 4 KiB pages.
+uint64_t gpu_slot_bytes(const std::vector<TensorConversion>& conv) {
+  return (SlotLayout::plan(CudaStage::converted(image_tensors(), conv), kBatch).bytes + 4095) /
+         4096 * 4096;
+}
+
 void bandwidth() {
   const size_t bytes = 256u << 20;
   auto host = PinnedBuffer::allocate(bytes);
@@ -91,11 +104,9 @@ void bandwidth() {
   std::printf("| plain pinned cudaMemcpyAsync, 256 MiB | %.1f GB/s |\n", 20.0 * bytes / s / 1e9);
 
   for (bool normalise : {false, true}) {
-    std::vector<TensorConversion> conv(2);
-    if (normalise) conv[0].normalize = DType::kFloat32;
+    const auto conv = conversions(normalise);
     auto staged = image_tensors();
-    uint64_t slot_bytes =
-        (SlotLayout::plan(CudaStage::converted(staged, conv), kBatch).bytes + 4095) / 4096 * 4096;
+    const uint64_t slot_bytes = gpu_slot_bytes(conv);
     ArenaSet arenas({0}, 4, slot_bytes);
     const DeviceArena& arena = arenas.primary();
     StampSource source;
@@ -137,12 +148,9 @@ void copies() {
   const uint32_t slots = 4, chunks = 100;
   StampSource source;
   for (bool normalise : {false, true}) {
-    std::vector<TensorConversion> conv(2);
-    if (normalise) conv[0].normalize = DType::kFloat32;
-    const uint64_t slot_bytes =
-        (SlotLayout::plan(CudaStage::converted(image_tensors(), conv), kBatch).bytes + 4095) /
-        4096 * 4096;
-    // Chunks per second with `stages` each writing every chunk into its arenas' primary.
+    const auto conv = conversions(normalise);
+    const uint64_t slot_bytes = gpu_slot_bytes(conv);
+    // Chunks per second with one CudaStage per ArenaSet of `sets`, each writing every chunk.
     auto rate = [&](const std::vector<std::unique_ptr<ArenaSet>>& sets) {
       std::vector<std::unique_ptr<CudaStage>> stages;
       for (const auto& set : sets)
@@ -208,8 +216,7 @@ int consumer_main(const std::string& endpoint) {
 }
 
 void latency(const char* self, bool normalise) {
-  std::vector<TensorConversion> conv(2);
-  if (normalise) conv[0].normalize = DType::kFloat32;
+  const auto conv = conversions(normalise);
   auto slot_tensors = CudaStage::converted(image_tensors(), conv);
   auto slot_layout = SlotLayout::plan(slot_tensors, kBatch);
   const uint32_t chunks = 1000;

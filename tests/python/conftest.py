@@ -1,7 +1,8 @@
 """Shared fixtures of the Python tests of the batchcast package (Loader, Producer, DataLoader).
 
 The tests run against the INSTALLED package (scripts/test.sh installs it into a venv and runs
-pytest with that venv's python; no PYTHONPATH).
+pytest with that venv's python; PYTHONPATH never points at the sources: run_py puts only this
+folder on it, so that its scripts can import the helpers below).
 
 - ``endpoint``: a unique ipc endpoint per test.
 - ``batchcast_bin``: the native ``batchcast`` program installed in the package
@@ -9,6 +10,7 @@ pytest with that venv's python; no PYTHONPATH).
 - ``batchcast_cli``: the ``batchcast`` console script of the running interpreter's
   environment (what a user types).
 - ``run_py``: runs a Python snippet in a subprocess of the same interpreter.
+- ``synthetic_rows``: the payload ``serve --synthetic`` writes, to check batches against.
 - autouse ``no_leaks``: after each test, no batchcast.<uid>.* segment (nor ipc socket file)
   of the test's endpoints is left, and no batchcast process it started is still alive.
   Only the test's own endpoints are checked: other runs on the machine may use batchcast.
@@ -100,6 +102,17 @@ def _is_our_share_producer(cmdline: bytes) -> bool:
         ep.encode() in cmdline for ep in _WATCHED)
 
 
+def synthetic_rows(labels: "torch.Tensor", width: int) -> "torch.Tensor":
+    """The payload `serve --synthetic` writes for each sample index (server/synthetic_source.h:
+    byte j of sample i = synthetic_byte(i, j)), `width` bytes per row, on the labels' device.
+    Scripts started by run_py import it too (`from conftest import synthetic_rows`)."""
+    import torch
+
+    i = labels.to(torch.int64).unsqueeze(1)
+    j = torch.arange(width, device=labels.device, dtype=torch.int64).unsqueeze(0)
+    return (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
+
+
 def in_threads_per_job_and_rank(read: Callable[[str, int], Any], ranks: int = 2,
                                 timeout: float = 120) -> dict:
     """Runs read(job, rank) for jobs "A" and "B" and every rank, each in a thread (the ranks of two
@@ -145,12 +158,16 @@ def batchcast_cli() -> str:
 
 @pytest.fixture
 def run_py():
-    """Starts `python -c code args...` (the installed package importable); returns the Popen."""
+    """Starts `python -c code args...` (the installed package and this conftest importable);
+    returns the Popen."""
     started: List[subprocess.Popen] = []
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
 
     def start(code: str, *args: str, **kwargs) -> subprocess.Popen:
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
+        kwargs.setdefault("env", dict(os.environ, PYTHONPATH=path))
         p = subprocess.Popen([sys.executable, "-c", code, *args], **kwargs)
         started.append(p)
         return p

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import batchcast
-from conftest import in_threads_per_job_and_rank, watch_endpoint
+from conftest import in_threads_per_job_and_rank, synthetic_rows, watch_endpoint
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device: torch.cuda is not available")
@@ -30,6 +30,7 @@ SAMPLES_PER_EPOCH = 320
 CONSUMER = textwrap.dedent(
     """
     import hashlib, sys, torch, batchcast
+    from conftest import synthetic_rows
     loader = batchcast.Loader(sys.argv[1], timeout=60)
     out = []
     for x, y in (batch for _ in range(2) for batch in loader):  # 2 epochs
@@ -37,9 +38,7 @@ CONSUMER = textwrap.dedent(
         # Slow work queued on the current stream, then the batch is dropped at once: its slot
         # must not be rewritten before that work has run.
         torch.cuda._sleep(200000)
-        i = y.to(torch.int64).unsqueeze(1)
-        j = torch.arange(x.shape[1], device=x.device, dtype=torch.int64).unsqueeze(0)
-        want = (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
+        want = synthetic_rows(y, x.shape[1])
         same = (x == want).all()
         digest = x.to("cpu", non_blocking=True)
         del x, y
@@ -277,13 +276,6 @@ def test_device_takes_gpu_and_mig_uuids_and_refuses_an_unseen_one_naming_the_fix
 
 # --- pin_memory: host pools copied to the GPU from page-locked memory -------------------------
 
-def expected_rows(labels: torch.Tensor, width: int) -> torch.Tensor:
-    """The synthetic payload of each sample index, on the labels' device."""
-    i = labels.to(torch.int64).unsqueeze(1)
-    j = torch.arange(width, device=labels.device, dtype=torch.int64).unsqueeze(0)
-    return (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
-
-
 @needs_gpu
 def test_loaders_catching_up_together_on_a_gpu_pool_read_intact_copies(endpoint, batchcast_bin):
     # test_loader's lockstep catch-up on a GPU pool: three loaders join mid-epoch at once, catch
@@ -316,7 +308,7 @@ def test_loaders_catching_up_together_on_a_gpu_pool_read_intact_copies(endpoint,
         assert not leader.is_alive()
         in_lockstep(1, {k: iter(loader) for k, loader in enumerate(loaders)})
         torch.cuda.synchronize()
-        assert all(x.is_cuda and torch.equal(x, expected_rows(y, SAMPLE_BYTES))
+        assert all(x.is_cuda and torch.equal(x, synthetic_rows(y, SAMPLE_BYTES))
                    for per_epoch in kept for x, y in per_epoch[0] + per_epoch[1]), "a bad batch"
         labels = [[torch.cat([y for _, y in batches]).cpu().tolist() for batches in per_epoch]
                   for per_epoch in kept]
@@ -345,7 +337,7 @@ def test_pin_memory_without_cuda_is_ignored_with_one_log_line(endpoint, batchcas
     notes = [r.getMessage() for r in caplog.records if "pin_memory" in r.getMessage()]
     assert notes == ["pin_memory=True is ignored: no CUDA device is usable"], notes
     assert sum(len(y) for _, y in batches) == 40
-    assert all(torch.equal(x, expected_rows(y, 64)) for x, y in batches)
+    assert all(torch.equal(x, synthetic_rows(y, 64)) for x, y in batches)
 
 
 @needs_gpu
@@ -365,7 +357,7 @@ def test_pin_memory_copies_reach_the_gpu_intact_before_the_slot_is_reused(
             kept.append((x, y))
             torch.cuda._sleep(50_000_000)  # the next batch's copy waits behind this
         torch.cuda.synchronize()
-        assert all(torch.equal(x, expected_rows(y, 4096)) for x, y in kept), "a copy was late"
+        assert all(torch.equal(x, synthetic_rows(y, 4096)) for x, y in kept), "a copy was late"
         seen = sum(len(y) for _, y in kept)
         print(f"batch {batch_size}: {len(kept)} batches, {loader.stats.copies} private copies")
         loader.close()
@@ -401,15 +393,14 @@ def test_pin_memory_page_locks_the_mapping_or_says_why(endpoint, batchcast_bin, 
 ON_DEVICE = textwrap.dedent(
     """
     import hashlib, sys, torch, batchcast
+    from conftest import synthetic_rows
     device = sys.argv[2]
     torch.cuda.set_device(device)
     loader = batchcast.Loader(sys.argv[1], device=device, timeout=60)
     out, labels = [], []
     for x, y in loader:
         assert x.device == torch.device(device), (x.device, device)
-        i = y.to(torch.int64).unsqueeze(1)
-        j = torch.arange(x.shape[1], device=x.device, dtype=torch.int64).unsqueeze(0)
-        want = (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
+        want = synthetic_rows(y, x.shape[1])
         assert bool((x == want).all()), "payload does not match its label"
         out.append(hashlib.sha1(x.cpu().numpy().tobytes()).hexdigest())
         labels += y.tolist()
@@ -458,7 +449,7 @@ def test_every_rank_server_on_gpus_gives_each_rank_its_shard_on_its_gpu(endpoint
                 xs, ys = [], []
                 for x, y in loader:
                     assert x.device == torch.device(device), (x.device, device)
-                    assert torch.equal(x, expected_rows(y, SAMPLE_BYTES)), "a bad batch"
+                    assert torch.equal(x, synthetic_rows(y, SAMPLE_BYTES)), "a bad batch"
                     xs.append(x.cpu())
                     ys.append(y.cpu())
                 return torch.cat(xs), torch.cat(ys)

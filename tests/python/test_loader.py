@@ -20,16 +20,9 @@ import pytest
 import torch
 
 import batchcast
-from conftest import segment_of
+from conftest import segment_of, synthetic_rows
 
 SAMPLE_BYTES = 32
-
-
-def synthetic_rows(labels: torch.Tensor) -> torch.Tensor:
-    """The payload the server writes for each sample index (server/synthetic_source.h)."""
-    i = labels.to(torch.int64).unsqueeze(1)
-    j = torch.arange(SAMPLE_BYTES, dtype=torch.int64).unsqueeze(0)
-    return (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
 
 
 def serve(endpoint: str, samples: int = 100, batch: int = 16, epochs: int = 2, **kw):
@@ -41,7 +34,8 @@ def read_epochs(loader: batchcast.Loader, epochs: int, out: List[List[torch.Tens
     for _ in range(epochs):
         batches = []
         for x, y in loader:
-            assert torch.equal(x, synthetic_rows(y)), "payload does not match its label"
+            assert torch.equal(x, synthetic_rows(y, SAMPLE_BYTES)), \
+                "payload does not match its label"
             batches.append((x.clone(), y.clone()))
         out.append(batches)
 
@@ -108,7 +102,7 @@ def test_keeping_every_batch_gets_copies_and_never_stalls(endpoint, batchcast_bi
         kept = list(loader)
         labels = torch.cat([y for _, y in kept])
         assert sorted(labels.tolist()) == list(range(200))
-        assert all(torch.equal(x, synthetic_rows(y)) for x, y in kept)
+        assert all(torch.equal(x, synthetic_rows(y, SAMPLE_BYTES)) for x, y in kept)
         stats = loader.stats
         assert stats.copies > 0 and stats.batches == 13
         loader.close()
@@ -159,7 +153,8 @@ def test_numpy_consumer_through_dlpack(endpoint, batchcast_bin):
         for x, y in loader:
             assert isinstance(x, numpy.ndarray) and x.dtype == numpy.uint8
             assert y.dtype == numpy.int64
-            assert numpy.array_equal(x, synthetic_rows(torch.from_numpy(y.copy())).numpy())
+            want = synthetic_rows(torch.from_numpy(y.copy()), SAMPLE_BYTES)
+            assert numpy.array_equal(x, want.numpy())
             labels += y.tolist()
         assert sorted(labels) == list(range(40))
         loader.close()
@@ -358,7 +353,8 @@ def test_loaders_catching_up_together_in_lockstep_keeping_every_batch_never_stal
             if batch is None:  # its epoch ended
                 return False
             x, y = (torch.from_dlpack(t) for t in batch.tensors())
-            assert torch.equal(x, synthetic_rows(y)), "payload does not match its label"
+            assert torch.equal(x, synthetic_rows(y, SAMPLE_BYTES)), \
+                "payload does not match its label"
             labels[k][epoch] += y.tolist()
             kept[k].append(batch)
             return True
