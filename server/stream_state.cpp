@@ -341,6 +341,9 @@ void StreamState::tick(double now) {
 }
 
 void StreamState::deliver() {
+  // A failed stream delivers nothing more: a consumer, attached or joining, gets the failure
+  // (tick) instead of chunks published before it, which would hide it behind a replay.
+  if (!failure_.empty()) return;
   if (!started_) {
     if (consumers_.size() < std::max<uint32_t>(rules_.min_consumers, 1)) return;
     started_ = true;

@@ -31,7 +31,7 @@
 // - Skip: a chunk no attached consumer wants (all sought past it) is not filled (wanted/skip).
 // - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
 // - End to every consumer after finish(), and to a consumer in answer to its Goodbye (nothing
-//   follows); fail() sends the error to everyone, also later joiners.
+//   follows); fail() sends the error to everyone, also later joiners, and delivers no more chunks.
 //
 // The seek rules (on_seek, the private and sought deliveries, wanted) are defined in
 // stream_seek.cpp, the rest in stream_state.cpp.

@@ -591,8 +591,9 @@ TEST(StreamState, FinishWaitsForChunksStillBeingFilled) {
 }
 
 TEST(StreamState, FailTellsAttachedConsumersAndThoseThatAttachLater) {
-  Stream s(rules(2));
+  Stream s(rules(4));
   s.hello("a");
+  s.produce(3);  // retained chunks a later joiner would otherwise replay
   s.state.fail("sample 7: bad JPEG");
   s.state.fail("a second failure");
   s.tick();
@@ -601,9 +602,11 @@ TEST(StreamState, FailTellsAttachedConsumersAndThoseThatAttachLater) {
   EXPECT_EQ(errors[0].message, "sample 7: bad JPEG") << "the first failure wins";
   s.tick();
   EXPECT_TRUE(s.take<protocol::ErrorMessage>("a").empty()) << "sent once";
-  s.hello("later");
+  EXPECT_EQ(s.seqs("a"), Seqs{}) << "nothing is delivered after the failure";
+  s.join("later", 10);
   s.tick();
   ASSERT_EQ(s.take<protocol::ErrorMessage>("later").size(), 1u);
+  EXPECT_EQ(s.seqs("later"), Seqs{}) << "a joiner of a failed stream gets the failure, no replay";
   EXPECT_FALSE(s.fill()) << "a failed stream takes no more chunks";
 }
 
@@ -769,7 +772,7 @@ TEST(StreamState, ALateJoinerCatchesUpOnRegeneratedChunksThenMergesIntoTheStream
   const uint64_t per_epoch = 100;
   Stream s(regenerating(8, per_epoch));
   s.lead("a", 12, per_epoch);  // a is 12 chunks into epoch 0; chunks 0-3 are gone
-  s.join("b", 2);  // replay: the whole epoch, not a partial one from chunk 4
+  s.join("b", 2);              // replay: the whole epoch, not a partial one from chunk 4
   std::vector<BatchDescriptor> got;
   for (int round = 0; round < 40 && got.size() < 20; ++round) {
     s.regenerate(per_epoch);

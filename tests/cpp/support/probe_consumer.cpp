@@ -8,7 +8,10 @@
 // Exit code 0 on success, 3 on a byte mismatch, 4 on an error (message on stderr).
 // Hardening options (tests/cpp/hardening): --verify-delay-ms holds each batch that long before
 // checking its bytes (so a slot reused while held is caught), --leave-after leaves mid-stream
-// (Goodbye, exit 0), --no-verify serves image datasets (the label tensor holds class ids).
+// (Goodbye, exit 0), --no-verify serves image datasets (the label tensor holds class ids),
+// --stop-after stops the process (SIGSTOP, until SIGCONT) holding its last batch: a consumer
+// frozen at a known point of the stream, whatever the machine's load.
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -24,7 +27,7 @@ int main(int argc, char** argv) {
   ConsumerOptions o;
   uint64_t epochs = 0, max_batches = 0;
   int sleep_ms = 0, verify_delay_ms = 0;
-  uint64_t leave_after = 0;
+  uint64_t leave_after = 0, stop_after = 0;
   bool hold_all = false, next_epoch = false, no_verify = false;
   CLI::App app{"probe consumer"};
   app.add_option("--endpoint", o.endpoint)->required();
@@ -39,7 +42,9 @@ int main(int argc, char** argv) {
   app.add_flag("--next-epoch", next_epoch, "late_join=next_epoch");
   app.add_option("--verify-delay-ms", verify_delay_ms, "hold each batch this long, then check it");
   app.add_option("--leave-after", leave_after, "leave (Goodbye, exit 0) after this many batches");
-  app.add_flag("--no-verify", no_verify, "do not check bytes (image data); print labels as indices");
+  app.add_option("--stop-after", stop_after, "SIGSTOP itself after this many batches");
+  app.add_flag("--no-verify", no_verify,
+               "do not check bytes (image data); print labels as indices");
   CLI11_PARSE(app, argc, argv);
   if (next_epoch) o.late_join = protocol::LateJoin::kNextEpoch;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -84,6 +89,7 @@ int main(int argc, char** argv) {
       if (hold_all) held.push_back(b);
       if (sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
       ++batches;
+      if (stop_after && batches == stop_after) ::raise(SIGSTOP);  // `b` stays held meanwhile
       if (leave_after && batches >= leave_after) break;
       if (max_batches && batches >= max_batches) {
         std::printf("P paused\n");
@@ -92,7 +98,8 @@ int main(int argc, char** argv) {
     }
     auto s = consumer.stats();
     std::printf("S %llu %llu %llu %llu\n", static_cast<unsigned long long>(s.batches),
-                static_cast<unsigned long long>(s.samples), static_cast<unsigned long long>(s.skipped),
+                static_cast<unsigned long long>(s.samples),
+                static_cast<unsigned long long>(s.skipped),
                 static_cast<unsigned long long>(s.copies));
     return 0;
   } catch (const std::exception& e) {

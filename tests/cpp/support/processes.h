@@ -81,6 +81,21 @@ class ChildProcess {
     }
     return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
   }
+  // Waits up to timeout_s until the child is stopped (SIGSTOP); false if it exited or ran on.
+  bool wait_stopped(double timeout_s) {
+    double end = now_s() + timeout_s;
+    while (!exited_ && now_s() < end) {
+      int status;
+      pid_t r = ::waitpid(pid_, &status, WNOHANG | WUNTRACED);
+      if (r == pid_ && WIFSTOPPED(status)) return true;
+      if (r == pid_) {
+        exited_ = true;
+        status_ = status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
   void signal(int sig) { ::kill(pid_, sig); }
   std::string out() const { return slurp(out_path_ + ".out"); }
   std::string err() const { return slurp(out_path_ + ".err"); }

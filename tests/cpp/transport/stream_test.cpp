@@ -127,20 +127,24 @@ TEST_F(StreamTest, AConsumerLeftBehindUnderSkipPolicyReportsEverySampleItMissed)
   auto& srv = server(ep, {"--synthetic", "4096", "--sample-bytes", "32", "--batch-size", "32",
                           "--epochs", "1", "--min-consumers", "2", "--ring", "6", "--stall-policy",
                           "skip", "--stall-timeout", "0.5"});
-  auto& frozen = probe(ep, {"--batch-size", "32", "--sleep-ms", "5"});
-  auto& other = probe(ep, {"--batch-size", "32", "--sleep-ms", "2"});
-  ASSERT_TRUE(frozen.wait_for_lines("B", 2, 60)) << frozen.err();
-  frozen.signal(SIGSTOP);
+  // The frozen consumer stops itself after its second batch, so it is certain to be left behind
+  // (an outside SIGSTOP could come after it had read the whole epoch on a busy machine).
+  auto& frozen = probe(ep, {"--batch-size", "32", "--stop-after", "2"});
+  auto& other = probe(ep, {"--batch-size", "32"});
+  ASSERT_TRUE(frozen.wait_stopped(60)) << frozen.err();
   ASSERT_EQ(other.wait(120), 0) << "skip policy must let the others go on: " << other.err();
-  EXPECT_EQ(sorted(parse_probe(other).per_epoch()[0]), iota(4096));
   frozen.signal(SIGCONT);
   ASSERT_EQ(frozen.wait(120), 0) << frozen.err();  // exit 0: no wrong byte was ever seen
-  auto run = parse_probe(frozen);
-  EXPECT_GT(run.skipped, 0u);
-  std::set<int64_t> seen;
-  auto epochs = run.per_epoch();
-  for (auto i : epochs[0]) EXPECT_TRUE(seen.insert(i).second) << "sample " << i << " twice";
-  EXPECT_EQ(seen.size() + run.skipped, 4096u) << "skipped count must account for every sample";
+  EXPECT_GT(parse_probe(frozen).skipped, 0u);
+  // Each consumer saw no sample twice and reports every one it missed. `other` too may be left
+  // behind for a moment when a busy machine stalls it longer than the stall timeout.
+  for (auto* c : {&frozen, &other}) {
+    auto run = parse_probe(*c);
+    std::set<int64_t> seen;
+    auto epochs = run.per_epoch();
+    for (auto i : epochs[0]) EXPECT_TRUE(seen.insert(i).second) << "sample " << i << " twice";
+    EXPECT_EQ(seen.size() + run.skipped, 4096u) << "skipped count must account for every sample";
+  }
   ASSERT_EQ(srv.wait(60), 0) << srv.err();
 }
 
