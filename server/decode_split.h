@@ -16,9 +16,10 @@
 // (measured: 61 % of the samples on the engine where the CPU had room for 88 %).
 // Whole chunks, not samples: the engine then always gets full batches, and nvJPEG never re-plans
 // for a new batch size.
-// Known limit (bench/RESULTS.md, session 9): when the consumers need several times what the CPU
-// decodes (1-2 trainers on 2 cores), the CPU chunks in flight stall the in-order stream and the
-// engine gets only a quarter of the chunks; the docs send such setups to --decoder nvjpeg.
+// Known limit (bench/RESULTS.md, sessions 9 and 10): when the consumers need several times what
+// the CPU decodes (1-2 trainers on 2 cores), the CPU chunks in flight stall the in-order stream
+// until the engine's chunks behind them fill the ring (--ring 16 doubles the rate there, still
+// below nvjpeg at N = 1); the docs send such setups to --decoder nvjpeg.
 //
 // Thread-safety: queue() from one thread (the producer); started() from any thread.
 #pragma once

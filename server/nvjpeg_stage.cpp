@@ -33,13 +33,13 @@ ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
 }  // namespace
 
 NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
-                         OnErrorPolicy on_error, bool cpu_first)
+                         OnErrorPolicy on_error, bool cpu_first, const std::string& decoder_flag)
     : arenas_(arenas),
       arena_(arenas.primary()),
       source_(source),
       batch_size_(batch_size),
       on_error_(on_error),
-      not_jpeg_(std::string("not a JPEG: --decoder ") + (cpu_first ? "mixed" : "nvjpeg") +
+      not_jpeg_("not a JPEG: " + decoder_flag +
                 " reads JPEG files only (serve other formats with --decoder cpu)"),
       tensors_(source.tensors()),
       layout_(SlotLayout::plan(tensors_, batch_size)),

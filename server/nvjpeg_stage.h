@@ -55,9 +55,9 @@ namespace batchcast {
 
 class NvjpegStage : public ChunkStage {
  public:
-  // cpu_first: `--decoder mixed` (above).
+  // cpu_first: `--decoder mixed` (above); decoder_flag: how errors name the --decoder in use.
   NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
-              OnErrorPolicy on_error, bool cpu_first);
+              OnErrorPolicy on_error, bool cpu_first, const std::string& decoder_flag);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
   NvjpegStage& operator=(const NvjpegStage&) = delete;

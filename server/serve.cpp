@@ -97,15 +97,14 @@ RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   core_ = std::make_unique<ServerCore>(c.server_options(*source_, plan_->epoch_samples()));
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
-    stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
-                                           static_cast<const ImageSource&>(*source_),
-                                           c.batch_size, po.on_error,
-                                           c.decoder == DecoderKind::kMixed);
+    stage_ = std::make_unique<NvjpegStage>(
+        *core_->memory().arenas(), static_cast<const ImageSource&>(*source_), c.batch_size,
+        po.on_error, c.decoder == DecoderKind::kMixed, c.decoder_flag());
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
   if (c.on_gpu() && !stage_)
-    stage_ = std::make_unique<CudaStage>(*core_->memory().arenas(), *source_,
-                                         c.conversions(), c.batch_size);
+    stage_ = std::make_unique<CudaStage>(*core_->memory().arenas(), *source_, c.conversions(),
+                                         c.batch_size);
   if (const ArenaSet* arenas = core_->memory().arenas(); arenas && arenas->arenas().size() > 1)
     spdlog::info("the pool is on {} GPUs, every chunk copied from the first: {}",
                  arenas->arenas().size(), arenas->describe_copies());

@@ -23,12 +23,19 @@ const std::map<std::string, DType> ServeConfig::kOutputs = [] {
   return names;
 }();
 
+std::string ServeConfig::decoder_flag() const {
+  return "--decoder " + std::find_if(kDecoders.begin(), kDecoders.end(), [&](const auto& named) {
+                          return named.second == decoder;
+                        })->first;
+}
+
 void ServeConfig::validate() {
   if ((synthetic > 0) + !data.empty() + !file_list.empty() != 1)
     throw Error("give exactly one of --data DIR, --file-list FILE or --synthetic N");
   if (every_rank && rank != 0)
-    throw Error("--every-rank serves every rank of --world-size: drop --rank (and RANK from the "
-                "environment)");
+    throw Error(
+        "--every-rank serves every rank of --world-size: drop --rank (and RANK from the "
+        "environment)");
   if (rank >= world_size)
     throw Error("--rank " + std::to_string(rank) + " must be below --world-size " +
                 std::to_string(world_size) +
@@ -43,10 +50,7 @@ void ServeConfig::validate() {
   if (!devices) throw Error("--device " + device_list_error(device));
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (gpu_decoding()) {
-    const std::string flag =
-        "--decoder " + std::find_if(kDecoders.begin(), kDecoders.end(), [&](const auto& named) {
-                         return named.second == decoder;
-                       })->first;
+    const std::string flag = decoder_flag();
     if (interpolation != Interpolation::kBilinear)
       throw Error(flag + " resizes bilinearly: drop --interpolation or use --decoder cpu");
     if (synthetic) throw Error(flag + " decodes images; --synthetic has none: drop " + flag);
@@ -62,8 +66,9 @@ void ServeConfig::validate() {
   if (devices->all) {
     for (const auto& v : visible_cuda_devices()) cuda_devices_.push_back(v.index);
     if (cuda_devices_.empty())
-      throw Error("--device all: no CUDA device is usable here (no GPU or no driver); use "
-                  "--device cpu");
+      throw Error(
+          "--device all: no CUDA device is usable here (no GPU or no driver); use "
+          "--device cpu");
   } else if (on_gpu) {
     for (const auto& spec : devices->devices) {  // fails at once without that GPU
       const int index = require_cuda_device(spec);

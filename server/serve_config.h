@@ -95,6 +95,7 @@ struct ServeConfig {
   const std::vector<int>& cuda_devices() const { return cuda_devices_; }
   bool on_gpu() const { return !cuda_devices_.empty(); }
   bool gpu_decoding() const { return decoder != DecoderKind::kCpu; }
+  std::string decoder_flag() const;  // "--decoder <name>", as errors name it
 
   // What ImageSource decodes. A GPU pool without GPU decoding stages uint8 HWC and normalises
   // on the GPU (conversions()), so the CPU never writes floats it would have to upload.
