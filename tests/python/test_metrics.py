@@ -247,8 +247,10 @@ def test_collector_dropped_without_stop_and_raising_source(tmp_path):
 
     c = metrics._native().MetricsCollector(str(tmp_path / "r"), source, interval=0.05)
     c.start()
-    time.sleep(0.2)
-    del c  # the destructor stops it with the GIL released: no deadlock
+    deadline = time.monotonic() + 60
+    while len(calls) < 2 and time.monotonic() < deadline:  # the raising call has happened
+        time.sleep(0.02)
     assert len(calls) >= 2
+    del c  # the destructor stops it with the GIL released: no deadlock
     with open(tmp_path / "r" / "summary.json") as f:
         assert json.load(f)["complete"] is True
