@@ -100,7 +100,8 @@ def _start_server(cfg: argparse.Namespace, peer: str, size: int, n: int, workers
     cmd = [find_binary(), "serve", "--data", cfg.data, "--endpoint", endpoint,
            "--batch-size", str(cfg.batch_size), "--image-size", str(size),
            "--workers", str(workers), "--epochs", "0", "--min-consumers", str(n),
-           "--status-interval", "0",
+           # A status line (rate, ring use, consumers) every 5 s: what a stalled run's log needs.
+           "--status-interval", "5",
            # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
            "--device", device,
            "--decoder", DECODERS.get(peer, "cpu")]
