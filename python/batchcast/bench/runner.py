@@ -89,6 +89,12 @@ class _Watchdog(threading.Thread):
                 self.reason = "a server exited early"
             else:
                 continue
+            if self.reason.startswith("the run outlived"):
+                # The trainers dump their threads' stacks into their logs (trainer.py).
+                for p in self.procs:
+                    if p not in self.servers and p.poll() is None:
+                        p.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
             for p in self.procs:
                 p.kill()
             return

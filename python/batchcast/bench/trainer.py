@@ -14,8 +14,10 @@ same window, so the protocol on stdin/stdout is:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 from typing import Optional
@@ -74,6 +76,9 @@ def parse(argv: Optional[list] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[list] = None) -> None:
+    # The runner's watchdog sends SIGUSR1 before it kills a run past its time limit: every
+    # thread's stack then goes to stderr (this trainer's log) and shows where the trainer waited.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = parse(argv)
     if args.trainer_cpus:
         os.sched_setaffinity(0, args.trainer_cpus)
