@@ -83,13 +83,14 @@ class _Watchdog(threading.Thread):
 
     def run(self) -> None:
         while not self.done.wait(0.5):
-            if time.time() > self.deadline:
+            timed_out = time.time() > self.deadline
+            if timed_out:
                 self.reason = "the run outlived its time limit (--run-timeout)"
             elif any(s.poll() is not None for s in self.servers):
                 self.reason = "a server exited early"
             else:
                 continue
-            if self.reason.startswith("the run outlived"):
+            if timed_out:
                 # The trainers dump their threads' stacks into their logs (trainer.py).
                 for p in self.procs:
                     if p not in self.servers and p.poll() is None:

@@ -74,27 +74,24 @@ class ChildProcess {
   }
   // Waits up to timeout_s; returns the exit code, 128+signal, or -1 if still running.
   int wait(double timeout_s) {
-    double end = now_s() + timeout_s;
-    while (running()) {
-      if (now_s() > end) return -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    if (!poll_until(timeout_s, [&] { return !running(); })) return -1;
     return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
   }
   // Waits up to timeout_s until the child is stopped (SIGSTOP); false if it exited or ran on.
   bool wait_stopped(double timeout_s) {
-    double end = now_s() + timeout_s;
-    while (!exited_ && now_s() < end) {
+    bool stopped = false;
+    poll_until(timeout_s, [&] {
+      if (exited_) return true;  // reaped already: it will not stop
       int status;
-      pid_t r = ::waitpid(pid_, &status, WNOHANG | WUNTRACED);
-      if (r == pid_ && WIFSTOPPED(status)) return true;
-      if (r == pid_) {
+      if (::waitpid(pid_, &status, WNOHANG | WUNTRACED) != pid_) return false;
+      stopped = WIFSTOPPED(status);
+      if (!stopped) {
         exited_ = true;
         status_ = status;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+      return true;
+    });
+    return stopped;
   }
   void signal(int sig) { ::kill(pid_, sig); }
   std::string out() const { return slurp(out_path_ + ".out"); }
@@ -107,26 +104,28 @@ class ChildProcess {
   }
   // Waits until stdout has at least `n` lines starting with `prefix`.
   bool wait_for_lines(const std::string& prefix, size_t n, double timeout_s) {
-    double end = now_s() + timeout_s;
-    while (now_s() < end) {
+    return poll_until(timeout_s, [&] {
       size_t count = 0;
       for (const auto& l : out_lines()) count += l.rfind(prefix, 0) == 0;
-      if (count >= n) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+      return count >= n;
+    });
   }
   // Waits until stderr contains `text`.
   bool wait_for_err(const std::string& text, double timeout_s) {
-    double end = now_s() + timeout_s;
-    while (now_s() < end) {
-      if (err().find(text) != std::string::npos) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+    return poll_until(timeout_s, [&] { return err().find(text) != std::string::npos; });
   }
 
  private:
+  // Checks `done` every 20 ms until it holds (true) or timeout_s has passed (false).
+  template <typename Done>
+  static bool poll_until(double timeout_s, Done done) {
+    const double end = now_s() + timeout_s;
+    while (!done()) {
+      if (now_s() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
   static std::string slurp(const std::string& path) {
     std::ifstream f(path);
     std::stringstream s;
