@@ -3,7 +3,7 @@ installs them into the package (component python of python/CMakeLists.txt).
 
 Two kinds of build (python/README.md, "Install"):
 - default: a CMake build in build-wheel/ with BATCHCAST_STATIC_DEPS=ON (OpenCV linked
-  statically, imgcodecs left out), then every other shared library the two
+  statically), then every other (libzmq, TurboJPEG, libpng, libtiff, libwebp, ...) shared library the two
   binaries need beyond glibc, libstdc++ and zlib is copied into batchcast/_libs, which their
   $ORIGIN RPATH names: a relocatable, self-contained wheel.
 - BATCHCAST_BUILD_DIR=<dir>: reuse that CMake build (e.g. the one ctest ran), so installing

@@ -1,6 +1,7 @@
 # Finds batchcast's dependencies: find_package(CONFIG) where the Debian package ships a
 # relocatable config (spdlog with its fmt, CLI11, nlohmann_json, dlpack, Boost, GTest,
-# pybind11), bc_find_library.cmake where it does not (ZeroMQ, TurboJPEG, OpenCV).
+# pybind11), bc_find_library.cmake where it does not (ZeroMQ, TurboJPEG, OpenCV, libpng,
+# libtiff, libwebp).
 # Both work with Debian's packages and with the GPU node's unpacked bundle
 # (scripts/make_gpu_bundle.sh; pass -DCMAKE_PREFIX_PATH=<prefix>/usr). BATCHCAST_STATIC_DEPS
 # links OpenCV from its archives for the relocatable wheel (setup.py): the only position-
@@ -23,16 +24,24 @@ bc_find_library(OpenCV HEADER opencv2/core.hpp LIBS opencv_imgproc opencv_core
 if(NOT OpenCV_FOUND)
   message(FATAL_ERROR "OpenCV not found: install libopencv-core-dev and libopencv-imgproc-dev")
 endif()
-# PNG and other non-JPEG formats go through OpenCV's imgcodecs where it is installed. The
-# static build leaves it out: its archive needs libpng, libtiff, libwebp, OpenEXR and GDAL.
+# The other formats torchvision's ImageFolder accepts (decoders/image_decode.h): libpng,
+# libtiff and libwebp's demuxer (its animation decoder reads every WebP file, as Pillow's does).
+# Shared in every build: the wheel bundles them as it bundles TurboJPEG (setup.py).
+bc_find_library(PNG HEADER png.h LIBS png16)
+bc_find_library(TIFF HEADER tiffio.h LIBS tiff)
+bc_find_library(WebP HEADER webp/demux.h LIBS webpdemux webp)
+if(NOT PNG_FOUND OR NOT TIFF_FOUND OR NOT WebP_FOUND)
+  message(FATAL_ERROR "libpng, libtiff or libwebp not found: install libpng-dev, libtiff-dev "
+    "and libwebp-dev")
+endif()
+# The decoder tests compare against OpenCV's imgcodecs, an independent decoder, where it is
+# installed (not in the static build, nor in the GPU node's bundle): test-only.
 if(NOT BATCHCAST_STATIC_DEPS)
   find_library(OPENCV_IMGCODECS_LIBRARY NAMES opencv_imgcodecs)
 endif()
 if(OPENCV_IMGCODECS_LIBRARY)
-  target_link_libraries(OpenCV::OpenCV INTERFACE ${OPENCV_IMGCODECS_LIBRARY})
-  target_compile_definitions(OpenCV::OpenCV INTERFACE BATCHCAST_HAVE_IMGCODECS=1)
-else()
-  message(STATUS "batchcast: no OpenCV imgcodecs; only JPEG files can be decoded")
+  add_library(OpenCV::imgcodecs INTERFACE IMPORTED GLOBAL)
+  target_link_libraries(OpenCV::imgcodecs INTERFACE ${OPENCV_IMGCODECS_LIBRARY} OpenCV::OpenCV)
 endif()
 
 find_package(spdlog CONFIG REQUIRED)

@@ -10,13 +10,11 @@
 #include <cstring>
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
-#ifdef BATCHCAST_HAVE_IMGCODECS
-#include <opencv2/imgcodecs.hpp>
-#endif
 
 #include "common/error.h"
 #include "common/random.h"
 #include "decoders/crop_params.h"
+#include "decoders/image_decode.h"
 #include "decoders/image_header.h"
 #include "decoders/jpeg_decode.h"
 #include "decoders/sample_check.h"
@@ -262,38 +260,16 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   const int out_size = options_.image_size;
 
   // 1. The checks every decoder runs, then the decoded source pixels (other formats than JPEG
-  // are decoded whole by OpenCV; JPEG decodes only the crop, below).
+  // are decoded whole, image_decode.h; JPEG decodes only the crop, below).
   const SampleHeader header = check_sample(data, size, name, options_.max_image_pixels);
   const ImageFormat format = header.format;
   int width = static_cast<int>(header.width);
   int height = static_cast<int>(header.height);
-#ifdef BATCHCAST_HAVE_IMGCODECS
-  thread_local cv::Mat decoded_bgr;
-  thread_local cv::Mat decoded_rgb;
-#endif
+  RgbView source;
   if (format != ImageFormat::kJpeg) {
-#ifdef BATCHCAST_HAVE_IMGCODECS
-    try {
-      cv::Mat encoded(1, static_cast<int>(std::min<size_t>(size, INT32_MAX)), CV_8UC1,
-                      const_cast<uint8_t*>(data));
-      // PIL (and so torchvision) ignores EXIF orientation; so do we.
-      decoded_bgr = cv::imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
-    } catch (const cv::Exception& e) {
-      throw SampleError(name, std::string("corrupt image: ") + e.what());
-    }
-    if (decoded_bgr.empty()) throw SampleError(name, "corrupt or truncated image (decode failed)");
-    // OpenCV may decode another size than the header claimed: guard what it allocated too.
-    width = decoded_bgr.cols;
-    height = decoded_bgr.rows;
-    check_pixel_count(width, height, options_.max_image_pixels, name);
-    cv::cvtColor(decoded_bgr, decoded_rgb, cv::COLOR_BGR2RGB);
-#else
-    throw SampleError(name,
-                      "not a JPEG, and this build has no OpenCV imgcodecs for PNG and other "
-                      "formats (the pip wheel decodes JPEG only): convert the files to JPEG, or "
-                      "build batchcast where libopencv-imgcodecs-dev is installed "
-                      "(python/README.md, Install)");
-#endif
+    source = decode_image(format, data, size, name, options_.max_image_pixels);
+    width = source.width;  // the decoder's, should the header have claimed another size
+    height = source.height;
   }
 
   // 2. Source rectangle, output geometry and flip; 3. decode just that rectangle (DCT-scaled
@@ -302,16 +278,13 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
       geometry(width, height, format == ImageFormat::kJpeg, epoch, index, name);
   const int resize_w = g.resize_w;
   const int resize_h = g.resize_h;
-  RgbView source;
   if (format == ImageFormat::kJpeg) {
     source = decode_jpeg_region(data, size, name, header.jpeg, g.factor, g.scaled);
   } else {
-#ifdef BATCHCAST_HAVE_IMGCODECS
-    source.stride = decoded_rgb.step[0];
-    source.pixels = decoded_rgb.ptr<uint8_t>(g.crop.top) + static_cast<size_t>(g.crop.left) * 3;
+    source.pixels += static_cast<size_t>(g.crop.top) * source.stride +
+                     static_cast<size_t>(g.crop.left) * 3;
     source.width = g.crop.width;
     source.height = g.crop.height;
-#endif
   }
 
   // 4. Resize (bilinear, no antialias), then flip and normalise straight into `out`.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "decoders/pixel_rect.h"
+#include "decoders/rgb_view.h"
 
 namespace batchcast {
 
@@ -49,14 +50,6 @@ struct ScalingFactor {
 // otherwise the smallest factor whose scaled crop is still >= the output in both dimensions (so the
 // final resize still only shrinks, and quality stays that of a bilinear downscale).
 ScalingFactor choose_scaling(int crop_w, int crop_h, int out_w, int out_h);
-
-// Decoded RGB8 pixels: `height` rows of `width` pixels, `stride` bytes apart.
-struct RgbView {
-  const uint8_t* pixels = nullptr;
-  int width = 0;
-  int height = 0;
-  size_t stride = 0;
-};
 
 // Decodes `rect` (in the coordinates of the image scaled by `factor`) as RGB. YCbCr and grayscale
 // files are decoded with libjpeg's jpeg_crop_scanline/jpeg_skip_scanlines so only the rows down to

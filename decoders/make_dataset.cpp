@@ -11,12 +11,10 @@
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 #include <vector>
-#ifdef BATCHCAST_HAVE_IMGCODECS
-#include <opencv2/imgcodecs.hpp>
-#endif
 
 #include "common/error.h"
 #include "common/random.h"
+#include "decoders/image_decode.h"
 #include "decoders/jpeg_decode.h"
 
 namespace batchcast {
@@ -33,11 +31,7 @@ std::string lower_extension(const fs::path& path) {
 
 bool is_source_photo(const fs::path& path) {
   std::string extension = lower_extension(path);
-  if (extension == ".jpg" || extension == ".jpeg") return true;
-#ifdef BATCHCAST_HAVE_IMGCODECS
-  if (extension == ".png") return true;
-#endif
-  return false;
+  return extension == ".jpg" || extension == ".jpeg" || extension == ".png";
 }
 
 std::vector<std::string> find_photos(const std::string& source_dir) {
@@ -76,14 +70,12 @@ cv::Mat decode_source(const std::string& path) {
                      view.stride)
           .clone();
     }
-#ifdef BATCHCAST_HAVE_IMGCODECS
-    cv::Mat bgr = cv::imdecode(cv::Mat(1, static_cast<int>(bytes.size()), CV_8UC1, bytes.data()),
-                               cv::IMREAD_COLOR);
-    if (bgr.empty()) return {};
-    cv::Mat rgb;
-    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
-    return rgb;
-#endif
+    const ImageFormat format = sniff_image_format(bytes.data(), bytes.size());
+    if (format == ImageFormat::kUnknown) return {};
+    // PIL's refusal limit, the pipeline's default guard.
+    RgbView view = decode_image(format, bytes.data(), bytes.size(), path, 178956970);
+    return cv::Mat(view.height, view.width, CV_8UC3, const_cast<uint8_t*>(view.pixels), view.stride)
+        .clone();
   } catch (const Error&) {
   } catch (const cv::Exception&) {
   }

@@ -14,8 +14,8 @@
 namespace batchcast {
 
 struct MakeDatasetOptions {
-  // Where the real photos are found (recursively; .jpg/.jpeg via TurboJPEG, .png via OpenCV
-  // imgcodecs). Default: Debian's desktop backgrounds (package mate-backgrounds and friends).
+  // Where the real photos are found (recursively; .jpg/.jpeg via TurboJPEG, .png via libpng).
+  // Default: Debian's desktop backgrounds (package mate-backgrounds and friends).
   std::string source_dir = "/usr/share/backgrounds";
   std::string out_dir;  // required; created if missing
   int classes = 10;     // class folders class_000 ...
