@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "decoders/pil_convert.h"
 #include "decoders/scratch_buffer.h"
 #include "decoders/tj_handle.h"
 
@@ -261,14 +262,13 @@ RgbView decode_jpeg_full_turbo(const uint8_t* data, size_t size, const std::stri
     throw SampleError(name, "corrupt or truncated JPEG: " + handle.last_error());
   }
   if (cmyk) {
-    // libjpeg hands back Adobe's inverted CMYK (255 = no ink), so R = C * K / 255: the formula of
-    // TurboJPEG's own tools and, up to rounding, of PIL's convert("RGB").
+    // libjpeg hands back Adobe's inverted CMYK (255 = no ink), which PIL reads as "CMYK;I"
+    // (inverted back) before its cmyk2rgb: the same here, so pixels equal PIL's.
     for (size_t i = 0; i < pixel_count; ++i) {
       const uint8_t* in = target + i * 4;
-      const unsigned k = in[3];
-      pixels[i * 3 + 0] = static_cast<uint8_t>((in[0] * k + 127) / 255);
-      pixels[i * 3 + 1] = static_cast<uint8_t>((in[1] * k + 127) / 255);
-      pixels[i * 3 + 2] = static_cast<uint8_t>((in[2] * k + 127) / 255);
+      const uint8_t cmyk[4] = {static_cast<uint8_t>(255 - in[0]), static_cast<uint8_t>(255 - in[1]),
+                               static_cast<uint8_t>(255 - in[2]), static_cast<uint8_t>(255 - in[3])};
+      cmyk_to_rgb(cmyk, pixels + i * 3);
     }
   }
   return RgbView{pixels, width, height, stride};

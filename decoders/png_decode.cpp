@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "decoders/format_decoders.h"
+#include "decoders/pil_convert.h"
 #include "decoders/sample_check.h"
 
 namespace batchcast {
@@ -23,7 +24,7 @@ struct PngInput {
 
 void read_bytes(png_structp png, png_bytep out, size_t n) {
   auto* input = static_cast<PngInput*>(png_get_io_ptr(png));
-  if (input->size - input->at < n) png_error(png, "truncated PNG (the data ends early)");
+  if (input->size - input->at < n) png_error(png, "the data ends early");
   std::memcpy(out, input->data + input->at, n);
   input->at += n;
 }

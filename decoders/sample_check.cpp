@@ -5,12 +5,10 @@
 namespace batchcast {
 
 SampleHeader check_sample(const uint8_t* data, size_t size, const std::string& name,
-                          int64_t max_image_pixels, const char* jpeg_only) {
+                          int64_t max_image_pixels) {
   if (size == 0) throw SampleError(name, "empty file (0 bytes)");
   SampleHeader header;
   header.format = sniff_image_format(data, size);
-  if (header.format != ImageFormat::kJpeg && jpeg_only != nullptr)
-    throw SampleError(name, jpeg_only);
   if (header.format == ImageFormat::kUnknown)
     throw SampleError(name, "not an image (unrecognised file signature)");
   if (header.format == ImageFormat::kJpeg) {

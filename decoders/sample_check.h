@@ -28,10 +28,9 @@ struct SampleHeader {
   JpegHeader jpeg;  // format == kJpeg only
 };
 
-// Runs the check sequence above. `jpeg_only`: nullptr accepts every format image_header.h knows;
-// otherwise the caller decodes JPEG only, and every other file is refused with this reason.
+// Runs the check sequence above for every format image_header.h knows.
 SampleHeader check_sample(const uint8_t* data, size_t size, const std::string& name,
-                          int64_t max_image_pixels, const char* jpeg_only = nullptr);
+                          int64_t max_image_pixels);
 
 // The decompression-bomb guard: throws SampleError(name, ...) unless 0 < width * height <= limit.
 void check_pixel_count(int64_t width, int64_t height, int64_t limit, const std::string& name);

@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "decoders/format_decoders.h"
+#include "decoders/pil_convert.h"
 #include "decoders/sample_check.h"
 
 namespace batchcast {

@@ -9,8 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(
-  cmake g++ make pkg-config libzmq3-dev cppzmq-dev libturbojpeg0-dev libopencv-core-dev
-  libopencv-imgproc-dev libopencv-imgcodecs-dev libboost-dev pybind11-dev python3-dev
+  cmake g++ make pkg-config libzmq3-dev cppzmq-dev libturbojpeg0-dev libpng-dev libtiff-dev
+  libwebp-dev libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libboost-dev
+  pybind11-dev python3-dev
   libgtest-dev libgmock-dev libdlpack-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   libbenchmark-dev python3-torch python3-torchvision python3-numpy python3-pytest
   python3-matplotlib python3-pil python3-venv python3-pip python3-setuptools python3-wheel

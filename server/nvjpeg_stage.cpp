@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "decoders/image_decode.h"
 #include "decoders/jpeg_decode.h"
 #include "decoders/sample_check.h"
 
@@ -33,14 +34,12 @@ ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
 }  // namespace
 
 NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
-                         OnErrorPolicy on_error, bool cpu_first, const std::string& decoder_flag)
+                         OnErrorPolicy on_error, bool cpu_first)
     : arenas_(arenas),
       arena_(arenas.primary()),
       source_(source),
       batch_size_(batch_size),
       on_error_(on_error),
-      not_jpeg_("not a JPEG: " + decoder_flag +
-                " reads JPEG files only (serve other formats with --decoder cpu)"),
       tensors_(source.tensors()),
       layout_(SlotLayout::plan(tensors_, batch_size)),
       samples_(static_cast<size_t>(arenas.primary().slot_count()) * batch_size),
@@ -112,10 +111,10 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
   const uint8_t* data = s.bytes.data();
   reinterpret_cast<int64_t*>(labels_.data())[at] = entry.label;
   // Checked before the split: under --decoder mixed a file is refused or accepted the same way
-  // whichever side decodes it (a PNG the CPU could decode would otherwise fail only sometimes).
+  // whichever side decodes it.
   const ImagePipeline& pipeline = source_.pipeline();
-  const SampleHeader header = check_sample(data, s.size, entry.path,
-                                           pipeline.options().max_image_pixels, not_jpeg_.c_str());
+  const int64_t max_pixels = pipeline.options().max_image_pixels;
+  const SampleHeader header = check_sample(data, s.size, entry.path, max_pixels);
   // cpu_chunk_ was written by begin() before this chunk's samples were queued for the workers.
   if (split_ && cpu_chunk_[slot]) {
     split_->started();
@@ -125,18 +124,26 @@ void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_
     return;
   }
   if (split_) ++engine_samples_;
-  s.width = header.jpeg.width;
-  s.height = header.jpeg.height;
-  s.geometry = pipeline.geometry(s.width, s.height, true, epoch, index, entry.path);
-  s.decoded_on_cpu = header.jpeg.cmyk();
+  const bool jpeg = header.format == ImageFormat::kJpeg;
+  s.decoded_on_cpu = !jpeg || header.jpeg.cmyk();
+  s.width = static_cast<int>(header.width);
+  s.height = static_cast<int>(header.height);
   if (s.decoded_on_cpu) {
-    RgbView rgb = decode_jpeg_full_turbo(data, s.size, entry.path, ScalingFactor{});
+    // nvJPEG reads neither other formats nor CMYK: the CPU decodes those whole, as the CPU
+    // pipeline does, and the GPU crops and resizes them like the rest.
+    RgbView rgb = jpeg ? decode_jpeg_full_turbo(data, s.size, entry.path, ScalingFactor{})
+                       : decode_image(header.format, data, s.size, entry.path, max_pixels);
+    s.width = rgb.width;
+    s.height = rgb.height;
     const size_t row = static_cast<size_t>(rgb.width) * 3;
     uint8_t* out = s.bytes.get(row * rgb.height);  // rgb lives in another (thread_local) buffer
     for (int y = 0; y < rgb.height; ++y)
       std::memcpy(out + y * row, rgb.pixels + y * rgb.stride, row);
     s.size = row * rgb.height;
   }
+  // JPEG geometry carries the DCT-domain factor the GPU kernel's box filter imitates; the other
+  // formats have none, as on the CPU.
+  s.geometry = pipeline.geometry(s.width, s.height, jpeg, epoch, index, entry.path);
 }
 
 void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,

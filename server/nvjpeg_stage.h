@@ -2,11 +2,13 @@
 // or on the CPU workers first and on the GPU what they cannot keep up with (`--decoder mixed`).
 //
 // fill() runs on the producer's worker threads and does the CPU's small share: it reads the file,
-// checks it with the CPU pipeline's own check sequence (decoders/sample_check.h: JPEG signature,
-// header, decompression-bomb guard, EOI marker; so on_error=skip replaces such samples the usual
-// way) and draws the sample's geometry with ImagePipeline::geometry, i.e. the CPU pipeline's own
-// SampleRng draws.
-// CMYK/YCCK JPEGs, which nvJPEG cannot convert to RGB, are decoded to RGB on the CPU right there.
+// checks it with the CPU pipeline's own check sequence (decoders/sample_check.h: signature,
+// header, decompression-bomb guard, JPEG EOI marker; so on_error=skip replaces such samples the
+// usual way) and draws the sample's geometry with ImagePipeline::geometry, i.e. the CPU pipeline's
+// own SampleRng draws.
+// What nvJPEG cannot read (CMYK/YCCK JPEGs; PNG, BMP, PNM, TIFF, WebP) is decoded whole to RGB on
+// the CPU right there (decoders/image_decode.h, as the CPU pipeline decodes it) and goes through
+// the same GPU crop/resize kernel.
 // upload() then, on the stage's stream: nvJPEG decodes the chunk's images to full-size RGB in a
 // device buffer (hardware engine for baseline JPEGs where the GPU has one, hybrid otherwise), a
 // kernel (launch_crop_resize) crops, resizes, flips and normalises them straight into the slot,
@@ -55,9 +57,9 @@ namespace batchcast {
 
 class NvjpegStage : public ChunkStage {
  public:
-  // cpu_first: `--decoder mixed` (above); decoder_flag: how errors name the --decoder in use.
+  // cpu_first: `--decoder mixed` (above).
   NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
-              OnErrorPolicy on_error, bool cpu_first, const std::string& decoder_flag);
+              OnErrorPolicy on_error, bool cpu_first);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
   NvjpegStage& operator=(const NvjpegStage&) = delete;
@@ -72,11 +74,12 @@ class NvjpegStage : public ChunkStage {
   uint64_t skipped() const override { return skipped_.load(); }
 
  private:
-  // One position of one slot: the file's bytes (or, for CMYK, CPU-decoded RGB) and its geometry.
+  // One position of one slot: the file's bytes (or, for what nvJPEG cannot read, CPU-decoded RGB)
+  // and its geometry.
   struct PreparedSample {
     ScratchBuffer bytes;
     size_t size = 0;
-    bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB (CMYK files)
+    bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB (CMYK JPEGs, other formats)
     int width = 0;
     int height = 0;
     SampleGeometry geometry;
@@ -93,7 +96,6 @@ class NvjpegStage : public ChunkStage {
   const ImageSource& source_;
   uint32_t batch_size_;
   OnErrorPolicy on_error_;
-  std::string not_jpeg_;               // why a non-JPEG file is refused, naming this --decoder
   std::vector<SampleTensor> tensors_;  // #0 images, #1 labels
   SlotLayout layout_;
   std::vector<PreparedSample> samples_;  // slot_count * batch_size

@@ -99,7 +99,7 @@ RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   if (c.gpu_decoding())
     stage_ = std::make_unique<NvjpegStage>(
         *core_->memory().arenas(), static_cast<const ImageSource&>(*source_), c.batch_size,
-        po.on_error, c.decoder == DecoderKind::kMixed, c.decoder_flag());
+        po.on_error, c.decoder == DecoderKind::kMixed);
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
   if (c.on_gpu() && !stage_)
