@@ -76,8 +76,9 @@ T field(TIFF* tif, ttag_t tag) {
 }
 
 // Reads the interleaved samples of the whole image into `raw` (rows of `row_bytes`); false on a
-// libtiff error (its message is in the input).
-bool read_interleaved(TIFF* tif, uint32_t width, uint32_t height, size_t row_bytes, uint8_t* raw) {
+// libtiff error (its message is in the input) or a tile above `max_bytes`.
+bool read_interleaved(TIFF* tif, uint32_t width, uint32_t height, size_t row_bytes,
+                      uint64_t max_bytes, uint8_t* raw) {
   const size_t total = row_bytes * height;
   if (!TIFFIsTiled(tif)) {
     const uint32_t rows_per_strip = std::min(field<uint32_t>(tif, TIFFTAG_ROWSPERSTRIP), height);
@@ -93,7 +94,9 @@ bool read_interleaved(TIFF* tif, uint32_t width, uint32_t height, size_t row_byt
   const uint32_t tile_w = field<uint32_t>(tif, TIFFTAG_TILEWIDTH);
   const uint32_t tile_h = field<uint32_t>(tif, TIFFTAG_TILELENGTH);
   const tmsize_t tile_size = TIFFTileSize(tif);
-  if (tile_w == 0 || tile_h == 0 || tile_size <= 0) return false;
+  if (tile_w == 0 || tile_h == 0 || tile_size <= 0 || static_cast<uint64_t>(tile_size) > max_bytes ||
+      static_cast<uint64_t>(tile_size) / (tile_w * uint64_t{tile_h}) < row_bytes / width)
+    return false;
   const size_t pixel_bytes = row_bytes / width;
   thread_local ScratchBuffer tile_buffer;
   uint8_t* tile = tile_buffer.get(static_cast<size_t>(tile_size));
@@ -119,6 +122,10 @@ RgbView decode_tiff(const uint8_t* data, size_t size, const DecodeTarget& target
   if (!options) throw Error("libtiff could not allocate its open options (out of memory)");
   TIFFOpenOptionsSetErrorHandlerExtR(options.get(), on_error, &input);
   TIFFOpenOptionsSetWarningHandlerExtR(options.get(), on_warning, &input);
+  // libtiff allocates strips and tiles from what the header claims: no single buffer beyond what
+  // the bomb guard admits for a whole image (8 bytes a pixel: RGBA at 16 bits).
+  TIFFOpenOptionsSetMaxSingleMemAlloc(options.get(),
+                                      static_cast<tmsize_t>(target.max_image_pixels) * 8);
   // "m": no memory mapping (the client procs read the caller's bytes).
   std::unique_ptr<TIFF, TiffCloser> tif(TIFFClientOpenExt(name.c_str(), "rm", &input, read_proc,
                                                           write_proc, seek_proc, close_proc,
@@ -143,7 +150,8 @@ RgbView decode_tiff(const uint8_t* data, size_t size, const DecodeTarget& target
   const bool cmyk = photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && spp >= 4 &&
                     bits == 8;
   const bool raw_path = planar == PLANARCONFIG_CONTIG && sample_format == SAMPLEFORMAT_UINT &&
-                        (bits == 8 || bits == 16) && spp >= 1 && (gray || rgb || cmyk);
+                        (bits == 8 || bits == 16) && spp >= 1 && spp <= 8 &&
+                        (gray || rgb || cmyk);
 
   if (raw_path) {
     const size_t sample_bytes = bits / 8;
@@ -151,7 +159,9 @@ RgbView decode_tiff(const uint8_t* data, size_t size, const DecodeTarget& target
     const size_t row_bytes = pixel_bytes * width;
     thread_local ScratchBuffer raw_buffer;
     uint8_t* raw = raw_buffer.get(row_bytes * height);
-    if (!read_interleaved(tif.get(), width, height, row_bytes, raw)) throw failed("pixel data");
+    if (!read_interleaved(tif.get(), width, height, row_bytes,
+                          static_cast<uint64_t>(target.max_image_pixels) * 8, raw))
+      throw failed("pixel data");
     uint8_t* out = target.allocate(width, height);
     const bool invert = photometric == PHOTOMETRIC_MINISWHITE;
     for (uint32_t y = 0; y < height; ++y) {

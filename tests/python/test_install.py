@@ -2,7 +2,7 @@
 the environment's PATH (the console script, which answers --version and execs the native
 program for the rest), __version__, the type information (py.typed, the native module's .pyi),
 and, in a relocatable wheel (batchcast/_libs present), native binaries that load none of
-libzmq, TurboJPEG or OpenCV from the system."""
+libzmq, TurboJPEG, OpenCV or the image libraries (libpng, libtiff, libwebp) from the system."""
 
 import os
 import re
@@ -55,7 +55,7 @@ def test_native_program_is_in_the_package():
         assert find_binary() == packaged
 
 
-def test_relocatable_wheel_loads_no_system_zmq_turbojpeg_opencv():
+def test_relocatable_wheel_loads_no_system_zmq_turbojpeg_opencv_or_image_libraries():
     libs = os.path.realpath(os.path.join(PACKAGE, "_libs"))
     if not os.path.isdir(libs):
         # A development install (BATCHCAST_BUILD_DIR) links the system's libraries by design.
@@ -67,7 +67,8 @@ def test_relocatable_wheel_loads_no_system_zmq_turbojpeg_opencv():
         ldd = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
         assert "not found" not in ldd, ldd
         for line in ldd.splitlines():
-            bundled = re.search(r"lib(zmq|turbojpeg|jpeg|opencv|tbb|spdlog|fmt)", line)
+            bundled = re.search(r"lib(zmq|turbojpeg|jpeg|png|tiff|webp|opencv|tbb|spdlog|fmt)",
+                                line)
             if bundled and "=>" in line:
                 path = os.path.realpath(line.split("=>")[1].split("(")[0].strip())
                 assert path.startswith(libs + os.sep), f"{binary} loads {path}, not the wheel's"
