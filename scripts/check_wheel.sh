@@ -3,7 +3,9 @@
 # build in build-wheel/ with OpenCV linked statically and every other non-system library bundled
 # in batchcast/_libs), installs it into a fresh venv, and checks it from outside the source tree:
 # tests/python/test_install.py (program on PATH, version, stubs, ldd loads nothing of libzmq,
-# TurboJPEG or OpenCV from the system) and a real run (make-dataset, serve, a Loader, report).
+# TurboJPEG, OpenCV, libpng, libtiff or libwebp from the system), tests/python/test_formats.py
+# (an ImageFolder of every format torchvision accepts, served and compared with torchvision) and
+# a real run (make-dataset, serve, a Loader, report).
 # Run by .ci/run after the test suite. CUDA is left out here (BATCHCAST_CMAKE_ARGS overrides) to
 # keep CI short; the GPU node installs with CUDA (scripts/README.md).
 set -euo pipefail
@@ -19,7 +21,7 @@ echo "check_wheel: built $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
 "$WORK/venv/bin/python" -m pip install -q --no-index --no-deps "$wheel"
 cd "$WORK"  # nothing of the source tree is importable from here
 PATH="$WORK/venv/bin:$PATH" "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider \
-  --rootdir "$WORK" "$ROOT/tests/python/test_install.py"
+  --rootdir "$WORK" "$ROOT/tests/python/test_install.py" "$ROOT/tests/python/test_formats.py"
 PATH="$WORK/venv/bin:$PATH"
 batchcast make-dataset --out "$WORK/data" --classes 2 --per-class 8
 batchcast serve --data "$WORK/data" --endpoint "ipc://$WORK/bc.sock" --batch-size 4 \
