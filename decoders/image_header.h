@@ -1,6 +1,6 @@
-// Format sniffing and header-only dimension parsing for the non-JPEG formats the pipeline hands
-// to OpenCV imgcodecs (PNG, BMP, PPM/PGM/PBM, TIFF, WebP), so the decompression-bomb guard runs
-// before OpenCV allocates the image (it allocates from the header's claim).
+// Format sniffing (by content, never by file name) and header-only dimension parsing for the
+// non-JPEG formats (PNG, BMP, PPM/PGM/PBM, TIFF, WebP; decoded by image_decode.h), so the
+// decompression-bomb guard runs before any decoder allocates from the header's claim.
 //
 // Contract: pure functions over caller-owned bytes; thread-safe; never read past `size`.
 #pragma once
