@@ -72,7 +72,8 @@ void expand_rle(const uint8_t* p, const uint8_t* end, bool four_bit, int width, 
     } else {  // `value` literal pixels, padded to 16 bits
       const size_t bytes = four_bit ? (value + 1) / 2 : value;
       if (static_cast<size_t>(end - p) < bytes) throw truncated();
-      for (int i = 0; i < value; ++i) put(four_bit ? ((i & 1) ? p[i / 2] & 15 : p[i / 2] >> 4) : p[i]);
+      for (int i = 0; i < value; ++i)
+        put(four_bit ? ((i & 1) ? p[i / 2] & 15 : p[i / 2] >> 4) : p[i]);
       p += bytes + (bytes & 1);
       if (p > end) p = end;
     }
@@ -118,7 +119,8 @@ RgbView decode_bmp(const uint8_t* data, size_t size, const DecodeTarget& target)
         compression == kAlphaBitfields) ||
       ((compression == kBitfields || compression == kAlphaBitfields) && bpp != 16 && bpp != 32)) {
     throw SampleError(name, "unsupported BMP variant (" + std::to_string(bpp) +
-                                " bits per pixel, compression " + std::to_string(compression) + ")");
+                                " bits per pixel, compression " + std::to_string(compression) +
+                                ")");
   }
 
   // Palette (BGR entries after the header and, for a 40-byte header, the BITFIELDS masks).
@@ -162,7 +164,8 @@ RgbView decode_bmp(const uint8_t* data, size_t size, const DecodeTarget& target)
     stride = static_cast<size_t>(w);
   } else {
     const size_t last_row = (static_cast<size_t>(w) * bpp + 7) / 8;
-    if (available < stride * (h - 1) + last_row) throw SampleError(name, "truncated BMP (pixel data ends early)");
+    if (available < stride * (h - 1) + last_row)
+      throw SampleError(name, "truncated BMP (pixel data ends early)");
   }
 
   uint8_t* out = target.allocate(w, h);

@@ -281,8 +281,8 @@ void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::s
   if (format == ImageFormat::kJpeg) {
     source = decode_jpeg_region(data, size, name, header.jpeg, g.factor, g.scaled);
   } else {
-    source.pixels += static_cast<size_t>(g.crop.top) * source.stride +
-                     static_cast<size_t>(g.crop.left) * 3;
+    source.pixels +=
+        static_cast<size_t>(g.crop.top) * source.stride + static_cast<size_t>(g.crop.left) * 3;
     source.width = g.crop.width;
     source.height = g.crop.height;
   }

@@ -267,7 +267,8 @@ RgbView decode_jpeg_full_turbo(const uint8_t* data, size_t size, const std::stri
     for (size_t i = 0; i < pixel_count; ++i) {
       const uint8_t* in = target + i * 4;
       const uint8_t cmyk[4] = {static_cast<uint8_t>(255 - in[0]), static_cast<uint8_t>(255 - in[1]),
-                               static_cast<uint8_t>(255 - in[2]), static_cast<uint8_t>(255 - in[3])};
+                               static_cast<uint8_t>(255 - in[2]),
+                               static_cast<uint8_t>(255 - in[3])};
       cmyk_to_rgb(cmyk, pixels + i * 3);
     }
   }

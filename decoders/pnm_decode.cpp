@@ -12,7 +12,9 @@
 namespace batchcast {
 namespace {
 
-bool is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+bool is_space(uint8_t c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 // Reads the header's and the plain formats' decimal tokens, skipping whitespace and comments.
 class Tokens {
@@ -26,7 +28,8 @@ class Tokens {
     uint64_t value = 0;
     while (at_ < size_ && data_[at_] >= '0' && data_[at_] <= '9') {
       value = value * 10 + (data_[at_++] - '0');
-      if (value > 0xFFFFFFFFu) throw SampleError(name_, std::string("corrupt PNM: ") + what + " too large");
+      if (value > 0xFFFFFFFFu)
+        throw SampleError(name_, std::string("corrupt PNM: ") + what + " too large");
     }
     return static_cast<uint32_t>(value);
   }
@@ -70,7 +73,9 @@ RgbView decode_pnm(const uint8_t* data, size_t size, const DecodeTarget& target)
   const uint32_t height = tokens.next("height");
   check_pixel_count(width, height, target.max_image_pixels, name);
   const uint32_t maxval = bitmap ? 1 : tokens.next("maxval");
-  if (maxval == 0 || maxval > 65535) throw SampleError(name, "corrupt PNM: maxval " + std::to_string(maxval) + " is not in 1..65535");
+  if (maxval == 0 || maxval > 65535)
+    throw SampleError(name,
+                      "corrupt PNM: maxval " + std::to_string(maxval) + " is not in 1..65535");
   // One whitespace byte separates the header from binary pixels.
   const size_t start = tokens.at() + 1;
   const int channels = color ? 3 : 1;
@@ -83,7 +88,8 @@ RgbView decode_pnm(const uint8_t* data, size_t size, const DecodeTarget& target)
   // A sample as convert("RGB") sees it.
   auto to_8 = [&](uint32_t v) -> uint8_t {
     if (bitmap) return v ? 0 : 255;
-    if (color || maxval <= 255) return static_cast<uint8_t>(maxval == 255 ? v : rescale(v, maxval, 255));
+    if (color || maxval <= 255)
+      return static_cast<uint8_t>(maxval == 255 ? v : rescale(v, maxval, 255));
     return clip_to_8(maxval == 65535 ? v : rescale(v, maxval, 65535));  // PIL's mode "I"
   };
   uint8_t* out = target.allocate(width, height);

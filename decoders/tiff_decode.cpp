@@ -94,7 +94,8 @@ bool read_interleaved(TIFF* tif, uint32_t width, uint32_t height, size_t row_byt
   const uint32_t tile_w = field<uint32_t>(tif, TIFFTAG_TILEWIDTH);
   const uint32_t tile_h = field<uint32_t>(tif, TIFFTAG_TILELENGTH);
   const tmsize_t tile_size = TIFFTileSize(tif);
-  if (tile_w == 0 || tile_h == 0 || tile_size <= 0 || static_cast<uint64_t>(tile_size) > max_bytes ||
+  if (tile_w == 0 || tile_h == 0 || tile_size <= 0 ||
+      static_cast<uint64_t>(tile_size) > max_bytes ||
       static_cast<uint64_t>(tile_size) / (tile_w * uint64_t{tile_h}) < row_bytes / width)
     return false;
   const size_t pixel_bytes = row_bytes / width;
@@ -105,8 +106,8 @@ bool read_interleaved(TIFF* tif, uint32_t width, uint32_t height, size_t row_byt
       if (TIFFReadTile(tif, tile, tx, ty, 0, 0) < 0) return false;
       const size_t copy = pixel_bytes * std::min(tile_w, width - tx);
       for (uint32_t y = 0; y < tile_h && ty + y < height; ++y) {
-        std::memcpy(raw + row_bytes * (ty + y) + pixel_bytes * tx,
-                    tile + pixel_bytes * tile_w * y, copy);
+        std::memcpy(raw + row_bytes * (ty + y) + pixel_bytes * tx, tile + pixel_bytes * tile_w * y,
+                    copy);
       }
     }
   }
@@ -127,10 +128,9 @@ RgbView decode_tiff(const uint8_t* data, size_t size, const DecodeTarget& target
   TIFFOpenOptionsSetMaxSingleMemAlloc(options.get(),
                                       static_cast<tmsize_t>(target.max_image_pixels) * 8);
   // "m": no memory mapping (the client procs read the caller's bytes).
-  std::unique_ptr<TIFF, TiffCloser> tif(TIFFClientOpenExt(name.c_str(), "rm", &input, read_proc,
-                                                          write_proc, seek_proc, close_proc,
-                                                          size_proc, map_proc, unmap_proc,
-                                                          options.get()));
+  std::unique_ptr<TIFF, TiffCloser> tif(
+      TIFFClientOpenExt(name.c_str(), "rm", &input, read_proc, write_proc, seek_proc, close_proc,
+                        size_proc, map_proc, unmap_proc, options.get()));
   auto failed = [&](const char* what) {
     return SampleError(name, std::string("corrupt or truncated TIFF (") + what + ")" +
                                  (input.message.empty() ? "" : ": " + input.message));
@@ -145,13 +145,13 @@ RgbView decode_tiff(const uint8_t* data, size_t size, const DecodeTarget& target
   const uint16_t planar = field<uint16_t>(tif.get(), TIFFTAG_PLANARCONFIG);
   const uint16_t sample_format = field<uint16_t>(tif.get(), TIFFTAG_SAMPLEFORMAT);
   const uint16_t inkset = field<uint16_t>(tif.get(), TIFFTAG_INKSET);
-  const bool gray = (photometric == PHOTOMETRIC_MINISBLACK || photometric == PHOTOMETRIC_MINISWHITE);
+  const bool gray =
+      (photometric == PHOTOMETRIC_MINISBLACK || photometric == PHOTOMETRIC_MINISWHITE);
   const bool rgb = photometric == PHOTOMETRIC_RGB && spp >= 3;
-  const bool cmyk = photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && spp >= 4 &&
-                    bits == 8;
+  const bool cmyk =
+      photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && spp >= 4 && bits == 8;
   const bool raw_path = planar == PLANARCONFIG_CONTIG && sample_format == SAMPLEFORMAT_UINT &&
-                        (bits == 8 || bits == 16) && spp >= 1 && spp <= 8 &&
-                        (gray || rgb || cmyk);
+                        (bits == 8 || bits == 16) && spp >= 1 && spp <= 8 && (gray || rgb || cmyk);
 
   if (raw_path) {
     const size_t sample_bytes = bits / 8;

@@ -33,7 +33,8 @@ RgbView decode_webp(const uint8_t* data, size_t size, const DecodeTarget& target
   options.color_mode = MODE_RGBA;
   options.use_threads = 0;  // the server parallelises across samples
   const WebPData bytes{data, size};
-  std::unique_ptr<WebPAnimDecoder, AnimDecoderDeleter> decoder(WebPAnimDecoderNew(&bytes, &options));
+  std::unique_ptr<WebPAnimDecoder, AnimDecoderDeleter> decoder(
+      WebPAnimDecoderNew(&bytes, &options));
   if (!decoder) throw SampleError(name, "corrupt or truncated WebP (the demuxer refused it)");
   WebPAnimInfo info;
   if (!WebPAnimDecoderGetInfo(decoder.get(), &info))

@@ -81,7 +81,8 @@ def make_folder(root: str, shorter: int) -> list[str]:
         w, h = (shorter + 9 + i, shorter) if i % 2 else (shorter, shorter + 13 + i)
         folder = os.path.join(root, name)
         os.makedirs(folder)
-        make(Image.fromarray(picture(w, h, i))).save(os.path.join(folder, f"img.{ext}"), **save_args)
+        image = make(Image.fromarray(picture(w, h, i)))
+        image.save(os.path.join(folder, f"img.{ext}"), **save_args)
     # A 16-bit PGM (Pillow writes none): values up to 400, so some clip in PIL's mode "I".
     os.makedirs(os.path.join(root, "pgm_16bit"))
     gray = np.asarray(Image.fromarray(picture(shorter + 5, shorter, 99)).convert("L"))

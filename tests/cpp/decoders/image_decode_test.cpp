@@ -8,17 +8,16 @@
 #include <gtest/gtest.h>
 #include <png.h>
 #include <tiffio.h>
-#include <webp/encode.h>
-
 #include <unistd.h>
+#include <webp/encode.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,7 +73,11 @@ Rgb gray_rgb(const std::vector<uint8_t>& gray) {
 
 struct PngSpec {
   PngSpec(int w, int h, int type, int depth, bool adam7, Bytes stored)
-      : width(w), height(h), color_type(type), bit_depth(depth), interlaced(adam7),
+      : width(w),
+        height(h),
+        color_type(type),
+        bit_depth(depth),
+        interlaced(adam7),
         rows(std::move(stored)) {}
   int width;
   int height;
@@ -171,8 +174,8 @@ TEST(ImageDecode, Png16BitAsPil) {
   // Grayscale is PIL's mode "I", clipped to 255; RGB and gray + alpha keep the high byte.
   PngSpec gray{5, 1, PNG_COLOR_TYPE_GRAY, 16, false, {0, 0, 0, 100, 0, 255, 1, 0, 0x80, 0xFF}};
   EXPECT_EQ(decode(encode_png(gray)), gray_rgb({0, 100, 255, 255, 255}));
-  PngSpec rgb{2, 1, PNG_COLOR_TYPE_RGB, 16, false,
-              {0x12, 0x34, 0x56, 0x78, 0x9A, 0xBC, 0, 0xFF, 1, 0, 0xFF, 0xFF}};
+  PngSpec rgb{2,  1,     PNG_COLOR_TYPE_RGB,
+              16, false, {0x12, 0x34, 0x56, 0x78, 0x9A, 0xBC, 0, 0xFF, 1, 0, 0xFF, 0xFF}};
   EXPECT_EQ(decode(encode_png(rgb)), (Rgb{0x12, 0x56, 0x9A, 0, 1, 0xFF}));
   PngSpec gray_alpha{2, 1, PNG_COLOR_TYPE_GRAY_ALPHA, 16, false, {0x40, 0x01, 0, 0, 2, 0, 9, 9}};
   EXPECT_EQ(decode(encode_png(gray_alpha)), gray_rgb({0x40, 2}));
@@ -196,7 +199,7 @@ TEST(ImageDecode, PngTruncatedCorruptOrBombIsRefused) {
   EXPECT_TRUE(contains(bomb, "64x64 = 4096 pixels, above max_image_pixels=4032")) << bomb;
 }
 
-// ---- BMP and PNM, written by hand ----------------------------------------------------------------
+// ---- BMP and PNM, written by hand ---------------------------------------------------------------
 
 void put16(Bytes& b, size_t at, uint32_t v) {
   b[at] = static_cast<uint8_t>(v);
@@ -286,8 +289,7 @@ TEST(ImageDecode, PnmVariantsAsPillow) {
   EXPECT_EQ(decode(concat(text("P5 3 1 65535\n"), {0, 100, 0, 255, 1, 0})),
             gray_rgb({100, 255, 255}));
   // PPM with another maxval: rescaled to 0..255, rounded.
-  EXPECT_EQ(decode(concat(text("P6 1 1 1000\n"), {0, 255, 1, 244, 3, 232})),
-            (Rgb{65, 128, 255}));
+  EXPECT_EQ(decode(concat(text("P6 1 1 1000\n"), {0, 255, 1, 244, 3, 232})), (Rgb{65, 128, 255}));
   EXPECT_EQ(decode(concat(text("P6 1 1 100\n"), {1, 50, 99})), (Rgb{3, 128, 252}));
   // Bitmaps: 1 is black.
   EXPECT_EQ(decode(concat(text("P4 3 1\n"), {0b10100000})), gray_rgb({0, 255, 0}));
@@ -367,8 +369,7 @@ TEST(ImageDecode, TiffColourTypesAsPil) {
   EXPECT_EQ(decode(make_tiff(20, 5, tiff_tags(PHOTOMETRIC_RGB, 3, 8), rgb)), rgb);
   EXPECT_EQ(decode(make_tiff(20, 5, tiff_tags(PHOTOMETRIC_RGB, 3, 8), rgb, true)), rgb);  // tiles
   Bytes gray = ramp(7, 3, 1);
-  EXPECT_EQ(decode(make_tiff(7, 3, tiff_tags(PHOTOMETRIC_MINISBLACK, 1, 8), gray)),
-            gray_rgb(gray));
+  EXPECT_EQ(decode(make_tiff(7, 3, tiff_tags(PHOTOMETRIC_MINISBLACK, 1, 8), gray)), gray_rgb(gray));
   Bytes inverted = gray;
   for (uint8_t& v : inverted) v = static_cast<uint8_t>(255 - v);
   EXPECT_EQ(decode(make_tiff(7, 3, tiff_tags(PHOTOMETRIC_MINISWHITE, 1, 8), gray)),
@@ -385,23 +386,29 @@ TEST(ImageDecode, TiffColourTypesAsPil) {
   EXPECT_EQ(decode(make_tiff(3, 1, tiff_tags(PHOTOMETRIC_MINISBLACK, 1, 16),
                              samples16({100, 255, 40000}))),
             gray_rgb({100, 255, 255}));
-  EXPECT_EQ(decode(make_tiff(1, 1, tiff_tags(PHOTOMETRIC_RGB, 3, 16),
-                             samples16({0x1234, 0xFF, 0xABCD}))),
-            (Rgb{0x12, 0, 0xAB}));
+  EXPECT_EQ(
+      decode(make_tiff(1, 1, tiff_tags(PHOTOMETRIC_RGB, 3, 16), samples16({0x1234, 0xFF, 0xABCD}))),
+      (Rgb{0x12, 0, 0xAB}));
   // CMYK: PIL's cmyk2rgb.
   Bytes cmyk = {0, 0, 0, 0, 255, 0, 0, 0, 0, 0, 0, 255, 100, 50, 20, 10};
-  EXPECT_EQ(decode(make_tiff(4, 1, [](TIFF* tif) {
-              tiff_tags(PHOTOMETRIC_SEPARATED, 4, 8)(tif);
-              TIFFSetField(tif, TIFFTAG_INKSET, INKSET_CMYK);
-            }, cmyk)),
+  EXPECT_EQ(decode(make_tiff(
+                4, 1,
+                [](TIFF* tif) {
+                  tiff_tags(PHOTOMETRIC_SEPARATED, 4, 8)(tif);
+                  TIFFSetField(tif, TIFFTAG_INKSET, INKSET_CMYK);
+                },
+                cmyk)),
             (Rgb{255, 255, 255, 0, 255, 255, 0, 0, 0, 149, 197, 226}));
   // A palette (libtiff's RGBA path): 16-bit colour map entries, as TIFF stores them.
   std::vector<uint16_t> red = {0x0A00, 0xF000}, green = {0x1400, 0x0000}, blue = {0x1E00, 0x0100};
   red.resize(256), green.resize(256), blue.resize(256);
-  EXPECT_EQ(decode(make_tiff(2, 1, [&](TIFF* tif) {
-              tiff_tags(PHOTOMETRIC_PALETTE, 1, 8)(tif);
-              TIFFSetField(tif, TIFFTAG_COLORMAP, red.data(), green.data(), blue.data());
-            }, {1, 0})),
+  EXPECT_EQ(decode(make_tiff(2, 1,
+                             [&](TIFF* tif) {
+                               tiff_tags(PHOTOMETRIC_PALETTE, 1, 8)(tif);
+                               TIFFSetField(tif, TIFFTAG_COLORMAP, red.data(), green.data(),
+                                            blue.data());
+                             },
+                             {1, 0})),
             (Rgb{0xF0, 0, 1, 0x0A, 0x14, 0x1E}));
 }
 
