@@ -275,6 +275,9 @@ class MetricsCollector::Impl {
         {"format_version", 2},
         {"run_name", opt_.run_name},
         {"complete", complete_},
+        {"incomplete_reason", complete_ || last_snap_.incomplete.empty()
+                                  ? json(nullptr)
+                                  : json(last_snap_.incomplete)},
         {"collocation", system_->collocation()},
         {"start_unix_s", start_unix_},
         {"duration_s", last_t_},
@@ -312,7 +315,7 @@ class MetricsCollector::Impl {
 
   // Requires data_mu_. Written to a temporary name and renamed, so readers never see half a file.
   void write_summary(bool final_tick) {
-    complete_ = final_tick;
+    complete_ = final_tick && last_snap_.incomplete.empty();
     const fs::path path = fs::path(opt_.dir) / "summary.json";
     const fs::path tmp = fs::path(opt_.dir) / ".summary.json.tmp";
     {
