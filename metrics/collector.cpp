@@ -227,7 +227,10 @@ class MetricsCollector::Impl {
     if (!ticks_) blocked_base_ = s.producer_blocked_s;
     const double blocked = std::max(0.0, s.producer_blocked_s - blocked_base_);
     std::optional<double> blocked_pct;
-    if (auto r = rate(blocked - last_blocked_)) blocked_pct = *r * 100.0;
+    // At most 100 %: the owner's counter includes a block still going on (it never jumps by
+    // more than the time passed), and the tick's span is measured a /proc scan later than the
+    // snapshot, which on a busy machine can make the ratio overshoot a little.
+    if (auto r = rate(blocked - last_blocked_)) blocked_pct = std::min(100.0, *r * 100.0);
     last_blocked_ = blocked;
     std::optional<double> fill;
     if (s.ring_size > 0) fill = 100.0 * s.ring_used / s.ring_size;

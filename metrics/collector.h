@@ -36,7 +36,7 @@ namespace batchcast {
 // before the collector first listed it is not lost. CPU is counted from first sight (or from the
 // process's start, since_start).
 struct MetricsSnapshot {
-  double producer_blocked_s = 0;  // producer time blocked on a full ring
+  double producer_blocked_s = 0;  // producer time blocked on a full ring, up to now
   int64_t ring_used = 0;          // ring slots holding data now
   int64_t ring_size = 0;          // ring slots in all (0: no ring, e.g. a trainer's own tracker)
   struct Process {

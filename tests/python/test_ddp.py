@@ -15,6 +15,8 @@ import sys
 import textwrap
 import uuid
 
+import pytest
+
 from torch.utils.data import DistributedSampler
 
 from batchcast.dataloader import share_paths
@@ -74,7 +76,25 @@ def shard(rank: int, epoch: int) -> list:
     return list(sampler)
 
 
-def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path):
+def _launch_as_torchrun(script: str, key: str, job: int, rank: int, port: int):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return subprocess.Popen([sys.executable, script, key], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _launch_node_with_torchrun(script: str, key: str, job: int, node: int, port: int):
+    # One "node" of a two-node job (docs/multi_node.md): torchrun --nnodes 2, one process per
+    # node, static rendezvous at the job's master; the rank is node * nproc + local rank.
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",
+            "1", "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port",
+            str(port), script, key]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("launch", [_launch_as_torchrun, _launch_node_with_torchrun],
+                         ids=["one-node", "two-nodes-torchrun"])
+def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path, launch):
     key = f"test-ddp-{uuid.uuid4().hex[:8]}"
     rank_paths = [share_paths(f"{key}-rank{r}of2") for r in range(2)]
     for paths in rank_paths:
@@ -86,10 +106,7 @@ def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path):
         for job in range(2):
             port = free_port()
             for rank in range(2):
-                env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                procs.append(subprocess.Popen([sys.executable, str(script), key], env=env,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                procs.append(launch(str(script), key, job, rank, port))
         results = []
         for p in procs:
             out, err = p.communicate(timeout=120)
