@@ -54,7 +54,8 @@ CLI::App* add_python_command(CLI::App& app, const std::string& name, const std::
 // is required). Exit 2, as other usage errors.
 int command_error(const CLI::App& app) {
   std::string known;
-  for (const auto* cmd : app.get_subcommands([](const CLI::App*) { return true; }))
+  auto named = [](const CLI::App* c) { return !c->get_name().empty(); };
+  for (const auto* cmd : app.get_subcommands(named))
     known += (known.empty() ? "" : ", ") + cmd->get_name();
   const auto rest = app.remaining();
   if (rest.empty())

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -44,7 +45,7 @@ std::unique_ptr<SampleSource> make_source(const ServeConfig& c) {
 // process (two Loaders in one process share its CPU: one entry, their samples summed), each
 // named by the first consumer id seen in it. Every consumer counts, attached or gone (a gone one
 // with the final counters of its Goodbye), so that nothing consumed is lost; the collector reads
-// a process's CPU while it lives. While consumers are attached the counts are not final.
+// a process's CPU while it lives. While consumers still read, the counts are not final.
 std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, ServerCore& core) {
   if (c.metrics_dir.empty()) return nullptr;
   CollectorOptions co;
@@ -60,9 +61,7 @@ std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, ServerCor
         snap.ring_size = s.ring_slots;
         snap.processes.push_back({"server", "server", ::getpid(), 0, 0});
         std::map<pid_t, size_t> entry;  // pid -> index in snap.processes
-        size_t attached = 0;
         for (const auto& cs : s.consumers) {
-          attached += cs.attached;
           auto [it, fresh] = entry.try_emplace(cs.pid, snap.processes.size());
           if (fresh) {
             const std::string& id = names.try_emplace(cs.pid, std::to_string(cs.id)).first->second;
@@ -71,8 +70,9 @@ std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, ServerCor
           snap.processes[it->second].samples += cs.samples;
           snap.processes[it->second].wait_s += cs.wait_s;
         }
-        if (attached)
-          snap.incomplete = std::to_string(attached) +
+        // A consumer that said Goodbye sent its final counters with it.
+        if (const uint64_t reading = core.consumers_reading())
+          snap.incomplete = std::to_string(reading) +
                             " consumer(s) still attached when the server stopped: what they "
                             "consumed after their last heartbeat is not counted";
         return snap;
@@ -87,17 +87,20 @@ void log_status(const ServerStats& s, const ServerStats& last, double seconds) {
       s.messages_dropped ? fmt::format(" | {} bad messages dropped", s.messages_dropped) : "");
 }
 
-// The stream is done, but consumers may still be reading their last batches: a GPU pool dies
+// The stream is done, but consumers may still be reading their last batches. A GPU pool dies
 // with this process (CUDA IPC lets no importer keep it alive: a consumer would read freed
-// memory), and the metrics count a consumer's samples until its Goodbye. So the server stays
-// until every consumer has left, or died (pid checked every 0.2 s, heartbeats otherwise). A
-// signal ends the wait (the metrics then say they are incomplete).
-void wait_for_consumers(const ServerCore& core, const std::atomic<bool>& stop, const char* why) {
+// memory), so the server stays until every consumer has released its batches and left, or died
+// (pid checked every 0.2 s, heartbeats otherwise). The metrics count a consumer's samples until
+// its Goodbye, which carries its final counters, so with metrics the server stays until every
+// consumer said Goodbye or died (a host pool's mappings outlive the server: batches a consumer
+// still holds stay readable). A signal ends the wait (the metrics then say they are
+// incomplete).
+void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint64_t()>& left,
+                        const char* why) {
   double next_note = monotonic_seconds();
-  while (!stop && core.consumers_now() > 0) {
+  while (!stop && left() > 0) {
     if (monotonic_seconds() >= next_note) {
-      spdlog::info("stream done; waiting for {} consumer(s) to finish and leave ({})",
-                   core.consumers_now(), why);
+      spdlog::info("stream done; waiting for {} consumer(s) ({})", left(), why);
       next_note += 10;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -174,9 +177,11 @@ int RunningServer::wait() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!failed && config_.on_gpu())
-    wait_for_consumers(core, stop_, "they are reading the GPU pool");
+    wait_for_consumers(stop_, [&core] { return core.consumers_now(); },
+                       "to release their batches and leave: they are reading the GPU pool");
   else if (!failed && collector_)
-    wait_for_consumers(core, stop_, "their samples are counted until they leave");
+    wait_for_consumers(stop_, [&core] { return core.consumers_reading(); },
+                       "to finish and leave: their samples are counted until then");
   core.stop();
   if (producing_.joinable()) producing_.join();
   auto s = core.stats();

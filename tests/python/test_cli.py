@@ -118,7 +118,7 @@ def test_an_unknown_or_missing_command_names_the_commands(batchcast_cli, argv, s
 
 
 @pytest.mark.parametrize("command", [["report", "runs/a", "--out", "x"], ["bench", "--quick"],
-                                     ["track", "--", "true"]])
+                                     ["track", "--workload", "w"]])
 def test_report_and_bench_point_to_the_python_package(batchcast_bin, command):
     p = run([batchcast_bin, *command])
     assert p.returncode == 2
