@@ -1,4 +1,4 @@
-// cuda_bench: the GPU pool's numbers (issue 5), printed as Markdown rows for bench/RESULTS.md.
+// cuda_bench: the GPU pool's numbers, printed as Markdown rows for bench/RESULTS.md.
 //   1. host-to-device GB/s: plain pinned cudaMemcpyAsync versus the pool path (CudaStage::upload:
 //      pinned staging -> device slot, raw and with the uint8 -> float32 normalisation);
 //   2. publish-to-tensor latency p50/p99: an in-process ServerCore on cuda:0 publishes paced
@@ -134,7 +134,7 @@ void bandwidth() {
   }
 }
 
-// Issue 19: how a chunk reaches every GPU of a pool on several GPUs. Shipped: one upload to the
+// How a chunk reaches every GPU of a pool on several GPUs. Shipped: one upload to the
 // first GPU, then peer copies to the others (ArenaSet::replicate). The alternative: one upload
 // per GPU, each from pinned staging of its own (G CudaStages over one-GPU ArenaSets). Both with
 // uint8 images copied as they are and converted to float32 NCHW on the GPU (the alternative then
@@ -326,7 +326,7 @@ void decode() {
 #endif
 }
 
-// The decoders' own rates on real files (the collocated benchmark's data, issue 17): TurboJPEG
+// The decoders' own rates on real files (the collocated benchmark's data): TurboJPEG
 // on one core versus nvJPEG in batches of 128, each over the same files in memory (no disk).
 void decode_files(const std::string& dir) {
   std::vector<std::vector<uint8_t>> files;

@@ -1,5 +1,5 @@
 """The drop-in on a torchvision ImageFolder pipeline: CPU per consumed sample of N trainers,
-``DataLoader(share=)`` natively vs in Python vs N plain torch DataLoaders (issue 15).
+``DataLoader(share=)`` natively vs in Python vs N plain torch DataLoaders.
 
 Every trainer builds the same dataset: ImageFolder + RandomResizedCrop(S) + RandomHorizontalFlip
 + ToTensor + Normalize, and reads --epochs epochs of it:

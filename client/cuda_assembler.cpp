@@ -17,9 +17,9 @@ class EventFence : public ReleaseFence {
   EventFence(int device, CudaEvent event) : device_(device), event_(std::move(event)) {}
   // Called on the session's I/O thread, which is left on the fence's device: restoring the
   // thread's previous device would create a context on cuda:0 there.
-  bool passed(bool wait) noexcept override {
+  bool passed() noexcept override {
     (void)cudaSetDevice(device_);
-    cudaError_t st = wait ? cudaEventSynchronize(event_.get()) : cudaEventQuery(event_.get());
+    cudaError_t st = cudaEventQuery(event_.get());
     if (st == cudaErrorNotReady) return false;
     if (st != cudaSuccess) (void)cudaGetLastError();  // a failed context: release anyway
     return true;

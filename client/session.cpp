@@ -318,8 +318,7 @@ void Session::loop() {
     for (auto it = waiting.begin(); it != waiting.end();) {
       bool passed = true;
       for (const auto& f : it->after) {
-        // Stopping: the session is going away, so wait (this is the last chance to release).
-        if (!f->passed(/*wait=*/stopping)) {
+        if (!f->passed()) {
           passed = false;
           break;
         }
@@ -340,11 +339,23 @@ void Session::loop() {
     if (stopping) {
       // Chunks the server sent before it read our Goodbye may still be on their way: each is
       // released as it arrives (leaving_), until the End it answers Goodbye with says nothing
-      // follows. Leaving at once kept their slots held until this process exited. A server
-      // that is gone, or silent for its heartbeat timeout, is not waited for.
+      // follows. Leaving at once kept their slots held until this process exited. Releases
+      // still waiting for this process's GPU work are waited for too (the server keeps a
+      // leaving consumer's slots until released), polled rather than blocked on, so that
+      // device work that never completes (a hung GPU) delays leaving by kFenceGrace_s at most.
+      // A server that is gone, or silent for its heartbeat timeout, is not waited for.
       if (!stop_by) stop_by = now + welcome_.heartbeat_timeout_s;
       std::lock_guard lk(mu_);
-      if (ended_ || gone_ || now >= stop_by || server_gone(now)) break;
+      if (gone_ || server_gone(now)) break;
+      if (waiting.empty() && (ended_ || now >= stop_by)) break;
+      if (now >= stop_by + kFenceGrace_s) {
+        spdlog::warn(
+            "leaving the batchcast server at {} with {} release(s) still waiting for this "
+            "process's GPU work after {:.0f} s: the server keeps those slots until this process "
+            "exits",
+            endpoint_, waiting.size(), welcome_.heartbeat_timeout_s + kFenceGrace_s);
+        break;
+      }
     }
     if (now >= next_check) {
       next_check = now + 0.2;

@@ -44,9 +44,9 @@ namespace batchcast {
 class ReleaseFence {
  public:
   virtual ~ReleaseFence() = default;
-  // True once passed; wait: block until it has (the session is going away). Called on the
-  // session's I/O thread only. Never throws.
-  virtual bool passed(bool wait) noexcept = 0;
+  // True once passed; never blocks (the I/O thread polls it). Called on the session's I/O
+  // thread only. Never throws.
+  virtual bool passed() noexcept = 0;
 };
 
 class ChunkCopy;
@@ -93,6 +93,9 @@ class Session {
   std::atomic<double> wait_s{0};
 
  private:
+  // How long a leaving session waits, past its heartbeat timeout, for GPU work still reading
+  // slots before it leaves them held (the server frees them when this process exits).
+  static constexpr double kFenceGrace_s = 30.0;
   // What waits for fences: a slot's Release, or a private chunk's copy to be freed.
   struct Pending {
     std::optional<protocol::Release> release;

@@ -136,6 +136,13 @@ void NvjpegDecoder::decode_batch(const std::vector<JpegBytes>& jpegs,
       dimensions(batch[i], &sizes[i].first, &sizes[i].second);
     return sizes;
   };
+  if (!hw_jpegs.empty()) {
+    // The hardware engine ignores stream order (nvjpeg_decode.h): nothing may still be queued.
+    cudaError_t st = cudaStreamSynchronize(stream);
+    if (st != cudaSuccess)
+      throw Error(std::string("waiting for the GPU's earlier work before a hardware JPEG decode: ") +
+                  cudaGetErrorString(st));
+  }
   if (!hw_jpegs.empty() && impl_->hardware.decode(hw_jpegs, hw_outs, sizes_of(hw_jpegs), stream) !=
                                NVJPEG_STATUS_SUCCESS) {
     // Refused (an unsupported subsampling, say): the hybrid backend takes them too.

@@ -3,8 +3,8 @@
 //
 // Why: nvJPEG queues a colour-conversion kernel behind every image the hardware engine decodes,
 // so the server's context holds the GPU's compute engine, waiting, for as long as the engine works
-// on its images; under time-slicing that is time the collocated trainers lose (bench/RESULTS.md,
-// "Where the nvJPEG path's last 9 % goes"). Chunks the CPU decodes cost the trainers one copy.
+// on its images; under time-slicing that is time the collocated trainers lose (docs/architecture.md).
+// Chunks the CPU decodes cost the trainers one copy.
 //
 // The rule: a chunk goes to the CPU workers when at most `slack` samples of CPU-decoded chunks
 // wait ahead of it for the workers, else to the engine. The producer queues a chunk whenever a
@@ -12,14 +12,13 @@
 // The CPU thus decodes all it keeps up with and the engine the rest, with no clock and no tuning:
 // a consumer-bound stream ends up decoded on the CPU, a CPU-starved one partly on the engine.
 // Only CPU chunks count in the backlog: an engine chunk costs the workers a file read and a header
-// check, not a decode, and counting it made one engine chunk send the next ones to the engine too
-// (measured: 61 % of the samples on the engine where the CPU had room for 88 %).
+// check, not a decode, and counting it would make one engine chunk send the next ones to the
+// engine too.
 // Whole chunks, not samples: the engine then always gets full batches, and nvJPEG never re-plans
 // for a new batch size.
-// Known limit (bench/RESULTS.md, sessions 9 and 10): when the consumers need several times what
-// the CPU decodes (1-2 trainers on 2 cores), the CPU chunks in flight stall the in-order stream
-// until the engine's chunks behind them fill the ring (--ring 16 doubles the rate there, still
-// below nvjpeg at N = 1); the docs send such setups to --decoder nvjpeg.
+// Known limit (docs/architecture.md): when the consumers need several times what the CPU decodes
+// (1-2 trainers on 2 cores), the CPU chunks in flight stall the in-order stream until the
+// engine's chunks behind them fill the ring; the docs send such setups to --decoder nvjpeg.
 //
 // Thread-safety: queue() from one thread (the producer); started() from any thread.
 #pragma once

@@ -77,11 +77,10 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
     crop_bytes_ = crop_pipeline_->sample_bytes();
     crops_ = PinnedBuffer::allocate(samples_.size() * crop_bytes_);
     device_crops_ = DeviceBuffer::allocate(batch_size * crop_bytes_);
-    // Slack: two chunks of CPU work may wait before a chunk goes to the engine. Measured on the
-    // H100, data side on 2 cores (bench/RESULTS.md, "Session 8"): one chunk sent a third of
-    // resnet18 N=4's chunks to the engine (95.9 % of the ceiling), two sent 7 % (98.2 %), three
-    // almost none (94.3 %: CPU-bound). More never triggers: the stream may pin only the ring less
-    // the catch-up slots (stream_state.h) and the consumers hold some.
+    // Slack: two chunks of CPU work may wait before a chunk goes to the engine, the best of one,
+    // two and three chunks in the collocated benchmark (bench/RESULTS.md, mixed decoder). More
+    // never triggers: the stream may pin only the ring less the catch-up slots (stream_state.h)
+    // and the consumers hold some.
     split_.emplace(2 * static_cast<uint64_t>(batch_size));
     cpu_chunk_.assign(arena_.slot_count(), 0);
   }

@@ -1,6 +1,8 @@
 """DDP with batchcast.DataLoader(share=): two data-parallel jobs of two ranks each, started as
 torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), gloo on CPU,
-DistributedSampler with set_epoch. Rank r of job A and rank r of job B read one stream.
+DistributedSampler with set_epoch. Rank r of job A and rank r of job B read one stream. On a
+machine with two GPUs, the same with nccl, one job under torchrun and one under
+torch.multiprocessing.spawn, each rank's share decoding with nvJPEG on its own GPU.
 
 Run: .venv/bin/python -m pytest tests/python/test_ddp.py
 """
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -162,3 +165,131 @@ def test_one_node_wide_server_gives_every_rank_its_shard_and_jobs_share_it(endpo
                     sampler = DistributedSampler(range(SAMPLES), num_replicas=2, rank=rank,
                                                  shuffle=False)
                     assert labels["A", rank][epoch] == list(sampler)
+
+
+# --- nccl on two GPUs, the native nvJPEG path ----------------------------------------------
+
+GPU_RANK = textwrap.dedent(
+    """
+    import hashlib, json, os, sys, time, torch, torch.distributed as dist, batchcast
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DistributedSampler
+    from torchvision import datasets, transforms as T
+
+    def train(rank, key, root, out, seed, epochs):
+        torch.cuda.set_device(rank)
+        tf = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
+                        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+        data = datasets.ImageFolder(root, tf)
+        sampler = DistributedSampler(data, shuffle=True, seed=seed)
+        loader = batchcast.DataLoader(data, batch_size=8, sampler=sampler, num_workers=1,
+                                      pin_memory=True, share=key, timeout=120)
+        model = DistributedDataParallel(torch.nn.Linear(3 * 32 * 32, len(data.classes)).cuda(),
+                                        device_ids=[rank])
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        epochs_seen = []
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            labels, digest = [], hashlib.sha1()
+            for x, y in loader:
+                assert x.is_cuda and x.device.index == rank, x.device
+                digest.update(x.cpu().numpy().tobytes())
+                loss = torch.nn.functional.cross_entropy(model(x.flatten(1)), y.cuda())
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                labels += y.tolist()
+            epochs_seen.append({"labels": labels, "digest": digest.hexdigest()})
+        with open(f"{out}.rank{dist.get_rank()}", "w") as f:
+            json.dump({"endpoint": loader.endpoint, "epochs": epochs_seen,
+                       "done_at": time.monotonic()}, f)
+        loader.close()
+        dist.destroy_process_group()
+
+    def spawned(rank, *args):  # torch.multiprocessing.spawn, as PyTorch's ImageNet example
+        dist.init_process_group("nccl", init_method=os.environ["INIT"], world_size=2, rank=rank)
+        train(rank, *args)
+
+    if __name__ == "__main__":
+        key, root, out, seed, epochs = sys.argv[2], sys.argv[3], sys.argv[4], 7, 2
+        if sys.argv[1] == "spawn":
+            torch.multiprocessing.spawn(spawned, args=(key, root, out, seed, epochs), nprocs=2)
+        else:  # under torchrun
+            dist.init_process_group("nccl")
+            train(int(os.environ["LOCAL_RANK"]), key, root, out, seed, epochs)
+    """
+)
+
+
+def test_two_nccl_jobs_on_two_gpus_share_nvjpeg_pools_per_rank(tmp_path):
+    """Job A under torchrun, job B under torch.multiprocessing.spawn, each 2 ranks with nccl and
+    DistributedSampler, ``DataLoader(share=, pin_memory=True)``: rank r's share decodes on
+    cuda:r. Each rank gets its half of every epoch, rank r of both jobs the same samples and
+    bytes, and every process exits."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, torch sees {torch.cuda.device_count()}")
+    from PIL import Image
+
+    root = tmp_path / "images"
+    for i in range(40):  # one image per class: the label names the sample
+        (root / f"c{i:02d}").mkdir(parents=True)
+        Image.new("RGB", (200 + 20 * i, 180 + 9 * i), (6 * i, 255 - 6 * i, 90)).save(
+            root / f"c{i:02d}" / "0.jpg", quality=90)
+    key = f"test-nccl-{uuid.uuid4().hex[:8]}"
+    for r in range(2):
+        watch_endpoint(share_paths(f"{key}-rank{r}of2")["endpoint"])
+    script = tmp_path / "gpu_rank.py"
+    script.write_text(GPU_RANK)
+    launchers = [
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), str(script), "torchrun", key, str(root),
+         str(tmp_path / "A")],
+        [sys.executable, str(script), "spawn", key, str(root), str(tmp_path / "B")],
+    ]
+    env = dict(os.environ, INIT=f"tcp://127.0.0.1:{free_port()}")
+    logs = [open(tmp_path / f"{job}.log", "w+b") for job in "AB"]
+    procs = [subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+             for cmd, log in zip(launchers, logs)]
+    exited = {}
+    deadline = time.monotonic() + 240
+    try:
+        while len(exited) < 2 and time.monotonic() < deadline:
+            for k, p in enumerate(procs):
+                if k not in exited and p.poll() is not None:
+                    exited[k] = time.monotonic()
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for r in range(2):
+            for name in ("lock", "state", "log"):
+                path = share_paths(f"{key}-rank{r}of2")[name]
+                if os.path.exists(path):
+                    os.unlink(path)
+    for k, p in enumerate(procs):
+        logs[k].seek(0)
+        output = logs[k].read().decode(errors="replace")[-4000:]
+        assert k in exited, f"job {'AB'[k]} did not exit within 240 s: {output}"
+        assert p.returncode == 0, output
+    results = {(job, r): json.loads((tmp_path / f"{job}.rank{r}").read_text())
+               for job in "AB" for r in range(2)}
+    for (job, r), res in results.items():
+        assert res["endpoint"] == share_paths(f"{key}-rank{r}of2")["endpoint"]
+        assert exited["AB".index(job)] - res["done_at"] < 30, f"job {job} exited late"
+    for r in range(2):
+        assert results["A", r]["epochs"] == results["B", r]["epochs"], f"rank {r} differs"
+    # The native pipeline shards as DistributedSampler does (rank r takes every 2nd sample of
+    # the epoch's order) but draws the order from its own seeded source, not torch's generator
+    # (torchvision_plan.py): each epoch the two shards are disjoint halves of the dataset.
+    orders = []
+    for e in range(EPOCHS):
+        halves = [results["A", r]["epochs"][e]["labels"] for r in range(2)]
+        assert sorted(halves[0] + halves[1]) == list(range(40)), f"epoch {e}: not the dataset"
+        assert len(halves[0]) == len(halves[1]) == 20
+        orders.append(halves)
+    assert orders[0] != orders[1], "set_epoch(e) should select a new order"
+

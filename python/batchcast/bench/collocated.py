@@ -1,5 +1,5 @@
 """N collocated trainings on one GPU, fed by each data path an H100 user would pick, measured
-side by side in one invocation (issue 17). Peers (batchcast.bench.sources):
+side by side in one invocation. Peers (batchcast.bench.sources):
   synthetic         random tensors already on the GPU: the GPU-bound ceiling;
   dataloader        per trainer a torch DataLoader (ImageFolder + PIL) with cores/N workers;
   gpu-decode        per trainer torchvision.io.decode_jpeg on CUDA + crops on the GPU;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-TARGET = 0.95  # "reaches the ceiling": within 5 % of the synthetic rate, as issue 17 defines it
+TARGET = 0.95  # "reaches the ceiling": within 5 % of the synthetic rate
 
 
 def ceiling(regime: Dict[str, Any]) -> Optional[float]:
