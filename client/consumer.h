@@ -7,10 +7,11 @@
 // one chunk is a zero-copy view; one spanning chunks, or any batch while max_held zero-copy
 // batches are alive, is a private copy, and so is every batch of a chunk the server regenerated
 // for this consumer alone (catching up after a seek or a late join: the chunk is copied as it
-// arrives and its slot released at once, docs/stream.md). Host views are read-only memory:
-// writing through them faults (after a message, shm/write_fault.h); CUDA views are writable
-// (CUDA IPC has no read-only mapping) and a write changes every consumer's batch. Clone before
-// modifying.
+// arrives and its slot released at once, docs/stream.md). Host views are copy-on-write: a
+// write changes only this process's pages (shm/slot_memory.h), except in a pool page-locked for
+// pin_memory, which is read-only (a write faults, after a message, shm/write_fault.h); CUDA
+// views are writable (CUDA IPC has no read-only mapping) and a write changes every consumer's
+// batch: clone before modifying those.
 //
 // Lifetime: a Batch keeps its slot (and the mapping) alive until it is destroyed, even after
 // the Consumer is gone; the slot is released to the server then. Destroying the Consumer tells

@@ -379,10 +379,14 @@ ChunkRef::ChunkRef(std::shared_ptr<Session> s, ReceivedChunk received)
       base(copy ? copy->data() : session->memory().slot_data(desc.slot)) {}
 
 ChunkRef::~ChunkRef() {
-  if (copy)
+  if (copy) {
     session->free_copy(std::move(copy), std::move(fences_));
-  else
-    session->release({desc.seq, desc.slot}, std::move(fences_));
+    return;
+  }
+  // Nothing views the slot any more: what this process wrote into it goes before the server
+  // may refill it (shm/slot_memory.h).
+  session->memory().discard_writes(desc.slot);
+  session->release({desc.seq, desc.slot}, std::move(fences_));
 }
 
 void ChunkRef::add_fence(std::shared_ptr<ReleaseFence> fence) {

@@ -227,7 +227,10 @@ class MetricsCollector::Impl {
     if (!ticks_) blocked_base_ = s.producer_blocked_s;
     const double blocked = std::max(0.0, s.producer_blocked_s - blocked_base_);
     std::optional<double> blocked_pct;
-    if (auto r = rate(blocked - last_blocked_)) blocked_pct = *r * 100.0;
+    // At most 100 %: the owner's counter includes a block still going on (it never jumps by
+    // more than the time passed), and the tick's span is measured a /proc scan later than the
+    // snapshot, which on a busy machine can make the ratio overshoot a little.
+    if (auto r = rate(blocked - last_blocked_)) blocked_pct = std::min(100.0, *r * 100.0);
     last_blocked_ = blocked;
     std::optional<double> fill;
     if (s.ring_size > 0) fill = 100.0 * s.ring_used / s.ring_size;
@@ -275,6 +278,9 @@ class MetricsCollector::Impl {
         {"format_version", 2},
         {"run_name", opt_.run_name},
         {"complete", complete_},
+        {"incomplete_reason", complete_ || last_snap_.incomplete.empty()
+                                  ? json(nullptr)
+                                  : json(last_snap_.incomplete)},
         {"collocation", system_->collocation()},
         {"start_unix_s", start_unix_},
         {"duration_s", last_t_},
@@ -312,7 +318,7 @@ class MetricsCollector::Impl {
 
   // Requires data_mu_. Written to a temporary name and renamed, so readers never see half a file.
   void write_summary(bool final_tick) {
-    complete_ = final_tick;
+    complete_ = final_tick && last_snap_.incomplete.empty();
     const fs::path path = fs::path(opt_.dir) / "summary.json";
     const fs::path tmp = fs::path(opt_.dir) / ".summary.json.tmp";
     {

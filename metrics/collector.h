@@ -31,10 +31,12 @@
 
 namespace batchcast {
 
-// What the owner reports at each tick. Counters are cumulative since whatever origin the owner
-// likes (the collector takes deltas from its first sight of each process).
+// What the owner reports at each tick. A process's samples and wait_s are counted whole: the
+// owner reports them from zero (the start of what it wants counted), so what a process consumed
+// before the collector first listed it is not lost. CPU is counted from first sight (or from the
+// process's start, since_start).
 struct MetricsSnapshot {
-  double producer_blocked_s = 0;  // producer time blocked on a full ring
+  double producer_blocked_s = 0;  // producer time blocked on a full ring, up to now
   int64_t ring_used = 0;          // ring slots holding data now
   int64_t ring_size = 0;          // ring slots in all (0: no ring, e.g. a trainer's own tracker)
   struct Process {
@@ -54,6 +56,10 @@ struct MetricsSnapshot {
   };
   // Keep a process listed until it has finished: the collector reads its CPU only while it is.
   std::vector<Process> processes;
+  // Why the counts are not final yet ("" when they are: every process counted has finished).
+  // At stop(), a reason marks summary.json "complete": false and is written as
+  // "incomplete_reason" (e.g. consumers still reading when the server was stopped).
+  std::string incomplete;
 };
 
 struct CollectorOptions {

@@ -47,10 +47,6 @@ std::vector<std::string> ProcessAccount::update(double t, const MetricsSnapshot:
     id_ = p.id;
     pid_ = p.pid;
     first_t_ = t;
-    // A process counted from its start counts its counters from zero too: a short command may
-    // be first listed only at the final tick, with its whole count.
-    samples_base_ = p.since_start ? 0 : p.samples;
-    wait_base_ = p.since_start ? 0.0 : p.wait_s;
   }
   const double prev_t = last_t_;
   last_t_ = t;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -39,26 +41,42 @@ std::unique_ptr<SampleSource> make_source(const ServeConfig& c) {
   return std::make_unique<ImageSource>(std::move(dataset), c.pipeline_options());
 }
 
-// The metrics collector's view of the core: the server process and every consumer process
-// still alive (one that left stays listed while it lives, so its CPU is counted).
+// The metrics collector's view of the core: the server process and one entry per consumer
+// process (two Loaders in one process share its CPU: one entry, their samples summed), each
+// named by the first consumer id seen in it. Every consumer counts, attached or gone (a gone one
+// with the final counters of its Goodbye), so that nothing consumed is lost; the collector reads
+// a process's CPU while it lives. While consumers still read, the counts are not final.
 std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, ServerCore& core) {
   if (c.metrics_dir.empty()) return nullptr;
   CollectorOptions co;
   co.dir = c.metrics_dir;
   co.interval_s = c.metrics_interval;
-  return std::make_unique<MetricsCollector>(co, [&core] {
-    auto s = core.stats();
-    MetricsSnapshot snap;
-    snap.producer_blocked_s = s.producer_blocked_s;
-    snap.ring_used = s.ring_occupied;
-    snap.ring_size = s.ring_slots;
-    snap.processes.push_back({"server", "server", ::getpid(), 0, 0});
-    for (const auto& cs : s.consumers)
-      if (cs.attached || process_alive(cs.pid))
-        snap.processes.push_back(
-            {"consumer", std::to_string(cs.id), cs.pid, cs.samples, cs.wait_s});
-    return snap;
-  });
+  // Called on the sampler thread only: the names need no lock.
+  return std::make_unique<MetricsCollector>(
+      co, [&core, names = std::map<pid_t, std::string>()]() mutable {
+        auto s = core.stats();
+        MetricsSnapshot snap;
+        snap.producer_blocked_s = s.producer_blocked_s;
+        snap.ring_used = s.ring_occupied;
+        snap.ring_size = s.ring_slots;
+        snap.processes.push_back({"server", "server", ::getpid(), 0, 0});
+        std::map<pid_t, size_t> entry;  // pid -> index in snap.processes
+        for (const auto& cs : s.consumers) {
+          auto [it, fresh] = entry.try_emplace(cs.pid, snap.processes.size());
+          if (fresh) {
+            const std::string& id = names.try_emplace(cs.pid, std::to_string(cs.id)).first->second;
+            snap.processes.push_back({"consumer", id, cs.pid, 0, 0});
+          }
+          snap.processes[it->second].samples += cs.samples;
+          snap.processes[it->second].wait_s += cs.wait_s;
+        }
+        // A consumer that said Goodbye sent its final counters with it.
+        if (const uint64_t reading = core.consumers_reading())
+          snap.incomplete = std::to_string(reading) +
+                            " consumer(s) still attached when the server stopped: what they "
+                            "consumed after their last heartbeat is not counted";
+        return snap;
+      });
 }
 
 void log_status(const ServerStats& s, const ServerStats& last, double seconds) {
@@ -69,18 +87,20 @@ void log_status(const ServerStats& s, const ServerStats& last, double seconds) {
       s.messages_dropped ? fmt::format(" | {} bad messages dropped", s.messages_dropped) : "");
 }
 
-// A GPU pool dies with this process, and CUDA IPC lets no importer keep it alive: a consumer
-// still reading its last batches would read freed memory. So the server stays until every
-// consumer has released its batches and left, or died (a host pool's mappings outlive the
-// server, so it needs no such wait). A signal ends the wait.
-void drain_gpu_pool(const ServerCore& core, const std::atomic<bool>& stop) {
+// The stream is done, but consumers may still be reading their last batches. A GPU pool dies
+// with this process (CUDA IPC lets no importer keep it alive: a consumer would read freed
+// memory), so the server stays until every consumer has released its batches and left, or died
+// (pid checked every 0.2 s, heartbeats otherwise). The metrics count a consumer's samples until
+// its Goodbye, which carries its final counters, so with metrics the server stays until every
+// consumer said Goodbye or died (a host pool's mappings outlive the server: batches a consumer
+// still holds stay readable). A signal ends the wait (the metrics then say they are
+// incomplete).
+void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint64_t()>& left,
+                        const char* why) {
   double next_note = monotonic_seconds();
-  while (!stop && core.consumers_now() > 0) {
+  while (!stop && left() > 0) {
     if (monotonic_seconds() >= next_note) {
-      spdlog::info(
-          "stream done; the GPU pool stays until {} consumer(s) release their last "
-          "batches and leave (they are reading it)",
-          core.consumers_now());
+      spdlog::info("stream done; waiting for {} consumer(s) ({})", left(), why);
       next_note += 10;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -156,7 +176,12 @@ int RunningServer::wait() {
     while (!stop_ && monotonic_seconds() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (!failed && config_.on_gpu()) drain_gpu_pool(core, stop_);
+  if (!failed && config_.on_gpu())
+    wait_for_consumers(stop_, [&core] { return core.consumers_now(); },
+                       "to release their batches and leave: they are reading the GPU pool");
+  else if (!failed && collector_)
+    wait_for_consumers(stop_, [&core] { return core.consumers_reading(); },
+                       "to finish and leave: their samples are counted until then");
   core.stop();
   if (producing_.joinable()) producing_.join();
   auto s = core.stats();

@@ -37,9 +37,28 @@ const CLI::Validator kNonZero(
 const CLI::Validator kDevice([](std::string& device) { return device_list_error(device); },
                              "cpu|cuda[:K]|GPU-<uuid>|MIG-<uuid>[,...]|all");
 
+// A number for which `holds` is true; otherwise "must be RULE (got TEXT)".
+CLI::Validator number_that(bool (*holds)(double), const std::string& rule,
+                           const std::string& name) {
+  return CLI::Validator(
+      [holds, rule](std::string& text) -> std::string {
+        if (std::string err = CLI::Number(text); !err.empty()) return err;
+        return holds(std::stod(text)) ? std::string() : "must be " + rule + " (got " + text + ")";
+      },
+      rule, name);
+}
+
 }  // namespace
 
+const CLI::Validator kPositive =
+    number_that([](double v) { return v > 0; }, "greater than 0", "POSITIVE");
+const CLI::Validator kNonNegative =
+    number_that([](double v) { return v >= 0; }, "0 or more", "NONNEGATIVE");
+
 void add_serve_options(CLI::App* cmd, ServeConfig& c) {
+  // Options added after group(NAME) are listed under NAME in --help.
+  auto group = [cmd](const char* name) { cmd->option_defaults()->group(name); };
+  group("Data");
   // Each source excludes the others; validate() requires one and says which to give.
   auto* data = cmd->add_option("--data", c.data, "image folder (torchvision ImageFolder layout)")
                    ->check(CLI::ExistingDirectory);
@@ -47,43 +66,46 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
                    ->check(CLI::ExistingFile);
   auto* synthetic =
       cmd->add_option("--synthetic", c.synthetic, "serve N synthetic samples (tests, benchmarks)")
-          ->check(CLI::PositiveNumber);
+          ->check(kPositive);
   data->excludes(list)->excludes(synthetic);
   list->excludes(synthetic);
   cmd->add_option("--sample-bytes", c.sample_bytes, "bytes per synthetic sample")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
+  group("Stream");
   cmd->add_option("--endpoint", c.endpoint,
                   "ipc://PATH or tcp://HOST:PORT (default ipc:///tmp/batchcast-UID.sock)");
   cmd->add_flag("--listen-all", c.listen_all,
                 "let tcp://*:PORT listen on every interface, not only loopback");
   cmd->add_option("--batch-size", c.batch_size, "samples per chunk; consumers' default batch size")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
+  group("Pipeline");
   cmd->add_option("--image-size", c.image_size, "output side in pixels")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_flag("--eval", c.eval, "Resize + CenterCrop instead of RandomResizedCrop + flip");
   add_numbers(cmd, "--mean", c.mean, CLI::Number, "Normalize mean per RGB channel");
   add_numbers(cmd, "--std", c.std, kNonZero, "Normalize std per RGB channel");
-  add_numbers(cmd, "--scale", c.scale, CLI::NonNegativeNumber,
+  add_numbers(cmd, "--scale", c.scale, kNonNegative,
               "RandomResizedCrop area fraction range MIN,MAX");
-  add_numbers(cmd, "--ratio", c.ratio, CLI::PositiveNumber,
+  add_numbers(cmd, "--ratio", c.ratio, kPositive,
               "RandomResizedCrop aspect ratio range MIN,MAX");
   cmd->add_option("--flip-p", c.flip_p, "probability of the horizontal flip (training)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_option("--resize-size", c.resize_size,
                   "eval: shorter side before the centred crop (0: image size * 256 / 224)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   add_choice(cmd, "--interpolation", c.interpolation, kInterpolationNames,
              "resize filter: bilinear or nearest (nearest: CPU decoder only)");
   add_choice(cmd, "--uint8-layout", c.uint8_layout, kUint8LayoutNames,
              "uint8 samples as hwc (S,S,3) or chw (3,S,S, as PILToTensor)");
   cmd->add_option("--workers", c.workers, "decoding threads")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
+  group("GPU");
   cmd->add_option(
          "--device", c.device,
          "where the pool lives: cpu, GPU K as cuda:K, or a GPU or MIG instance by its UUID "
@@ -96,6 +118,7 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
              "mixed (the --workers decode on the CPU what they keep up with, nvJPEG the rest; "
              "for 4 or more GPU-bound trainers sharing the GPU; with 1-2 on few cores use nvjpeg: "
              "docs/architecture.md)");
+  group("Stream");
   cmd->add_option("--epochs", c.epochs, "epochs to serve (0: until stopped)")
       ->capture_default_str();
   cmd->add_option("--seed", c.seed, "seed of shuffling and augmentation")->capture_default_str();
@@ -103,12 +126,15 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   cmd->add_option("--min-consumers", c.min_consumers,
                   "consumers to wait for before the stream starts")
       ->capture_default_str();
+  group("Pipeline");
   add_choice(cmd, "--output", c.output, ServeConfig::kOutputs,
              "float32, float16, bfloat16 (normalised) or uint8");
+  group("Data");
   add_choice(cmd, "--on-error", c.on_error, ServeConfig::kOnError,
              "bad samples: raise (fail the stream) or skip (count them)");
+  group("Stream");
   cmd->add_option("--ring", c.ring, "slots in the shared pool")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   // Under torchrun (or any launcher that sets them) a server per rank shards by itself.
   cmd->add_option("--rank", c.rank, "this server's shard (DistributedSampler semantics)")
@@ -116,7 +142,7 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
       ->capture_default_str();
   cmd->add_option("--world-size", c.world_size, "number of shards")
       ->envname("WORLD_SIZE")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_flag("--every-rank", c.every_rank,
                 "serve every rank's shard from this process (one node-wide server for DDP "
@@ -126,24 +152,27 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
              "wait (never skip data) or skip");
   cmd->add_option("--stall-timeout", c.stall_timeout,
                   "seconds before skip leaves an idle consumer behind")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
+  group("Metrics and logs");
   // Under `batchcast track`, BATCHCAST_METRICS_DIR names the tracked run's directory, so a
   // server started there lands in the same run tree.
   cmd->add_option("--metrics-dir", c.metrics_dir,
                   "write CPU/throughput metrics (CSV + summary.json) here")
       ->envname("BATCHCAST_METRICS_DIR");
   cmd->add_option("--metrics-interval", c.metrics_interval, "seconds between metric samples")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--status-interval", c.status_interval, "seconds between status lines (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
+  group("Stream");
   cmd->add_option("--fail-linger", c.fail_linger,
                   "after a stream failure, seconds to keep answering trainers with the error "
                   "before exiting 1")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
+  group("Options");  // what is added later (--help, --version)
 }
 
 ServeConfig parse_serve_args(const std::vector<std::string>& args) {

@@ -32,6 +32,13 @@ CLI::Option* add_choice(CLI::App* cmd, const std::string& name, T& value,
       ->default_str(default_name);
 }
 
+// A number greater than 0 / at least 0. CLI11's PositiveNumber and NonNegativeNumber state their
+// bounds as the limits of a double (a 309-digit number) when a value is out of range; these say
+// the rule in words: "--batch-size: must be greater than 0 (got 0)".
+extern const CLI::Validator kPositive;
+extern const CLI::Validator kNonNegative;
+
+// The serve options in groups, as `serve --help` shows them: data, pipeline, stream, GPU, metrics.
 void add_serve_options(CLI::App* cmd, ServeConfig& c);
 
 // The ServeConfig of `batchcast serve ARGS...` (ARGS without the program and subcommand

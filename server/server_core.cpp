@@ -286,7 +286,9 @@ uint64_t ServerCore::consumers_ever() const {
 
 ServerStats ServerCore::stats() const {
   std::lock_guard lk(mu_);
-  return state_->stats();
+  ServerStats s = state_->stats();
+  s.producer_blocked_s = state_->producer_blocked_s(monotonic_seconds());
+  return s;
 }
 
 bool ServerCore::send(const std::string& identity, const protocol::Message& message) {

@@ -148,6 +148,11 @@ class StreamState {
   // finish() was called, min_consumers attached, and every consumer was sent End (or left).
   bool all_ended() const;
   ServerStats stats() const;
+  // Producer time blocked up to `now`, a block still going on included (stats() adds a block
+  // when it ends: a rate taken over a tick would put a whole long block into one tick).
+  double producer_blocked_s(double now) const {
+    return counters_.producer_blocked_s + (blocked_since_ ? now - *blocked_since_ : 0.0);
+  }
   uint64_t consumers_now() const { return consumers_.size(); }
   // Attached and not closing: a consumer that said Goodbye while its user still holds batches
   // stays in consumers_now() (its slots stay pinned) but no longer reads.

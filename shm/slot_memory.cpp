@@ -31,9 +31,15 @@ SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_cou
 }
 
 SlotMemory SlotMemory::attach(const protocol::Welcome& w, bool pin_host, int cuda_device) {
-  SlotMemory m(SlotPool::attach(w.segment_name, w.slot_count, w.slot_bytes, w.slots_offset));
-  if (w.device == protocol::DeviceKind::kCpu) {
+  using Access = SharedSegment::Access;
+  const bool host = w.device == protocol::DeviceKind::kCpu;
+  SlotMemory m(SlotPool::attach(w.segment_name, w.slot_count, w.slot_bytes, w.slots_offset,
+                                host && pin_host ? Access::kReadOnly : Access::kCopyOnWrite));
+  if (host) {
     if (pin_host) m.pin_slots(cuda_device);
+    if (pin_host && !m.pinned_)  // staged copies instead: in-place writes stay private
+      m.pool_ = SlotPool::attach(w.segment_name, w.slot_count, w.slot_bytes, w.slots_offset,
+                                 Access::kCopyOnWrite);
     return m;
   }
 #ifdef BATCHCAST_HAVE_CUDA
@@ -58,7 +64,8 @@ SlotMemory SlotMemory::attach(const protocol::Welcome& w, bool pin_host, int cud
 
 void SlotMemory::pin_slots(int device) {
 #ifdef BATCHCAST_HAVE_CUDA
-  // The consumer's mapping is read-only, which cudaHostRegister accepts only as such.
+  // The mapping is read-only (a private one could be copied page by page when locked), which
+  // cudaHostRegister accepts only as such.
   registration_ =
       HostRegistration::try_register(pool_.slot_data(0), pool_.slot_count() * pool_.slot_bytes(),
                                      device, /*read_only=*/true, &pin_failure_);

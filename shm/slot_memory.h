@@ -8,11 +8,15 @@
 //
 // Factories: the server create()s (segment + arena) and describe()s it into the Welcome; a
 // consumer attach()es from that Welcome. A CPU-only build refuses GPU pools with an Error.
-// A consumer that copies host batches to a GPU may ask attach() to page-lock its read-only
-// mapping in place (pin_host), once for the whole pool: copies from it are then asynchronous DMA
-// that overlaps compute. Failing to pin is an expected outcome (no GPU, a platform without
-// read-only registration, the locked-memory limit): host_pinned() is false and pin_failure()
-// says why; the consumer stages through pinned buffers instead.
+// A consumer maps a host pool copy-on-write (shm/shared_segment.h): an in-place write into a
+// batch changes only its own pages, and discard_writes(slot) drops them once the batch is gone.
+// A consumer that copies host batches to a GPU may ask attach() to page-lock the mapping in
+// place (pin_host), once for the whole pool: copies from it are then asynchronous DMA that
+// overlaps compute; that mapping is read-only (page-locking a private mapping may copy it), so
+// writes into its batches fault (shm/write_fault.h). Failing to pin is an expected outcome (no
+// GPU, a platform without read-only registration, the locked-memory limit): host_pinned() is
+// false and pin_failure() says why; the pool is then mapped copy-on-write again and the
+// consumer stages through pinned buffers instead.
 // Ownership and lifetime: move-constructible only; owns the segment mapping and the arenas
 // (server) or arena mapping (consumer), all freed on destruction. Pointers from slot_data() live as long as this.
 // Thread-safety: const members may be called from any thread; slot contents are synchronised by
@@ -40,7 +44,7 @@ class SlotMemory {
   // arenas on those GPUs (this process's indices; the first is the primary).
   static SlotMemory create(const std::string& segment_name, uint32_t slot_count,
                            uint64_t slot_bytes, const std::vector<int>& cuda_devices);
-  // Consumer: maps the pool a Welcome announces: the read-only segment and, for a GPU pool, the
+  // Consumer: maps the pool a Welcome announces: the segment and, for a GPU pool, the
   // arena on `cuda_device` (this process's index; -1: the current device if the pool has an arena
   // there, else the first of the pool's GPUs this process sees); an Error names the pool's GPUs
   // and the fix when none fits. pin_host: page-lock a host pool's slots (see above) for copies to
@@ -61,6 +65,12 @@ class SlotMemory {
   // A slot's first byte: host memory, or a device pointer on cuda_device() for GPU pools (the
   // server: its primary GPU).
   uint8_t* slot_data(uint32_t slot) const;
+  // Consumer, host pool mapped copy-on-write: forgets what this process wrote into the slot, so
+  // that the slot's next chunk reads as the server wrote it. Call it when no batch views the
+  // slot any more (before releasing it). No-op otherwise.
+  void discard_writes(uint32_t slot) const {
+    if (!pinned_) pool_.discard_writes(slot);
+  }
   protocol::DeviceKind device() const {
     return cuda_device_ < 0 ? protocol::DeviceKind::kCpu : protocol::DeviceKind::kCuda;
   }

@@ -47,8 +47,9 @@ SlotPool SlotPool::create(const std::string& segment_name, uint32_t slot_count,
 }
 
 SlotPool SlotPool::attach(const std::string& segment_name, uint32_t slot_count,
-                          uint64_t slot_bytes, uint64_t slots_offset) {
-  SlotPool pool(SharedSegment::open_read_only(segment_name));
+                          uint64_t slot_bytes, uint64_t slots_offset,
+                          SharedSegment::Access access) {
+  SlotPool pool(SharedSegment::open(segment_name, access));
   const auto* h = pool.header();
   auto mismatch = [&](const std::string& what) {
     return Error("shared segment " + segment_name + " does not match the server's welcome (" +

@@ -9,8 +9,10 @@
 // they read holds the chunk they expect.
 //
 // Ownership: the server create()s the pool and owns the segment (see SharedSegment); consumers
-// attach() read-only. Naming: segment_name_for(endpoint) is unique per user and endpoint, so a
-// restarted server finds (and removes) its dead predecessor's segment.
+// attach() it copy-on-write (or read-only, to page-lock it): a consumer's write into a slot
+// changes only its own copy of the pages written, until discard_writes(slot). Naming:
+// segment_name_for(endpoint) is unique per user and endpoint, so a restarted server finds (and
+// removes) its dead predecessor's segment.
 // Thread-safety: slot memory is written by one producer thread at a time per slot (the server's
 // SlotRing hands each slot to one filler); the sequence words are atomics.
 #pragma once
@@ -46,10 +48,11 @@ class SlotPool {
   // host_slots=false: a device pool's segment (header and sequence words only).
   static SlotPool create(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes,
                          bool host_slots = true);
-  // Maps an existing pool read-only and checks its header against the geometry the server
-  // announced; throws Error naming the segment and the mismatch.
+  // Maps an existing pool (SharedSegment::Access) and checks its header against the geometry the
+  // server announced; throws Error naming the segment and the mismatch.
   static SlotPool attach(const std::string& segment_name, uint32_t slot_count,
-                         uint64_t slot_bytes, uint64_t slots_offset);
+                         uint64_t slot_bytes, uint64_t slots_offset,
+                         SharedSegment::Access access = SharedSegment::Access::kCopyOnWrite);
 
   uint32_t slot_count() const { return header()->slot_count; }
   uint64_t slot_bytes() const { return header()->slot_bytes; }
@@ -62,6 +65,11 @@ class SlotPool {
   uint8_t* slot_data(uint32_t slot) const {
     if (!host_slots()) return nullptr;
     return segment_.data() + header()->slots_offset + slot * header()->slot_bytes;
+  }
+  // A copy-on-write consumer: drops its private copies of a host slot's pages (what it wrote into
+  // the slot's chunk), so that the slot's next chunk reads as the server wrote it.
+  void discard_writes(uint32_t slot) const {
+    if (host_slots()) segment_.discard_writes(slots_offset() + slot * slot_bytes(), slot_bytes());
   }
   // The stream sequence number of the chunk a slot holds (kNoChunk while being filled).
   uint64_t slot_seq(uint32_t slot) const { return seq_word(slot)->load(std::memory_order_acquire); }

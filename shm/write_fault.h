@@ -1,8 +1,10 @@
 // Write-fault reporting for read-only mappings of the batch pool.
 //
-// Consumers map the pool read-only, so a training script that modifies a zero-copy batch in
-// place (x.add_(1)) dies of SIGSEGV. That stays so (the alternative is silently corrupting the
-// batch for every other consumer), but the process first prints what happened and the fix:
+// Consumers map the pool copy-on-write, except a consumer that page-locks its host pool for
+// copies to a GPU (pin_memory): page-locking a private mapping may copy its pages, so that one maps
+// the pool read-only, and a training script that modifies such a batch in place (x.add_(1)) dies
+// of SIGSEGV (the alternative is corrupting the batch for every other consumer). The process
+// first prints what happened and the fix:
 // "write into read-only shared memory /dev/shm/NAME (a zero-copy batch) ... .clone() it first".
 //
 // Contract: watch_writes() records [begin, begin + bytes) under `name` and, the first time it is
@@ -11,7 +13,7 @@
 // process with its usual status and core dump). Faults outside watched ranges only chain.
 // unwatch_writes() forgets the range (call it before unmapping). Thread-safe and lock-free: the
 // handler reads a fixed table of atomics; at most kMaxWatchedRanges ranges are watched at once
-// (more are simply not reported). Used by SharedSegment::open_read_only.
+// (more are simply not reported). Used by SharedSegment::open (Access::kReadOnly).
 #pragma once
 
 #include <cstddef>

@@ -32,7 +32,9 @@ within the pipeline's documented tolerance, and its own seeded shuffle and augme
 With ``pin_memory=True`` on a machine with a GPU and a build with nvJPEG, it decodes on that GPU
 (``pin_memory_device``, default the current device) and batches arrive as CUDA tensors there.
 Anything else runs in Python, and one log line (logger ``batchcast.torchvision_plan``) names the
-step that prevented the native path. ``native=False`` always runs the dataset's own code.
+step that prevented the native path. ``native=False`` always runs the dataset's own code. Which
+one runs is logged once at INFO (logger ``batchcast``) and is the loader's ``decoding`` (and
+``native``, a bool).
 
 Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
 DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
@@ -45,6 +47,7 @@ The share protocol is in ``_share.py``; the producer process in ``_share_produce
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch.utils.data
@@ -79,6 +82,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         **kwargs: Any,
     ) -> None:
         self._stream: Optional[SharedStream] = None  # before torch's __init__: __del__ reads it
+        self._decoding: Optional[str] = None
         super().__init__(
             dataset,
             batch_size,
@@ -121,6 +125,10 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         self._stream = SharedStream(
             share, pipeline, prints, {"timeout": timeout, "pin_memory": pin_memory}
         )
+        self._decoding = prints["decoding"]
+        logging.getLogger("batchcast").info(
+            "DataLoader(share=%r): samples decoded by the %s", share,
+            self._decoding if self.native else "dataset's own Python code (torch workers)")
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -140,6 +148,19 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
     @property
     def endpoint(self) -> str:
         return self._shared().paths["endpoint"]
+
+    @property
+    def decoding(self) -> Optional[str]:
+        """How the share's samples are made: ``"native <decoder> decoder, pool on <device>"``
+        (the C++ pipeline) or ``"python"`` (the dataset's own code in a detached producer);
+        None without ``share``. Logged once at INFO (logger ``batchcast``) when the loader is
+        made; ``batchcast.torchvision_plan`` logs why a pipeline is not native."""
+        return self._decoding
+
+    @property
+    def native(self) -> bool:
+        """True when the share's samples are decoded by the native pipeline (see decoding)."""
+        return bool(self._decoding and self._decoding.startswith("native"))
 
     @property
     def stats(self) -> Any:

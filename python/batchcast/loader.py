@@ -21,10 +21,12 @@ that cannot serve that position raises :class:`batchcast.PositionUnavailableErro
 
 Batches are zero-copy views of the server's shared memory handed over through DLPack: the
 server's slot is released when the last tensor of the batch is freed. Host views are
-read-only memory: writing through them kills the process (SIGSEGV) after a message naming the
-fix. CUDA views cannot be made read-only (CUDA IPC maps device memory read-write): an in-place
-write changes the batch every other consumer sees. Either way, ``.clone()`` before modifying
-in place.
+copy-on-write: an in-place write (``x.mul_(2)``) changes only this process's copy of the pages
+written, never the other consumers' data (docs/memory.md). Exception: a pool page-locked for
+``pin_memory`` on a GPU machine is read-only, and a write there kills the process (SIGSEGV)
+after a message naming the fix. CUDA views cannot be protected (CUDA IPC maps device memory
+read-write): an in-place write changes the batch every other consumer sees, so ``.clone()``
+before modifying them in place.
 A Loader that holds more than ``max_held`` zero-copy batches gets private copies from then on,
 so keeping batches in a list never stalls the server. Batches of chunks the server regenerates
 for this Loader alone (catching up after a mid-epoch join or a ``load_state_dict``) are private

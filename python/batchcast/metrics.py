@@ -203,6 +203,30 @@ def find_parts(dir: "os.PathLike[str] | str") -> List[str]:
     return parts
 
 
+def separate_runs(dir: "os.PathLike[str] | str") -> List[List[str]]:
+    """The parts of run tree ``dir`` (find_parts) grouped into runs: parts whose spans (from
+    ``start_unix_s`` for ``duration_s``) overlap, directly or through other parts, ran together
+    (a server and its trainers, a workload's collocated commands); parts that ran at other times
+    (a baseline measured before the shared run, two runs of one folder) are separate runs,
+    which summarize() refuses to add up. Groups in start order, each sorted."""
+    spans = []
+    for path in find_parts(dir):
+        s = _load(path)
+        start = s.get("start_unix_s", 0.0)
+        # A tick of slack: a process listed at the last tick of another part ran with it.
+        slack = s.get("interval_s") or 0.0
+        spans.append((start, start + s.get("duration_s", 0.0) + slack, path))
+    groups: List[List[str]] = []
+    end = None
+    for start, stop, path in sorted(spans):
+        if end is None or start > end:
+            groups.append([])
+            end = stop
+        groups[-1].append(path)
+        end = max(end, stop)
+    return [sorted(g) for g in groups]
+
+
 def _load(path: str) -> Dict[str, Any]:
     with open(os.path.join(path, "summary.json")) as f:
         try:
@@ -297,7 +321,14 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
     dir = os.fspath(dir)
     if _is_mlflow_run(dir):
         return _summarize_mlflow(dir)
-    paths = find_parts(dir)
+    runs = separate_runs(dir)
+    if len(runs) > 1:
+        names = "; ".join(", ".join(os.path.relpath(p, dir) for p in g) for g in runs)
+        raise ValueError(
+            f"{dir} holds {len(runs)} runs that did not run at the same time ({names}): their "
+            "figures would be added up as one; pass each run's directory (batchcast report "
+            "reports them one by one)")
+    paths = runs[0]
     parts = [(p, _load(p)) for p in paths]
     start = min(s.get("start_unix_s", 0.0) for _, s in parts)
     end = max(s.get("start_unix_s", 0.0) + s.get("duration_s", 0.0) for _, s in parts)
@@ -337,6 +368,8 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
         "dir": os.path.abspath(dir),
         "parts": [os.path.relpath(p, dir) for p, _ in parts],
         "complete": all(s.get("complete", False) for _, s in parts),
+        "incomplete_reasons": [f"{os.path.relpath(p, dir)}: {s['incomplete_reason']}"
+                               for p, s in parts if s.get("incomplete_reason")],
         "collocation": longest.get("collocation"),
         "start_unix_s": start,
         "duration_s": duration,

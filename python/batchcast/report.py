@@ -364,12 +364,36 @@ table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:
 text-align:right}th{background:#f4f4f4}img{max-width:100%;display:block;margin:1em 0}"""
 
 
+def _separate(dirs: Sequence[str]) -> List[str]:
+    """``dirs`` with each folder that holds several runs (metrics.separate_runs: parts that did
+    not run at the same time, such as a parent of a baseline and a shared run) replaced by its
+    runs, each named by the folder its parts share; said on stderr, never merged in silence."""
+    out: List[str] = []
+    for d in dirs:
+        if metrics._is_mlflow_run(d):
+            out.append(d)
+            continue
+        groups = metrics.separate_runs(d)
+        if len(groups) == 1:
+            out.append(d)
+            continue
+        names = [os.path.commonpath(g) if len(g) > 1 else g[0] for g in groups]
+        if len(set(names)) < len(names) or os.path.abspath(d) in map(os.path.abspath, names):
+            raise ValueError(
+                f"{d} holds {len(groups)} runs that did not run at the same time, and some share "
+                f"a folder ({', '.join(names)}): move each run into a folder of its own")
+        print(f"batchcast report: {d} holds {len(groups)} runs that did not run at the same "
+              f"time; reporting them one by one: {', '.join(names)}", file=sys.stderr)
+        out += names
+    return out
+
+
 def render(dirs: Sequence[str], out: Optional[str] = None) -> str:
     """Writes the PNGs and index.html for run directories ``dirs`` into ``out`` (default
     ``<dirs[0]>/report``); returns the path of index.html."""
     if not dirs:
         raise ValueError("report: give at least one run directory")
-    runs = [Run(d) for d in dirs]
+    runs = [Run(d) for d in _separate(dirs)]
     out = os.path.abspath(out or os.path.join(dirs[0], "report"))
     try:
         os.makedirs(out, exist_ok=True)

@@ -236,6 +236,9 @@ def track_command(
         collector.stop()
         try:
             log_run_dir(run, run_dir)
+            print(f"batchcast track: run recorded in {run_dir} (MLflow store "
+                  f"{os.path.abspath(os.path.join(out, 'mlruns'))}); see it with "
+                  f"`batchcast report {shlex.quote(run_dir)}`", file=sys.stderr)
         finally:
             run.end(status)
             parent.end(FINISHED)  # the workload's span so far: ends with its latest command

@@ -56,22 +56,69 @@ def test_a_malformed_device_index_names_the_form(batchcast_bin):
     assert "cuda:K" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["make-dataset"], ["report"], ["bench"]])
+@pytest.mark.parametrize("command", [[], ["serve"], ["make-dataset"], ["track"], ["report"],
+                                     ["bench"]])
 def test_version_on_every_command(batchcast_bin, command):
     p = run([batchcast_bin, *command, "--version"])
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == f"batchcast {project_version()}"
 
 
-def test_help_lists_every_command_and_says_where_report_and_bench_live(batchcast_bin):
-    p = run([batchcast_bin, "--help"])
+def test_help_lists_every_command_and_says_where_track_report_and_bench_live(batchcast_cli):
+    # The console script a user types: it execs the package's native program, which still
+    # calls itself `batchcast`, not .../site-packages/batchcast/_bin/batchcast.
+    p = run([batchcast_cli, "--help"])
     assert p.returncode == 0, p.stderr
-    for command in ("serve", "make-dataset", "report", "bench"):
-        assert command in p.stdout
-    assert p.stdout.count("Python package") == 2, p.stdout
+    assert p.stdout.startswith("batchcast: one shared data-loading server"), p.stdout
+    assert "Usage: batchcast [OPTIONS] SUBCOMMAND" in p.stdout, p.stdout
+    assert "_bin" not in p.stdout and "site-packages" not in p.stdout, p.stdout
+    listed = re.findall(r"^  (\S+)\s", p.stdout.split("Subcommands:")[1], re.M)
+    assert listed == ["serve", "make-dataset", "track", "report", "bench"], p.stdout
+    assert p.stdout.count("Python package") == 3, p.stdout
 
 
-@pytest.mark.parametrize("command", [["report", "runs/a", "--out", "x"], ["bench", "--quick"]])
+def test_serve_help_groups_its_options(batchcast_cli):
+    p = run([batchcast_cli, "serve", "--help"])
+    assert p.returncode == 0, p.stderr
+    assert "Usage: batchcast serve [OPTIONS]" in p.stdout, p.stdout
+    headers = re.findall(r"^(\S[^:\n]*):$", p.stdout, re.M)
+    assert headers == ["Options", "Data", "Stream", "Pipeline", "GPU", "Metrics and logs"], p.stdout
+    sections = dict(zip(headers, re.split(r"^\S[^:\n]*:$", p.stdout, flags=re.M)[1:]))
+    for header, options in [("Data", ["--data", "--synthetic", "--on-error"]),
+                            ("Stream", ["--endpoint", "--batch-size", "--epochs", "--ring"]),
+                            ("Pipeline", ["--image-size", "--mean", "--output"]),
+                            ("GPU", ["--device", "--decoder"]),
+                            ("Metrics and logs", ["--metrics-dir", "--status-interval"])]:
+        for option in options:
+            assert re.search(rf"^\s+{option}\b", sections[header], re.M), (header, option)
+
+
+@pytest.mark.parametrize("option, value, rule", [
+    ("--batch-size", "0", "must be greater than 0 (got 0)"),
+    ("--workers", "-1", "must be greater than 0 (got -1)"),
+    ("--status-interval", "-2", "must be 0 or more (got -2)"),
+])
+def test_an_out_of_range_number_says_the_rule_in_words(batchcast_bin, option, value, rule):
+    p = run([batchcast_bin, "serve", "--synthetic", "10", option, value])
+    assert p.returncode == 2, p.stderr
+    assert f"{option}: {rule}" in p.stderr, p.stderr
+    assert not re.search(r"\d{20}", p.stderr), p.stderr  # no limit of a double spelled out
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["frobnicate"], "batchcast: unknown command 'frobnicate': the commands are serve, "
+                     "make-dataset, track, report, bench"),
+    ([], "batchcast: give a command: serve, make-dataset, track, report, bench"),
+])
+def test_an_unknown_or_missing_command_names_the_commands(batchcast_cli, argv, said):
+    p = run([batchcast_cli, *argv])
+    assert p.returncode == 2, p.stderr
+    assert said in p.stderr, p.stderr
+    assert "A subcommand is required" not in p.stderr
+
+
+@pytest.mark.parametrize("command", [["report", "runs/a", "--out", "x"], ["bench", "--quick"],
+                                     ["track", "--workload", "w"]])
 def test_report_and_bench_point_to_the_python_package(batchcast_bin, command):
     p = run([batchcast_bin, *command])
     assert p.returncode == 2

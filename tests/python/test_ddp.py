@@ -79,7 +79,28 @@ def shard(rank: int, epoch: int) -> list:
     return list(sampler)
 
 
-def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path):
+def _launch_as_torchrun(script: str, key: str, job: int, rank: int, port: int):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return subprocess.Popen([sys.executable, script, key], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _launch_node_as_torchrun_nnodes(script: str, key: str, job: int, node: int, port: int):
+    # One "node" of a two-node job (docs/multi_node.md) with the environment that
+    # `torchrun --nnodes 2 --nproc-per-node 1 --node-rank NODE` gives its one process: local
+    # rank 0 on every node, the global rank node * nproc + local rank. (Debian's torch 1.13
+    # torchrun fails on Python 3.11 before it starts a worker, so it is not run itself.)
+    env = dict(os.environ, RANK=str(node), LOCAL_RANK="0", GROUP_RANK=str(node),
+               ROLE_RANK=str(node), LOCAL_WORLD_SIZE="1", WORLD_SIZE="2", GROUP_WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return subprocess.Popen([sys.executable, script, key], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("launch", [_launch_as_torchrun, _launch_node_as_torchrun_nnodes],
+                         ids=["one-node", "two-nodes"])
+def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path, launch):
     key = f"test-ddp-{uuid.uuid4().hex[:8]}"
     rank_paths = [share_paths(f"{key}-rank{r}of2") for r in range(2)]
     for paths in rank_paths:
@@ -91,10 +112,7 @@ def test_two_ddp_jobs_share_per_rank_and_each_rank_gets_its_shard(tmp_path):
         for job in range(2):
             port = free_port()
             for rank in range(2):
-                env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                procs.append(subprocess.Popen([sys.executable, str(script), key], env=env,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                procs.append(launch(str(script), key, job, rank, port))
         results = []
         for p in procs:
             out, err = p.communicate(timeout=120)

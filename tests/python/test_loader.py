@@ -126,24 +126,43 @@ def test_slot_is_held_until_the_last_tensor_is_freed(endpoint, batchcast_bin):
         loader.close()
 
 
-def test_in_place_write_into_a_batch_names_the_fix(endpoint, batchcast_bin, run_py):
-    code = textwrap.dedent(
-        """
-        import faulthandler, sys, batchcast
-        faulthandler.enable()  # as pytest and many launchers do: the message must still come
-        x, y = next(iter(batchcast.Loader(sys.argv[1], timeout=10)))
-        print("got a batch", flush=True)
-        x.add_(1)
-        print("not reached", flush=True)
-        """
-    )
-    with serve(endpoint, samples=64, epochs=1):
-        p = run_py(code, endpoint)
-        out, err = p.communicate(timeout=60)
-    assert out.decode() == "got a batch\n"
-    assert p.returncode == -signal.SIGSEGV, err.decode()
-    assert "write into read-only shared memory /dev/shm/batchcast." in err.decode(), err.decode()
-    assert ".clone() a tensor before modifying it in place" in err.decode()
+IN_PLACE_READER = textwrap.dedent(
+    """
+    import sys, torch, batchcast
+    from conftest import synthetic_rows
+    endpoint, width, write = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "write"
+    loader = batchcast.Loader(endpoint, timeout=60)
+    batches = 0
+    for epoch in range(3):
+        for x, y in loader:
+            want = synthetic_rows(y, width)
+            # Before any write: the server's bytes, also in slots this process wrote into
+            # while they held earlier chunks.
+            assert torch.equal(x, want), f"epoch {epoch}: batch {batches} is not the server's"
+            if write:
+                x.mul_(2)  # in place, into the zero-copy batch
+                assert torch.equal(x, want * 2)
+            batches += 1
+            del x, y, want  # the batch is freed: its slot goes back
+    assert loader.stats.copies == 0, f"{loader.stats.copies} of {batches} batches were copies"
+    print(batches, flush=True)
+    """
+)
+
+
+def test_in_place_writes_stay_private(endpoint, batchcast_bin, run_py):
+    # Two trainers in their own processes; A doubles every batch in place, B only reads. A ring
+    # of 4 slots carries 30 chunks, so A reads many chunks in slots it wrote into before: each
+    # must read as the server wrote it, and B must never see A's writes.
+    width = 3 * 4096 // 16 + 8  # a chunk spans several pages
+    with batchcast.serve(synthetic=160, sample_bytes=width, endpoint=endpoint, batch_size=16,
+                         epochs=3, workers=2, ring=4, min_consumers=2):
+        a = run_py(IN_PLACE_READER, endpoint, str(width), "write")
+        b = run_py(IN_PLACE_READER, endpoint, str(width), "read")
+        for p in (a, b):
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err.decode()
+            assert out.decode().split() == ["30"], (out, err)
 
 
 def test_numpy_consumer_through_dlpack(endpoint, batchcast_bin):

@@ -277,14 +277,20 @@ def share_log(key):
         return f.read()
 
 
-def test_dataloader_share_runs_a_recognised_pipeline_natively(folder, new_key):
-    """The drop-in's producer is the native server (its log says so): torchvision's labels and
-    order, each eval image torchvision's within tolerance, whole epochs; a trainer of the same
-    key that turns the native path off is told the streams differ."""
+def test_dataloader_share_runs_a_recognised_pipeline_natively(folder, new_key, caplog):
+    """The drop-in's producer is the native server (its log says so, and so does the trainer:
+    once at INFO, and as the loader's `native`/`decoding`): torchvision's labels and order, each
+    eval image torchvision's within tolerance, whole epochs; a trainer of the same key that
+    turns the native path off is told the streams differ."""
     tf = T.Compose([T.Resize(44), T.CenterCrop(40), T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = torchvision.datasets.ImageFolder(folder, tf)
     key = new_key()
-    loader = batchcast.DataLoader(ds, batch_size=5, num_workers=2, share=key)
+    with caplog.at_level(logging.INFO, logger="batchcast"):
+        loader = batchcast.DataLoader(ds, batch_size=5, num_workers=2, share=key)
+    said = [r.getMessage() for r in caplog.records if r.name == "batchcast"]
+    assert said == [f"DataLoader(share={key!r}): samples decoded by the native cpu decoder, "
+                    "pool on cpu"], said
+    assert loader.native is True and loader.decoding == "native cpu decoder, pool on cpu"
     for epoch in range(2):
         batches = [(x.clone(), y.clone()) for x, y in loader]
         images = torch.cat([x for x, _ in batches])
@@ -295,6 +301,7 @@ def test_dataloader_share_runs_a_recognised_pipeline_natively(folder, new_key):
         assert_close_to_torchvision(images[i], ds[i][0], ds.samples[i][0])
     assert "native pipeline (cpu decoder, pool on cpu)" in share_log(key)
     python = batchcast.DataLoader(ds, batch_size=5, share=key, native=False)
+    assert python.native is False and python.decoding == "python"
     with pytest.raises(ValueError, match="decoding: running 'native cpu decoder, pool on cpu', "
                                          "this process 'python'"):
         iter(python)

@@ -481,8 +481,9 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
   EXPECT_EQ(s["format"], "batchcast-metrics");
   EXPECT_EQ(s["run_name"], "run1");
   EXPECT_EQ(s["complete"], true);
+  EXPECT_EQ(s["incomplete_reason"], nullptr);
   EXPECT_EQ(s["samples"], 320u + 160u);
-  EXPECT_DOUBLE_EQ(s["wait_s"].get<double>(), 0.0);  // constant counters: no delta
+  EXPECT_DOUBLE_EQ(s["wait_s"].get<double>(), 0.75);  // counters are counted whole
   EXPECT_GT(s["duration_s"].get<double>(), 0.5);
   EXPECT_GE(s["ticks"].get<int>(), 4);
   const double server_cpu = s["cpu_core_s"]["server"];
@@ -501,6 +502,31 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
   EXPECT_FALSE(s["system"]["mean_cpu_utilization_percentage"].is_null());
   for (const char* key : {"start_unix_s", "interval_s", "samples_per_s", "sampler", "gpus"})
     EXPECT_TRUE(s.contains(key)) << key;
+}
+
+TEST(MetricsCollector, CountsWholeCountersAndSaysWhyARunIsIncomplete) {
+  // A consumer first listed after it consumed 500 samples (it attached and read between two
+  // ticks) counts all 500; one that leaves stays listed with its final count; a summary whose
+  // owner says its counts are not final is incomplete, and says why.
+  const fs::path dir = fresh_dir("whole");
+  std::atomic<int> phase{0};
+  MetricsCollector c(fast_options(dir), [&] {
+    MetricsSnapshot s;
+    s.processes.push_back({"server", "", getpid(), 0, 0});
+    if (phase >= 1) s.processes.push_back({"consumer", "1", 0x7ffffff0, 500, 1.5});
+    if (phase >= 2) s.incomplete = "1 consumer(s) still attached";
+    return s;
+  });
+  c.start();
+  phase = 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  phase = 2;
+  c.stop();
+  json s = read_json(dir / "summary.json");
+  EXPECT_EQ(s["samples"], 500u);
+  EXPECT_DOUBLE_EQ(s["wait_s"].get<double>(), 1.5);
+  EXPECT_EQ(s["complete"], false);
+  EXPECT_EQ(s["incomplete_reason"], "1 consumer(s) still attached");
 }
 
 TEST(MetricsCollector, UnknownPidHasEmptyCpuCells) {

@@ -677,9 +677,13 @@ TEST(StreamState, ProducerBlockedTimeIsTheTimeAcquireWasRefused) {
   EXPECT_FALSE(s.fill());
   s.now += 1.5;
   EXPECT_FALSE(s.fill());
+  // While the block goes on it counts up to now (a tick's rate never exceeds 100 %).
+  s.now += 0.5;
+  EXPECT_DOUBLE_EQ(s.state.producer_blocked_s(s.now), 2.0);
   s.release("a", ds[0]);
   EXPECT_TRUE(s.fill());
-  EXPECT_DOUBLE_EQ(s.state.stats().producer_blocked_s, 1.5);
+  EXPECT_DOUBLE_EQ(s.state.stats().producer_blocked_s, 2.0);
+  EXPECT_DOUBLE_EQ(s.state.producer_blocked_s(s.now + 3), 2.0);
 }
 
 // --- Seek, catch-up and break (docs/stream.md, "Positions") ---

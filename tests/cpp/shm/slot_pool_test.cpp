@@ -1,11 +1,14 @@
-// SlotPool and SharedSegment: real POSIX shared memory, its mode, read-only mapping (and the
-// message a write into it prints), geometry checks, and removal of a dead server's segment.
+// SlotPool and SharedSegment: real POSIX shared memory, its mode, copy-on-write mappings (a
+// consumer's writes stay its own until discarded), read-only mapping (and the message a write
+// into it prints), geometry checks, and removal of a dead server's segment.
 #include "shm/slot_pool.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include "common/error.h"
 
@@ -31,15 +34,48 @@ TEST(SlotPool, CreatedOwnerOnlyAndRemovedByItsOwner) {
   EXPECT_FALSE(exists(name)) << "the owner unlinks its segment";
 }
 
-TEST(SlotPool, ConsumersSeeTheProducersBytesReadOnly) {
+TEST(SlotPool, ConsumersSeeTheProducersBytesAndWriteOnlyTheirOwnCopy) {
   auto name = test_name("view");
+  auto pool = SlotPool::create(name, 2, 3 * 4096);
+  std::memset(pool.slot_data(1), 7, pool.slot_bytes());
+  pool.set_slot_seq(1, 9);
+  auto a = SlotPool::attach(name, 2, pool.slot_bytes(), pool.slots_offset());
+  auto b = SlotPool::attach(name, 2, pool.slot_bytes(), pool.slots_offset());
+  EXPECT_EQ(a.slot_data(1)[7], 7);
+  EXPECT_EQ(a.slot_seq(1), 9u);
+  // A writes into the middle page of slot 1: only A sees it.
+  a.slot_data(1)[4096 + 5] = 99;
+  EXPECT_EQ(a.slot_data(1)[4096 + 5], 99);
+  EXPECT_EQ(b.slot_data(1)[4096 + 5], 7) << "another consumer saw a write";
+  EXPECT_EQ(pool.slot_data(1)[4096 + 5], 7) << "the server saw a consumer's write";
+  // The server refills the slot: pages A never wrote follow it, the page A wrote is A's own...
+  std::memset(pool.slot_data(1), 8, pool.slot_bytes());
+  pool.set_slot_seq(1, 10);
+  EXPECT_EQ(a.slot_seq(1), 10u);
+  EXPECT_EQ(a.slot_data(1)[0], 8);
+  EXPECT_EQ(a.slot_data(1)[2 * 4096], 8);
+  EXPECT_EQ(a.slot_data(1)[4096 + 5], 99);
+  EXPECT_EQ(b.slot_data(1)[4096 + 5], 8);
+  // ...until A discards its writes: then A reads the server's bytes, every one of them.
+  a.discard_writes(1);
+  for (uint64_t i = 0; i < pool.slot_bytes(); ++i) ASSERT_EQ(a.slot_data(1)[i], 8) << i;
+  // Discarding is per slot: a write into slot 0 survives discarding slot 1.
+  a.slot_data(0)[3] = 5;
+  a.discard_writes(1);
+  EXPECT_EQ(a.slot_data(0)[3], 5);
+  a.discard_writes(0);
+  EXPECT_EQ(a.slot_data(0)[3], 0);
+}
+
+TEST(SlotPool, ReadOnlyMappingNamesTheFixOnWrite) {
+  // The mapping a consumer page-locks for DMA (pin_memory) is read-only: the write dies, after
+  // naming the segment and the fix.
+  auto name = test_name("ro");
   auto pool = SlotPool::create(name, 2, 4096);
   pool.slot_data(1)[7] = 42;
-  pool.set_slot_seq(1, 9);
-  auto view = SlotPool::attach(name, 2, pool.slot_bytes(), pool.slots_offset());
+  auto view = SlotPool::attach(name, 2, pool.slot_bytes(), pool.slots_offset(),
+                               SharedSegment::Access::kReadOnly);
   EXPECT_EQ(view.slot_data(1)[7], 42);
-  EXPECT_EQ(view.slot_seq(1), 9u);
-  // A consumer's mapping is read-only: the write dies, after naming the segment and the fix.
   EXPECT_DEATH(view.slot_data(0)[0] = 1, "read-only shared memory /dev/shm/" + name + ".*clone");
 }
 
