@@ -9,7 +9,8 @@ A trainer that ends by an exception, SIGINT or SIGTERM frees the others and the 
 Round r takes row r of MATRIX (consumers x batch size x num_workers, covered in full by 18
 rounds) with the roles rotated by r; where a second GPU is present, odd rounds put the pool on
 cuda:1 and every trainer calls ``torch.cuda.set_device(1)``. ``BATCHCAST_GPU_STRESS_ROUNDS``
-(default 4) sets how many rounds each test runs: the acceptance runs use 20.
+(default 4) sets how many rounds each test runs, from ``BATCHCAST_GPU_STRESS_FIRST`` (default 0):
+the acceptance runs use 20, as pytest runs side by side (FIRST 0, 7 and 14, 7 rounds each).
 Skipped without a GPU, or where the build has no nvJPEG.
 Run on the GPU machine: python3 -m pytest -q tests/python/test_gpu_stress.py
 """
@@ -34,6 +35,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device: torch.cuda is not available")
 
 ROUNDS = int(os.environ.get("BATCHCAST_GPU_STRESS_ROUNDS", "4"))
+FIRST = int(os.environ.get("BATCHCAST_GPU_STRESS_FIRST", "0"))  # several runs side by side
 MATRIX = list(itertools.product((2, 3, 4), (8, 16, 32), (1, 4)))  # consumers, batch, workers
 ROLES = ("plain", "pause", "break", "resume")
 IMAGES = 72  # one image per class: the label is the sample
@@ -184,7 +186,7 @@ def check_coverage(configs: list, results: list, samples: int) -> None:
 
 
 @needs_gpu
-@pytest.mark.parametrize("r", range(ROUNDS))
+@pytest.mark.parametrize("r", range(FIRST, FIRST + ROUNDS))
 def test_dropin_trainers_that_differ_share_an_nvjpeg_pool(one_per_class, run_py, tmp_path, r):
     cfg = round_config(r)
     key = f"stress-{uuid.uuid4().hex[:8]}"
@@ -204,7 +206,7 @@ def _share_endpoint(key: str) -> str:
 
 
 @needs_gpu
-@pytest.mark.parametrize("r", range(ROUNDS))
+@pytest.mark.parametrize("r", range(FIRST, FIRST + ROUNDS))
 def test_loaders_that_differ_share_an_nvjpeg_pool_of_small_chunks(one_per_class, run_py,
                                                                    endpoint, tmp_path, r):
     cfg = round_config(r)
