@@ -27,8 +27,11 @@
 // with timeout_s <= 0: then only a dead or silent server ends the wait, as ServerGoneError),
 // and PositionUnavailableError ("position unavailable: ...") from the next() after a seek()
 // the server refused.
-// While no server answers, the constructor calls options.on_waiting after 1 s and every 10 s
-// (spdlog info when it is empty).
+// Nothing waits in silence: while no server answers (the constructor), or while next() waits for
+// data, after 3 s and every 10 s it calls options.on_waiting with what it waits for: no server
+// at the endpoint; min_consumers not met (n of m); a named consumer holding the stream back (as
+// the server's heartbeats say); else the server's producer (spdlog warning when it is empty).
+// The TimeoutError of next() names the same.
 // Thread-safety: one thread at a time may call next(); Batches may be destroyed on any thread.
 //
 // GPU pools (server --device cuda:K, CUDA builds): the server's arena and its per-slot events are
@@ -83,8 +86,12 @@ struct ConsumerOptions {
   // work on its stream (Batch::use_on_stream) has completed. Failing to pin is logged once and
   // leaves batches pageable (Batch::pinned says which).
   bool pin_memory = false;
-  // Called on the constructing thread while no server has answered (see Errors above).
-  std::function<void(const std::string& endpoint, double waited_s)> on_waiting;
+  // Seconds this consumer may hold the stream back before the server frees the others from it
+  // (stall policy decouple: it then reads what it missed as regenerated chunks); 0: the
+  // server's --stall-timeout.
+  double stall_timeout_s = 0;
+  // Called with what it waits for, on the waiting thread, holding no lock (see Errors above).
+  std::function<void(const std::string& what, double waited_s)> on_waiting;
 };
 
 // One tensor of a batch: a strided view (element strides) of memory owned by its Batch.

@@ -14,7 +14,9 @@ namespace batchcast {
 
 namespace {
 
-constexpr double kFirstWaitingNoteS = 1.0;  // a server that is up answers well within this
+// A wait is said after a few seconds (a server that is up answers well within this, and data
+// of a live stream comes within it), then every 10 s.
+constexpr double kFirstWaitingNoteS = 3.0;
 constexpr double kWaitingNotePeriodS = 10.0;
 
 double deadline_from(double timeout_s) {
@@ -47,6 +49,7 @@ Session::Session(const ConsumerOptions& options)
       server_local_(welcome_.boot_id == host_boot_id()),
       memory_(SlotMemory::attach(welcome_, options.pin_memory, options.cuda_device)) {
   copier_ = ChunkCopier::create(memory_);
+  on_waiting_ = options.on_waiting;
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   last_heard_ = monotonic_seconds();
   thread_ = std::thread([this] { loop(); });
@@ -68,6 +71,7 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
   hello.boot_id = host_boot_id();
   hello.name = options.name;
   hello.late_join = options.late_join;
+  hello.stall_timeout_s = options.stall_timeout_s > 0 ? options.stall_timeout_s : 0;
   socket_.send(zmq::buffer(protocol::encode(hello)), zmq::send_flags::none);
 
   const double start = monotonic_seconds();
@@ -102,11 +106,14 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
                          " s; start one with `batchcast serve --endpoint " + endpoint_ + "`");
     if (now >= next_waiting_note) {
       next_waiting_note = now + kWaitingNotePeriodS;
+      const std::string what = "waiting for a batchcast server at " + endpoint_ + " (" +
+                               std::to_string(static_cast<int>(now - start)) +
+                               " s so far): nothing answers there; start one with `batchcast "
+                               "serve --endpoint " + endpoint_ + "`";
       if (options.on_waiting)
-        options.on_waiting(endpoint_, now - start);
+        options.on_waiting(what, now - start);
       else
-        spdlog::info("waiting for a batchcast server at {} ({:.0f} s so far)", endpoint_,
-                     now - start);
+        spdlog::warn("{}", what);
     }
   }
 }
@@ -193,6 +200,12 @@ std::optional<ReceivedChunk> Session::pop(double timeout_s, double* waited) {
   std::unique_lock lk(mu_);
   double start = monotonic_seconds();
   double deadline = deadline_from(timeout_s);
+  double next_note = start + kFirstWaitingNoteS;
+  // What the server says holds our data back, else the producer (it has not filled the next
+  // chunk: a slow or blocked producer, an epoch being regenerated).
+  auto waiting_for = [&] {
+    return waiting_for_.empty() ? "the server's producer to fill the next chunk" : waiting_for_;
+  };
   while (true) {
     // A refused seek comes before any chunk: those that follow its reply were sent from the
     // old cursor (the reply and a descriptor can arrive together, while this thread waits).
@@ -207,10 +220,24 @@ std::optional<ReceivedChunk> Session::pop(double timeout_s, double* waited) {
                   endpoint_ + ")");
     if (ended_) break;
     if (gone_) throw ServerGoneError(gone_reason_);
-    if (monotonic_seconds() > deadline)
+    const double now = monotonic_seconds();
+    if (now > deadline)
       throw TimeoutError("no data from the batchcast server at " + endpoint_ + " within " +
                          std::to_string(static_cast<int>(timeout_s)) +
-                         " s (it is alive: is it stalled on a slow or stopped consumer?)");
+                         " s; it is alive and waits for " + waiting_for());
+    if (now >= next_note) {
+      next_note = now + kWaitingNotePeriodS;
+      const std::string what = "waiting " + std::to_string(static_cast<int>(now - start)) +
+                               " s for data from the batchcast server at " + endpoint_ +
+                               ": it waits for " + waiting_for();
+      lk.unlock();  // the callback may take the GIL, which a thread releasing a batch holds
+      if (on_waiting_)
+        on_waiting_(what, now - start);
+      else
+        spdlog::warn("{}", what);
+      lk.lock();
+      continue;
+    }
     ready_.wait_for(lk, std::chrono::milliseconds(100));
   }
   *waited = monotonic_seconds() - start;
@@ -242,7 +269,9 @@ void Session::on_message(const void* data, size_t size, double now) {
       position_error_ = reply->message;
   } else if (auto* e = std::get_if<protocol::ErrorMessage>(&*r.message)) {
     server_error_ = e->message;
-  } else if (!std::holds_alternative<protocol::Heartbeat>(*r.message)) {
+  } else if (auto* hb = std::get_if<protocol::Heartbeat>(&*r.message)) {
+    waiting_for_ = hb->waiting_for;
+  } else {
     dropped++;
   }
   ready_.notify_all();

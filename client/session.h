@@ -62,7 +62,7 @@ class Session {
  public:
   // Throws TimeoutError when no server answers within options.timeout_s, Error when the
   // server at the endpoint recorded a failure and exited, or for any other failure. Reports
-  // the wait through options.on_waiting (client/consumer.h says when).
+  // waits (here and in pop()) through options.on_waiting (client/consumer.h says when).
   explicit Session(const ConsumerOptions& options);
   ~Session();
   Session(const Session&) = delete;
@@ -138,6 +138,8 @@ class Session {
   bool leaving_ = false;  // goodbye() was posted: chunks that arrive are released at once
   std::string gone_reason_;
   std::string server_error_;
+  std::string waiting_for_;  // the server's last heartbeat: what holds our data back
+  std::function<void(const std::string&, double)> on_waiting_;
   double last_heard_ = 0;
   std::thread thread_;
 };

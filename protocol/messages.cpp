@@ -86,6 +86,7 @@ void write_body(Writer& w, const Hello& m) {
   w.put_string(m.name);
   w.put(static_cast<uint8_t>(m.late_join));
   w.put(m.device_index);
+  w.put(m.stall_timeout_s);
 }
 void read_body(Reader& r, Hello& m) {
   m.pid = r.get<uint32_t>();
@@ -95,6 +96,8 @@ void read_body(Reader& r, Hello& m) {
   if (lj > 1) r.fail("unknown late_join value " + std::to_string(lj));
   m.late_join = static_cast<LateJoin>(lj);
   m.device_index = r.get<uint32_t>();
+  m.stall_timeout_s = r.get<double>();
+  if (!(m.stall_timeout_s >= 0 && m.stall_timeout_s < 1e9)) r.fail("stall_timeout_s out of range");
 }
 
 void write_body(Writer& w, const Welcome& m) {
@@ -234,11 +237,13 @@ void read_body(Reader& r, Release& m) {
 void write_body(Writer& w, const Heartbeat& m) {
   w.put(m.samples);
   w.put(m.wait_s);
+  w.put_string(m.waiting_for);
 }
 void read_body(Reader& r, Heartbeat& m) {
   m.samples = r.get<uint64_t>();
   m.wait_s = r.get<double>();
   if (!(m.wait_s >= 0 && m.wait_s < 1e12)) r.fail("wait_s out of range");
+  m.waiting_for = r.get_string();
 }
 void write_body(Writer&, const Goodbye&) {}
 void read_body(Reader&, Goodbye&) {}

@@ -28,7 +28,8 @@ namespace batchcast::protocol {
 constexpr uint32_t kMagic = 0x53414342;  // "BCAS"
 // 2: adds Seek and SeekReply; the messages of version 1 keep their layouts.
 // 3: a CUDA Welcome lists one arena per GPU of the pool (serve --device cuda:0,cuda:1).
-constexpr uint16_t kVersion = 3;
+// 4: Hello carries the consumer's stall bound, a server's Heartbeat what the consumer waits for.
+constexpr uint16_t kVersion = 4;
 constexpr size_t kMaxTensors = 16;
 constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxString = 1024;
@@ -63,6 +64,9 @@ struct Hello {
   std::string name;     // for logs and metrics
   LateJoin late_join = LateJoin::kReplay;
   uint32_t device_index = 0;  // CUDA consumers: the device they read on
+  // Seconds this consumer may hold the stream back before the server decouples it (stall
+  // policy decouple) or leaves it behind (skip); 0: the server's stall_timeout.
+  double stall_timeout_s = 0;
 };
 
 // One GPU's copy of a CUDA pool: the GPU's UUID (indices differ under CUDA_VISIBLE_DEVICES), the
@@ -138,6 +142,9 @@ struct Release {  // consumer -> server: done with the chunk `seq` held in `slot
 struct Heartbeat {  // both ways; consumers add their cumulative counters for the metrics
   uint64_t samples = 0;
   double wait_s = 0;
+  // server -> consumer: what holds its data back right now (min_consumers not met, a named
+  // consumer holding the stream); empty when nothing does.
+  std::string waiting_for;
 };
 struct Goodbye {};  // consumer -> server: leaving; release everything I hold
 struct End {        // server -> consumer: no chunk follows

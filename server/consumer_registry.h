@@ -4,7 +4,8 @@
 // A consumer's cursor `next_seq` is the next chunk it will be sent. While it is active, every
 // chunk at or after its cursor is pinned in the ring (stall_policy "wait"); a consumer that has
 // asked for nothing for stall_timeout no longer pins under "skip", nor does one waiting for a
-// sought chunk (`seek`) or reading regenerated chunks for good (StreamState's PrivateStreams).
+// sought chunk (`seek`), reading regenerated chunks for good, or decoupled after holding the
+// stream back under "decouple" (StreamState's PrivateStreams).
 // Records are created on Hello and erased on Goodbye or death; nothing here outlives the server.
 // Thread-safety: none; the owner (StreamState) serialises access.
 #pragma once
@@ -36,6 +37,12 @@ struct ConsumerRecord {
   bool closing = false;      // said Goodbye; kept until its last hold is released
   double last_seen = 0;      // any message
   double last_activity = 0;  // last credit or release: "has taken something"
+  double stall_timeout_s = 0;  // its own stall bound (Hello); 0: the server's
+  // Seconds it has held the stream back (the producer waited for a slot, another consumer for
+  // the stream's next chunk, and this one pinned the oldest chunk the producer could not
+  // reuse) since it was last near the stream's head: a slow consumer adds up, a momentary
+  // free slot does not reset it.
+  double held_back_s = 0;
   uint64_t samples = 0;      // reported by its heartbeats
   double wait_s = 0;
 };

@@ -6,12 +6,13 @@ namespace batchcast {
 
 std::vector<uint32_t> PrivateStreams::start(uint64_t consumer, ChunkAddress from,
                                             std::optional<ChunkAddress> until,
-                                            uint64_t stream_position) {
+                                            uint64_t stream_position, bool rejoin) {
   auto abandoned = stop(consumer);
   Stream& s = streams_[consumer];
   s.generation = ++generations_;
   s.next_request = s.next_send = from;
   s.until = until;
+  s.rejoin = rejoin;
   s.stream_position = stream_position;
   return abandoned;
 }

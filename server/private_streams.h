@@ -41,6 +41,9 @@ class PrivateStreams {
     ChunkAddress next_request;
     ChunkAddress next_send;
     std::optional<ChunkAddress> until;  // merges into the shared stream there; nullopt: never
+    // Decoupled (it held the stream back): no merge chunk and nothing pinned; it merges where
+    // the stream still holds its next chunk, once it has caught up.
+    bool rejoin = false;
     uint64_t stream_position = 0;       // reported in its next descriptor
     uint32_t requested = 0;             // asked of the producer, not yet filled
     std::map<ChunkAddress, protocol::BatchDescriptor> ready;  // filled, waiting for their turn
@@ -54,7 +57,8 @@ class PrivateStreams {
   // Starts (or restarts) `consumer`'s private stream at `from`. Slots of chunks filled for an
   // earlier start are returned: nobody will be sent them.
   std::vector<uint32_t> start(uint64_t consumer, ChunkAddress from,
-                              std::optional<ChunkAddress> until, uint64_t stream_position);
+                              std::optional<ChunkAddress> until, uint64_t stream_position,
+                              bool rejoin = false);
   // Ends `consumer`'s private stream (it merged, sought elsewhere or left); returns the slots of
   // its chunks that will never be sent.
   std::vector<uint32_t> stop(uint64_t consumer);

@@ -149,9 +149,13 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
                 "jobs): rank r listens on ENDPOINT.rank<r> (tcp: PORT + r), its pool on the "
                 "(r mod G)-th GPU of --device");
   add_choice(cmd, "--stall-policy", c.stall_policy, ServeConfig::kStallPolicies,
-             "wait (never skip data) or skip");
+             "decouple (a consumer holding the stream back reads what it missed as regenerated "
+             "chunks, nothing lost), wait (everyone waits for the slowest) or skip (an idle "
+             "consumer is left behind, what it misses counted)");
   cmd->add_option("--stall-timeout", c.stall_timeout,
-                  "seconds before skip leaves an idle consumer behind")
+                  "seconds a consumer may hold the stream back before decouple frees the others "
+                  "(skip: may ask for nothing before it is left behind); a stream stalled this "
+                  "long is logged with who holds what")
       ->check(kPositive)
       ->capture_default_str();
   group("Metrics and logs");

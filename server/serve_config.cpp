@@ -15,7 +15,7 @@ const std::map<std::string, DecoderKind> ServeConfig::kDecoders = {
 const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
 const std::map<std::string, StallPolicy> ServeConfig::kStallPolicies = {
-    {"wait", StallPolicy::kWait}, {"skip", StallPolicy::kSkip}};
+    {"wait", StallPolicy::kWait}, {"skip", StallPolicy::kSkip}, {"decouple", StallPolicy::kDecouple}};
 // The pipeline's own list of output dtypes (decoders/image_pipeline.h), by dtype_name().
 const std::map<std::string, DType> ServeConfig::kOutputs = [] {
   std::map<std::string, DType> names;

@@ -70,8 +70,8 @@ struct ServeConfig {
   // listens on protocol::rank_endpoint(endpoint, r), its pool on the (r mod G)-th GPU of
   // --device, its metrics (if any) in metrics_dir/rank<r>; the workers are split between ranks.
   bool every_rank = false;
-  StallPolicy stall_policy = StallPolicy::kWait;
-  double stall_timeout = 10;
+  StallPolicy stall_policy = StallPolicy::kDecouple;
+  double stall_timeout = 3;
 
   std::string metrics_dir;  // empty: no metrics
   double metrics_interval = 1.0;

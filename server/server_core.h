@@ -63,8 +63,11 @@ struct ServerOptions {
   // The stream starts (descriptors flow) once this many consumers have attached, so that they
   // all see it from its first chunk.
   uint32_t min_consumers = 1;
-  StallPolicy stall_policy = StallPolicy::kWait;  // wait: never skip data
-  double stall_timeout_s = 10.0;  // skip: a consumer idle this long stops holding the producer
+  // decouple: a consumer that holds the stream back for stall_timeout_s reads regenerated
+  // chunks instead (as wait without regeneration); wait: never skip data; skip: one idle this
+  // long is left behind, what it misses counted.
+  StallPolicy stall_policy = StallPolicy::kDecouple;
+  double stall_timeout_s = 3.0;
   double heartbeat_interval_s = 0.25;
   // Remote consumers silent this long are dropped; consumers use it to declare a silent server
   // gone. Local consumers are checked by pid every 0.2 s instead (a SIGSTOPped one is alive).

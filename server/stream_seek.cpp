@@ -109,6 +109,7 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
 
 bool StreamState::deliver_private(ConsumerRecord& c) {
   auto* p = private_.find(c.id);
+  if (p->rejoin && try_rejoin(c, *p)) return false;
   if (p->until && !(p->next_send < *p->until)) {  // reached its merge chunk
     ChunkAddress at = p->next_send;
     abandon(private_.stop(c.id));

@@ -23,6 +23,11 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive)
       alive_(std::move(alive)),
       ring_(rules_.slot_count) {
   counters_.ring_slots = rules_.slot_count;
+  if (rules_.stall_policy == StallPolicy::kDecouple && !rules_.regenerates)
+    spdlog::info(
+        "stall policy decouple needs a producer that regenerates chunks (batchcast serve, or "
+        "Producer(regenerate=...)); this one cannot, so a slow consumer holds the stream back "
+        "as under stall policy wait");
 }
 
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
@@ -203,7 +208,10 @@ ServerStats StreamState::stats() const {
   s.consumers_ever = consumers_.ever();
   s.ring_occupied = ring_.occupied();
   for (const auto& [id, c] : consumers_.all())
-    s.consumers.push_back({id, c.pid, c.name, c.samples, c.wait_s, true});
+    s.consumers.push_back({id, c.pid, c.name, c.samples, c.wait_s, true, samples_behind(c),
+                           static_cast<uint32_t>(ring_.held_by(id)),
+                           private_.find(id) && private_.find(id)->rejoin,
+                           c.held_back_s});
   s.consumers.insert(s.consumers.end(), departed_.begin(), departed_.end());
   return s;
 }
@@ -223,10 +231,7 @@ bool StreamState::may_reuse(uint64_t old_seq, bool delivered, double now) const 
       continue;
     }
     if (c.next_seq > old_seq) passed = true;
-    if (c.end_sent || c.closing || c.waiting_epoch_start || c.seek || c.next_seq > old_seq)
-      continue;
-    bool stalled = c.credits == 0 && now - c.last_activity > rules_.stall_timeout_s;
-    if (rules_.stall_policy == StallPolicy::kSkip && stalled) continue;
+    if (c.next_seq > old_seq || !pins_stream(c, now)) continue;
     return false;  // this consumer has not been sent the chunk yet
   }
   return delivered || (started_ && passed);
@@ -285,6 +290,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   r.local = !hello.boot_id.empty() && hello.boot_id == rules_.welcome.boot_id;
   r.name = hello.name;
   r.last_seen = r.last_activity = now;
+  r.stall_timeout_s = hello.stall_timeout_s;
   // Start cursor, within the retained chunks that run without a gap up to the newest one (a
   // chunk still held by someone can outlive its successors, and replaying across the hole
   // would jump): the first epoch start there (a whole epoch), else the first chunk there (a
@@ -330,12 +336,18 @@ void StreamState::tick(double now) {
           send_(c.identity, protocol::ErrorMessage{failure_.substr(0, protocol::kMaxString)});
   }
   deliver();
+  watch_stalls(now);  // on what was just delivered: who still waits, who holds the stream back
   if (now >= next_liveness_) {
     check_liveness(now);
     next_liveness_ = now + kLivenessPeriodS;
   }
   if (now >= next_heartbeat_) {
-    for (const auto& [id, c] : consumers_.all()) send_(c.identity, protocol::Heartbeat{});
+    for (const auto& [id, c] : consumers_.all()) {
+      protocol::Heartbeat hb;
+      if (std::find(holding_.begin(), holding_.end(), id) == holding_.end())
+        hb.waiting_for = waiting_for_.substr(0, protocol::kMaxString);
+      send_(c.identity, hb);
+    }
     next_heartbeat_ = now + rules_.heartbeat_interval_s;
   }
 }
@@ -408,7 +420,7 @@ void StreamState::drop_consumer(uint64_t id, const char* why) {
   size_t held = ring_.release_all(id);
   spdlog::info("consumer {} (pid {}) {}; released {} slot reference(s)", id, c.pid, why, held);
   if (departed_.size() >= kMaxDeparted) departed_.erase(departed_.begin());
-  departed_.push_back({id, c.pid, c.name, c.samples, c.wait_s, false});
+  departed_.push_back({id, c.pid, c.name, c.samples, c.wait_s, false, 0, 0, false, 0.0});
   consumers_.erase(id);
 }
 

@@ -16,6 +16,15 @@
 // - Reuse: a slot is refilled only if nobody holds its chunk, no active consumer's cursor is at
 //   or before it, and it was delivered to someone or some consumer's cursor is past it. Under
 //   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
+// - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
+//   stream back (the producer waits for a slot, another consumer waits for the stream's next
+//   chunk, and it pins the oldest chunk nobody holds) for its stall bound stops pinning: it
+//   reads from its position on in regenerated chunks (nothing lost) and merges back where the
+//   stream still holds its next chunk, catch_up_slots() past the oldest retained one. Without
+//   regeneration it waits, as under stall_policy=wait.
+// - Stalls are said: a stream that has not moved for stall_timeout is logged once, naming each
+//   consumer's pid, name, chunks held and position; every other consumer's heartbeat says what
+//   holds its data back (min_consumers not met, a named consumer).
 // - Late join: within the retained chunks that run without a gap up to the newest, a new
 //   consumer starts at the first epoch start, else at the first chunk; late_join=next_epoch
 //   then skips to an epoch start. On a producer that regenerates, a replay joiner that would
@@ -56,14 +65,16 @@
 
 namespace batchcast {
 
-enum class StallPolicy { kWait, kSkip };
+enum class StallPolicy { kWait, kSkip, kDecouple };
 
 struct StreamRules {
   uint32_t slot_count = 8;
   uint64_t slot_bytes = 0;  // descriptors are validated against it
   uint32_t min_consumers = 1;
-  StallPolicy stall_policy = StallPolicy::kWait;
-  double stall_timeout_s = 10.0;
+  StallPolicy stall_policy = StallPolicy::kDecouple;
+  // Seconds a consumer may hold the stream back (decouple) or ask for nothing (skip) before it
+  // stops pinning, unless its Hello names its own; also when a stalled stream is logged.
+  double stall_timeout_s = 3.0;
   double heartbeat_interval_s = 0.25;
   double heartbeat_timeout_s = 2.0;  // remote consumers silent this long are dropped
   uint64_t epochs = 0;               // announced in End
@@ -80,6 +91,7 @@ struct ServerStats {
   uint64_t chunks_published = 0;
   uint64_t chunks_regenerated = 0;  // private chunks filled for consumers catching up
   uint64_t chunks_skipped = 0;      // not filled: no attached consumer wanted them
+  uint64_t decouplings = 0;         // consumers decoupled for holding the stream back
   uint64_t samples_published = 0;
   uint64_t descriptors_sent = 0;
   uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
@@ -96,6 +108,10 @@ struct ServerStats {
     uint64_t samples;
     double wait_s;
     bool attached;  // false: it left or died (kept so metrics can still count its CPU)
+    uint64_t behind = 0;      // samples between its next one and the stream's newest
+    uint32_t held = 0;        // chunks it was sent and has not released
+    bool decoupled = false;   // reads regenerated chunks after holding the stream back
+    double holding_s = 0;     // how long it has held the stream back, now
   };
   std::vector<Consumer> consumers;  // every consumer of this server, the last 1000 departed ones
 };
@@ -169,6 +185,23 @@ class StreamState {
   bool deliver_sought(ConsumerRecord& c);
   void deliver();
   void check_liveness(double now);
+  // Holding back, decoupling, the stall log and what each consumer is told it waits for.
+  void watch_stalls(double now);
+  // The consumers holding the stream back now: the producer waits for a slot, some other
+  // consumer waits for the stream's next chunk, and they pin the oldest retained chunk that
+  // nobody holds and the reuse rule keeps.
+  std::vector<uint64_t> holding_back(double now) const;
+  void decouple(ConsumerRecord& c);
+  // A decoupled consumer whose next chunk the stream still holds merges there; true if it did.
+  bool try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p);
+  // Whether `c` pins the stream's chunks at and after its cursor.
+  bool pins_stream(const ConsumerRecord& c, double now) const;
+  double stall_bound(const ConsumerRecord& c) const {
+    return c.stall_timeout_s > 0 ? c.stall_timeout_s : rules_.stall_timeout_s;
+  }
+  uint64_t samples_behind(const ConsumerRecord& c) const;
+  // "consumer 2 'name' (pid 123)", then with `detail` what it holds and where it is.
+  std::string label(const ConsumerRecord& c, bool detail) const;
   void drop_consumer(uint64_t id, const char* why);
   bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
   struct SlotCount {
@@ -216,6 +249,10 @@ class StreamState {
   uint64_t end_seq_ = 0;
   std::string failure_;
   std::optional<double> blocked_since_;  // the producer's first refused acquire
+  bool stall_logged_ = false;            // this block of the producer was logged
+  std::optional<double> last_watch_;     // watch_stalls' previous call
+  std::vector<uint64_t> holding_;        // holding the stream back, as of the last tick
+  std::string waiting_for_;              // told the others in heartbeats (watch_stalls)
   double next_liveness_ = 0, next_heartbeat_ = 0;
   ServerStats counters_;
   std::vector<ServerStats::Consumer> departed_;

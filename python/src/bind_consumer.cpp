@@ -12,7 +12,9 @@
 //   the Python layer reinterprets them.
 #include <dlpack/dlpack.h>
 #include <pybind11/stl.h>
+#include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -160,12 +162,16 @@ struct ConsumerState {
 
 class PyConsumer {
  public:
-  explicit PyConsumer(ConsumerOptions options) : state_(std::make_shared<ConsumerState>()) {
+  // `owned`: cleared when this object goes, so that a next() still in flight on the detached
+  // worker no longer calls into Python (options.on_waiting checks it).
+  PyConsumer(ConsumerOptions options, std::shared_ptr<std::atomic<bool>> owned)
+      : state_(std::make_shared<ConsumerState>()), owned_(std::move(owned)) {
     py::gil_scoped_release nogil;
     state_->consumer = std::make_unique<Consumer>(std::move(options));
     state_->refresh();
   }
   ~PyConsumer() {
+    *owned_ = false;
     if (!worker_.in_flight()) close();
     // else: the detached worker's job owns state_ and destroys the Consumer when it returns.
   }
@@ -204,6 +210,7 @@ class PyConsumer {
  private:
   std::shared_ptr<ConsumerState> state_;
   BlockingWorker worker_;
+  std::shared_ptr<std::atomic<bool>> owned_;
   bool closed_ = false;
 };
 
@@ -315,7 +322,7 @@ void bind_consumer(py::module_& m) {
       .def(py::init([](const std::string& endpoint, uint32_t batch_size, bool drop_last,
                        double timeout, uint32_t prefetch, uint32_t max_held,
                        const std::string& late_join, const std::string& name, int cuda_device,
-                       bool pin_memory) {
+                       bool pin_memory, double stall_timeout) {
              ConsumerOptions o;
              o.endpoint = endpoint;
              o.batch_size = batch_size;
@@ -327,19 +334,21 @@ void bind_consumer(py::module_& m) {
              o.name = name;
              o.cuda_device = cuda_device;
              o.pin_memory = pin_memory;
-             o.on_waiting = [](const std::string& at, double waited_s) {
-               py::gil_scoped_acquire gil;  // the handshake runs with the GIL released
-               py::module_::import("logging")
-                   .attr("getLogger")("batchcast")
-                   .attr("info")("waiting for a batchcast server at %s (%.0f s so far)", at,
-                                 waited_s);
+             o.stall_timeout_s = stall_timeout;
+             // At WARNING: Python's default logging shows it (nothing waits in silence).
+             auto owned = std::make_shared<std::atomic<bool>>(true);
+             o.on_waiting = [owned](const std::string& what, double) {
+               if (!*owned || !Py_IsInitialized()) return spdlog::warn("{}", what);
+               py::gil_scoped_acquire gil;  // the handshake and next() run with the GIL released
+               py::module_::import("logging").attr("getLogger")("batchcast").attr("warning")(
+                   "%s", what);
              };
-             return std::make_unique<PyConsumer>(std::move(o));
+             return std::make_unique<PyConsumer>(std::move(o), std::move(owned));
            }),
            py::arg("endpoint") = "", py::arg("batch_size") = 0, py::arg("drop_last") = false,
            py::arg("timeout") = 60.0, py::arg("prefetch") = 2, py::arg("max_held") = 2,
            py::arg("late_join") = "replay", py::arg("name") = "", py::arg("cuda_device") = -1,
-           py::arg("pin_memory") = false)
+           py::arg("pin_memory") = false, py::arg("stall_timeout") = 0.0)
       .def("next", &PyConsumer::next,
            "The next batch of the current epoch, or None at its end (and forever after the "
            "stream's end).")

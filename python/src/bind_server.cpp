@@ -158,7 +158,8 @@ class PyServer {
 StallPolicy parse_stall_policy(const std::string& s) {
   if (s == "wait") return StallPolicy::kWait;
   if (s == "skip") return StallPolicy::kSkip;
-  throw Error("stall_policy='" + s + "': use 'wait' or 'skip'");
+  if (s == "decouple") return StallPolicy::kDecouple;
+  throw Error("stall_policy='" + s + "': use 'decouple', 'wait' or 'skip'");
 }
 
 py::dict stats_dict(const ServerStats& s) {
@@ -166,6 +167,7 @@ py::dict stats_dict(const ServerStats& s) {
   d["chunks_published"] = s.chunks_published;
   d["chunks_regenerated"] = s.chunks_regenerated;
   d["chunks_skipped"] = s.chunks_skipped;
+  d["decouplings"] = s.decouplings;
   d["samples_published"] = s.samples_published;
   d["descriptors_sent"] = s.descriptors_sent;
   d["messages_dropped"] = s.messages_dropped;
@@ -183,6 +185,10 @@ py::dict stats_dict(const ServerStats& s) {
     cd["name"] = c.name;
     cd["samples"] = c.samples;
     cd["wait_s"] = c.wait_s;
+    cd["behind"] = c.behind;
+    cd["held"] = c.held;
+    cd["decoupled"] = c.decoupled;
+    cd["holding_s"] = c.holding_s;
     consumers.append(cd);
   }
   d["consumers"] = consumers;
@@ -215,7 +221,7 @@ void bind_server(py::module_& m) {
            py::arg("endpoint") = "", py::arg("slot_bytes"),
            py::arg("ring_slots") = defaults.ring_slots, py::arg("batch_size") = 0,
            py::arg("epoch_samples") = 0, py::arg("epochs") = 0,
-           py::arg("min_consumers") = defaults.min_consumers, py::arg("stall_policy") = "wait",
+           py::arg("min_consumers") = defaults.min_consumers, py::arg("stall_policy") = "decouple",
            py::arg("stall_timeout") = defaults.stall_timeout_s, py::arg("allow_remote") = false,
            py::arg("regenerates") = false)
       .def("publish_batch", &PyServer::publish, py::arg("tensors"), py::arg("epoch"),

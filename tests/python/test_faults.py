@@ -202,12 +202,14 @@ def test_a_failure_record_of_another_user_is_ignored(endpoint):
 
 
 def test_a_waiting_trainer_says_so_and_then_no_server_yet(endpoint, caplog):
-    caplog.set_level(logging.INFO, logger="batchcast")
+    caplog.set_level(logging.WARNING, logger="batchcast")  # Python's default level shows it
     with pytest.raises(batchcast.TimeoutError, match="^no server yet: "):
-        batchcast.Loader(endpoint, timeout=2.5)
+        batchcast.Loader(endpoint, timeout=4)
     waiting = [r for r in caplog.records
                if r.name == "batchcast" and "waiting for a batchcast server at" in r.getMessage()]
     assert waiting and endpoint in waiting[0].getMessage()
+    assert waiting[0].levelno == logging.WARNING
+    assert "nothing answers there" in waiting[0].getMessage()
 
 
 # -- batchcast.Producer ------------------------------------------------------------------------

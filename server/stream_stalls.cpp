@@ -1,0 +1,184 @@
+// StreamState's stalls (stream_state.h): who holds the stream back, decoupling such a consumer
+// onto regenerated chunks and merging it back, the stall log and what each consumer is told it
+// waits for. The rest of the state machine is in stream_state.cpp and stream_seek.cpp.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <string>
+
+#include "server/stream_state.h"
+
+namespace batchcast {
+
+namespace {
+// The others are told about a consumer once it has held the stream back this long: shorter
+// holds are the ordinary rhythm of a ring shared by consumers of different speeds.
+constexpr double kTellAfterS = 1.0;
+}  // namespace
+
+bool StreamState::pins_stream(const ConsumerRecord& c, double now) const {
+  const auto* p = private_.find(c.id);
+  if (p && !p->until) return false;  // private for good, or decoupled
+  if (c.end_sent || c.closing || c.waiting_epoch_start || c.seek) return false;
+  const bool stalled = c.credits == 0 && now - c.last_activity > stall_bound(c);
+  return !(rules_.stall_policy == StallPolicy::kSkip && stalled);
+}
+
+std::vector<uint64_t> StreamState::holding_back(double now) const {
+  std::vector<uint64_t> ids;
+  if (!blocked_since_ || finished_ || !started_) return ids;
+  // What the producer waits for: the oldest stream chunk that nobody holds and the reuse rule
+  // keeps (older ones are held, or reusable and about to be refilled).
+  std::optional<uint64_t> oldest;
+  for (const auto& [seq, slot] : ring_.published()) {
+    if (protocol::is_private_seq(seq)) break;
+    const SlotEntry& e = ring_.slot(slot);
+    if (e.holders.empty() && !may_reuse(seq, e.delivered, now)) {
+      oldest = seq;
+      break;
+    }
+  }
+  if (!oldest) return ids;
+  // Someone must be held back: a lone slow consumer holds back nobody.
+  const bool someone_waits = std::any_of(
+      consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
+        const ConsumerRecord& c = entry.second;
+        return pins_stream(c, now) && !private_.find(c.id) && c.credits > 0 &&
+               c.next_seq >= next_publish_seq_;
+      });
+  if (!someone_waits) return ids;
+  for (const auto& [id, c] : consumers_.all())
+    if (pins_stream(c, now) && c.next_seq <= *oldest) ids.push_back(id);
+  return ids;
+}
+
+uint64_t StreamState::samples_behind(const ConsumerRecord& c) const {
+  uint64_t at = stream_position_;
+  if (const auto* p = private_.find(c.id)) {
+    at = p->stream_position;
+  } else if (!c.seek && c.next_seq < next_publish_seq_) {
+    auto d = descriptors_.find(c.next_seq);
+    if (d != descriptors_.end()) at = d->second.position.stream_position;
+  }
+  return stream_position_ > at ? stream_position_ - at : 0;
+}
+
+std::string StreamState::label(const ConsumerRecord& c, bool detail) const {
+  std::string s = "consumer " + std::to_string(c.id) + (c.name.empty() ? "" : " '" + c.name + "'") +
+                  " (pid " + std::to_string(c.pid) + ")";
+  if (!detail) return s;
+  s += ": holds " + std::to_string(ring_.held_by(c.id)) + " chunk(s), " +
+       std::to_string(samples_behind(c)) + " samples behind the newest";
+  const auto* p = private_.find(c.id);
+  if (p) {
+    s += ", reads regenerated chunks from epoch " + std::to_string(p->next_send.epoch) +
+         " chunk " + std::to_string(p->next_send.index);
+  } else if (!c.seek && c.next_seq < next_publish_seq_) {
+    auto d = descriptors_.find(c.next_seq);
+    if (d != descriptors_.end())
+      s += ", next at epoch " + std::to_string(d->second.position.epoch) + " sample " +
+           std::to_string(d->second.position.sample_start);
+  }
+  return s;
+}
+
+void StreamState::decouple(ConsumerRecord& c) {
+  const double held_for = c.held_back_s;
+  const uint64_t behind = samples_behind(c);
+  if (auto* p = private_.find(c.id)) {  // catching up too slowly: stop pinning its merge chunk
+    p->until.reset();
+    p->rejoin = true;
+  } else {
+    auto d = descriptors_.find(c.next_seq);
+    if (d == descriptors_.end()) return;
+    const auto& at = d->second.position;
+    abandon(private_.start(c.id, {at.epoch, at.index_in_epoch}, std::nullopt, at.stream_position,
+                           true));
+  }
+  c.next_seq = next_publish_seq_;
+  c.held_back_s = 0;
+  counters_.decouplings++;
+  spdlog::warn(
+      "{} held the stream back for {:.1f} s, {} samples behind: decoupled; it reads what it "
+      "missed in regenerated chunks and merges back when it catches up",
+      label(c, false), held_for, behind);
+}
+
+bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
+  const uint64_t per_epoch = chunks_per_epoch();
+  const uint64_t tail = tail_begin();
+  std::optional<uint64_t> seq;
+  const protocol::Seek next = stream_next();
+  if (p.next_send == ChunkAddress{next.epoch, next.sample / rules_.welcome.server_batch_size}) {
+    seq = next_publish_seq_;  // level with the stream's head
+  } else if (tail < next_publish_seq_ && per_epoch) {
+    const auto& t = descriptors_.at(tail).position;
+    const ChunkAddress oldest{t.epoch, t.index_in_epoch};
+    if (p.next_send < oldest) return false;
+    // Stream chunks are numbered consecutively in stream order (skipped ones too).
+    uint64_t at = tail + (p.next_send.epoch - oldest.epoch) * per_epoch + p.next_send.index -
+                  oldest.index;
+    // Slack: merging at the oldest chunk would make it hold the stream back again at once.
+    if (at < tail + catch_up_slots() || at >= next_publish_seq_) return false;
+    const auto& d = descriptors_.at(at).position;
+    if (!(ChunkAddress{d.epoch, d.index_in_epoch} == p.next_send)) return false;
+    seq = at;
+  }
+  if (!seq) return false;
+  abandon(private_.stop(c.id));
+  c.next_seq = *seq;
+  spdlog::info("{} caught up: it reads the shared stream again", label(c, false));
+  return true;
+}
+
+void StreamState::watch_stalls(double now) {
+  waiting_for_.clear();
+  holding_.clear();
+  if (!failure_.empty() || finished_) return;
+  if (!started_) {
+    waiting_for_ = "min_consumers not met: " + std::to_string(consumers_.size()) + " of " +
+                   std::to_string(rules_.min_consumers) + " consumers attached";
+    return;
+  }
+  const double dt = last_watch_ ? now - *last_watch_ : 0;
+  last_watch_ = now;
+  holding_ = holding_back(now);
+  const bool decouples = rules_.stall_policy == StallPolicy::kDecouple && chunks_per_epoch();
+  std::vector<uint64_t> laggards;
+  for (auto& [id, c] : consumers_.all()) {
+    if (std::find(holding_.begin(), holding_.end(), id) != holding_.end()) {
+      c.held_back_s += dt;
+      if (decouples && c.held_back_s >= stall_bound(c)) laggards.push_back(id);
+    } else if (!pins_stream(c, now) || c.next_seq + catch_up_slots() >= next_publish_seq_) {
+      c.held_back_s = 0;  // near the head again, or pinning nothing
+    }
+  }
+  for (uint64_t id : laggards) {
+    decouple(consumers_.all().at(id));
+    holding_.erase(std::find(holding_.begin(), holding_.end(), id));
+  }
+  for (uint64_t id : holding_) {
+    const ConsumerRecord& c = consumers_.all().at(id);
+    if (c.held_back_s < kTellAfterS) continue;
+    waiting_for_ += (waiting_for_.empty() ? "" : "; ") + label(c, true) +
+                    ", holds the stream back";
+    if (decouples)
+      waiting_for_ += " (decoupled after " + std::to_string(static_cast<int>(stall_bound(c))) +
+                      " s)";
+  }
+  if (!blocked_since_) {
+    stall_logged_ = false;
+    return;
+  }
+  const double blocked = now - *blocked_since_;
+  if (blocked >= rules_.stall_timeout_s && !stall_logged_) {
+    stall_logged_ = true;
+    std::string who;
+    for (const auto& [id, c] : consumers_.all())
+      if (!c.end_sent && !c.closing) who += "\n  " + label(c, true);
+    spdlog::warn("the stream has not moved for {:.0f} s; the producer waits for a slot:{}",
+                 blocked, who.empty() ? " no consumer reads" : who);
+  }
+}
+
+}  // namespace batchcast
