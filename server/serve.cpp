@@ -79,11 +79,33 @@ std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, ServerCor
       });
 }
 
+// The slowest attached consumer and how far behind it is; what regeneration cost (the extra
+// decoding for consumers that catch up or were decoupled).
+std::string slowest_and_regenerated(const ServerStats& s) {
+  const ServerStats::Consumer* slowest = nullptr;
+  for (const auto& c : s.consumers)
+    if (c.attached && (!slowest || c.behind > slowest->behind)) slowest = &c;
+  std::string out;
+  if (slowest && s.consumers_now > 1) {
+    out += fmt::format(" | slowest: consumer {}{} (pid {}) {} samples behind", slowest->id,
+                       slowest->name.empty() ? "" : " '" + slowest->name + "'", slowest->pid,
+                       slowest->behind);
+    if (slowest->decoupled)
+      out += ", decoupled";
+    else if (slowest->holding_s >= 1)
+      out += fmt::format(", holding the stream back {:.0f} s", slowest->holding_s);
+  }
+  if (s.chunks_regenerated)
+    out += fmt::format(" | {} chunks regenerated, {} decoupling(s)", s.chunks_regenerated,
+                       s.decouplings);
+  return out;
+}
+
 void log_status(const ServerStats& s, const ServerStats& last, double seconds) {
   spdlog::info(
-      "{:.0f} samples/s | {} consumer(s) | ring {}/{} | {} samples published{}",
+      "{:.0f} samples/s | {} consumer(s) | ring {}/{} | {} samples published{}{}",
       (s.samples_published - last.samples_published) / seconds, s.consumers_now, s.ring_occupied,
-      s.ring_slots, s.samples_published,
+      s.ring_slots, s.samples_published, slowest_and_regenerated(s),
       s.messages_dropped ? fmt::format(" | {} bad messages dropped", s.messages_dropped) : "");
 }
 
@@ -186,9 +208,10 @@ int RunningServer::wait() {
   if (producing_.joinable()) producing_.join();
   auto s = core.stats();
   spdlog::info(
-      "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died",
+      "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died"
+      "; {} chunks regenerated (consumers catching up or decoupled: {} decoupling(s))",
       s.chunks_published, s.samples_published, producer_->skipped_samples(), s.consumers_ever,
-      s.consumers_died);
+      s.consumers_died, s.chunks_regenerated, s.decouplings);
   return failed ? 1 : 0;  // a stop during the linger does not make a failure a success
 }
 

@@ -148,7 +148,18 @@ void StreamState::watch_stalls(double now) {
   for (auto& [id, c] : consumers_.all()) {
     if (std::find(holding_.begin(), holding_.end(), id) != holding_.end()) {
       c.held_back_s += dt;
-      if (decouples && c.held_back_s >= stall_bound(c)) laggards.push_back(id);
+      if (c.held_back_s < stall_bound(c) || rules_.stall_policy != StallPolicy::kDecouple)
+        continue;
+      if (decouples) {
+        laggards.push_back(id);
+      } else if (!said_cannot_decouple_) {
+        said_cannot_decouple_ = true;
+        spdlog::warn(
+            "{} holds the stream back, but this producer cannot regenerate chunks (a Producer "
+            "without regenerate=, e.g. over an IterableDataset), so it is waited for: stall "
+            "policy decouple acts as wait here (skip would leave it behind)",
+            label(c, false));
+      }
     } else if (!pins_stream(c, now) || c.next_seq + catch_up_slots() >= next_publish_seq_) {
       c.held_back_s = 0;  // near the head again, or pinning nothing
     }

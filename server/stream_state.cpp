@@ -23,11 +23,6 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive)
       alive_(std::move(alive)),
       ring_(rules_.slot_count) {
   counters_.ring_slots = rules_.slot_count;
-  if (rules_.stall_policy == StallPolicy::kDecouple && !rules_.regenerates)
-    spdlog::info(
-        "stall policy decouple needs a producer that regenerates chunks (batchcast serve, or "
-        "Producer(regenerate=...)); this one cannot, so a slow consumer holds the stream back "
-        "as under stall policy wait");
 }
 
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {

@@ -21,7 +21,7 @@
 //   chunk, and it pins the oldest chunk nobody holds) for its stall bound stops pinning: it
 //   reads from its position on in regenerated chunks (nothing lost) and merges back where the
 //   stream still holds its next chunk, catch_up_slots() past the oldest retained one. Without
-//   regeneration it waits, as under stall_policy=wait.
+//   regeneration it waits, as under stall_policy=wait, and says so once.
 // - Stalls are said: a stream that has not moved for stall_timeout is logged once, naming each
 //   consumer's pid, name, chunks held and position; every other consumer's heartbeat says what
 //   holds its data back (min_consumers not met, a named consumer).
@@ -250,6 +250,7 @@ class StreamState {
   std::string failure_;
   std::optional<double> blocked_since_;  // the producer's first refused acquire
   bool stall_logged_ = false;            // this block of the producer was logged
+  bool said_cannot_decouple_ = false;    // decouple without regeneration: said once
   std::optional<double> last_watch_;     // watch_stalls' previous call
   std::vector<uint64_t> holding_;        // holding the stream back, as of the last tick
   std::string waiting_for_;              // told the others in heartbeats (watch_stalls)

@@ -22,6 +22,11 @@ With ``share``, torch's arguments mean:
 - ``pin_memory`` (``pin_memory_device``): batches are handed out in pinned memory.
 - ``timeout``: the longest wait for a batch, as torch's; 0 (default): as long as the producer
   is alive (a slow peer or an epoch boundary is no error; a dead producer is).
+- ``stall_timeout`` (share= only): seconds this trainer may hold the shared stream back (a slow
+  model, validation, a checkpoint, a debugger) before the others go on without it; it then reads
+  what it missed as regenerated chunks, nothing lost, and merges back when it catches up. None:
+  the producer's default (3 s). A producer over an IterableDataset cannot regenerate: there the
+  others wait for it, as torch's DataLoaders of one stream would.
 - refused: ``batch_sampler`` and ``batch_size=None`` (the stream is chunks of one batch size).
 
 Native decoding: a torchvision ``ImageFolder`` pipeline that ``batchcast.torchvision_plan``
@@ -79,6 +84,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         *,
         share: Optional[str] = None,
         native: bool = True,
+        stall_timeout: Optional[float] = None,
         **kwargs: Any,
     ) -> None:
         self._stream: Optional[SharedStream] = None  # before torch's __init__: __del__ reads it
@@ -123,7 +129,8 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         prints = fingerprint(self, chosen_seed)
         prints["decoding"] = decoding_of(pipeline["native"])
         self._stream = SharedStream(
-            share, pipeline, prints, {"timeout": timeout, "pin_memory": pin_memory}
+            share, pipeline, prints,
+            {"timeout": timeout, "pin_memory": pin_memory, "stall_timeout": stall_timeout},
         )
         self._decoding = prints["decoding"]
         logging.getLogger("batchcast").info(

@@ -180,10 +180,17 @@ class Loader(Closeable):
             line, where no CUDA device is usable.
         drop_last: drop each epoch's short last batch, as torch's DataLoader does.
         timeout: seconds to wait for the server's welcome and for each batch
-            (:class:`batchcast.TimeoutError` after that); <= 0 (default): as long as the
-            server is alive. A slow peer or an epoch boundary is no error; a dead server is
-            detected by heartbeats (:class:`batchcast.ServerGoneError`). Before a server
-            exists the Loader logs that it waits for one.
+            (:class:`batchcast.TimeoutError` after that, naming what it waited for); <= 0
+            (default): as long as the server is alive. A slow peer or an epoch boundary is no
+            error; a dead server is detected by heartbeats (:class:`batchcast.ServerGoneError`).
+            Nothing waits in silence: after 3 s of waiting (and every 10 s) the Loader logs at
+            WARNING (logger ``batchcast``) what for: no server at the endpoint, min_consumers
+            not met (n of m), a named consumer holding the stream back, or the producer.
+        stall_timeout: seconds this Loader may hold the stream back (a slow step, validation,
+            a debugger) before the server frees the others from it: under the server's
+            default stall policy ``decouple`` it then reads what it missed as regenerated
+            chunks (nothing lost) and merges back when it catches up. None: the server's
+            ``--stall-timeout`` (3 s by default).
         max_held: zero-copy batches alive at once before further ones are private copies
             (lowered to the server's ring size minus one when the ring is smaller, so that
             held batches can never pin every slot).
@@ -211,6 +218,7 @@ class Loader(Closeable):
         framework: str = "torch",
         pin_memory: bool = False,
         rank: Optional[int] = None,
+        stall_timeout: Optional[float] = None,
     ) -> None:
         if rank is not None:  # a server of every rank (serve --every-rank): this rank's stream
             endpoint = _batchcast.rank_endpoint(endpoint or _batchcast.default_endpoint(), rank)
@@ -218,6 +226,8 @@ class Loader(Closeable):
             raise ValueError(f"batch_size={batch_size}: use an integer >= 1 (or None)")
         if framework not in _FRAMEWORKS:
             raise ValueError(f"framework={framework!r}: use one of {', '.join(_FRAMEWORKS)}")
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise ValueError(f"stall_timeout={stall_timeout}: use seconds > 0 (or None)")
         if late_join not in ("replay", "next_epoch"):
             raise ValueError(f"late_join={late_join!r}: use 'replay' or 'next_epoch'")
         if (device is not None or pin_memory) and framework != "torch":
@@ -236,11 +246,13 @@ class Loader(Closeable):
             name or f"loader-{os.getpid()}",
             _cuda_index(device),
             bool(copy and copy.pin_copies),
+            float(stall_timeout or 0.0),
         )
         self.endpoint = endpoint or _batchcast.default_endpoint()
         self.device = device
         self.drop_last = drop_last
         self._in_epoch = False  # a batch of the current epoch was yielded, its end not yet seen
+        self._first_epoch: Optional[int] = None  # of the first batch this Loader yielded
         self._position: Tuple[Optional[int], int] = (None, 0)  # next sample yielded: state_dict
         self._layouts: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Callable[[list], Any]] = {}
 
@@ -255,19 +267,39 @@ class Loader(Closeable):
         return self._epoch(consumer)
 
     def _epoch(self, consumer: Any) -> Iterator[Any]:
+        first = True
         while True:
             batch = consumer.next()
+            if batch is None and first and consumer.finished:
+                self._never_served(consumer)
+            first = False
             if batch is None:
                 self._in_epoch = False
                 if self._position[0] is not None:
                     self._position = (self._position[0] + 1, 0)
                 return
             self._in_epoch = True
+            if self._first_epoch is None:
+                self._first_epoch = int(batch.epoch)
             self._position = (int(batch.epoch), int(batch.sample_start) + int(batch.size))
             # The suspended generator keeps no reference: the user's tensors alone hold the slot.
             held = [batch]
             del batch
             yield self._convert(self, held.pop())
+
+    def _never_served(self, consumer: Any) -> None:
+        """An iteration after the server's last epoch: raises, naming the epochs it served."""
+        epochs = int(consumer.epochs)
+        served = f"epochs 0 to {epochs - 1}" if epochs else "its epochs"
+        wanted = self._position[0] if self._position[0] is not None else epochs
+        read = (f"; this Loader read epochs {self._first_epoch} to {wanted - 1}"
+                if self._first_epoch is not None and wanted else "")
+        raise _batchcast.PositionUnavailableError(
+            f"position unavailable: epoch {wanted} will never be served: the batchcast server "
+            f"at {self.endpoint} served {served} and has ended{read} (a trainer that started "
+            "late gets fewer epochs: start the server with more --epochs, or loop until "
+            "loader.finished)"
+        )
 
     def __len__(self) -> int:
         """Batches per whole epoch (exact, respecting drop_last).

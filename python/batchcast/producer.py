@@ -143,9 +143,14 @@ class Producer:
         min_consumers: the stream starts once this many Loaders have attached.
         ring: slots in the shared pool (how far the fastest Loader may run ahead).
         slot_bytes: bytes per slot; None: the first batch's bytes x 1.25, rounded up.
-        stall_policy: ``"wait"`` never skips data; ``"skip"`` leaves behind a Loader that took
-            nothing for ``stall_timeout`` seconds.
-        stall_timeout: see stall_policy.
+        stall_policy: ``"decouple"`` (default): a Loader that holds the stream back for
+            ``stall_timeout`` seconds reads what it missed as chunks regenerated for it
+            (``regenerate``; nothing lost) and merges back when it catches up, so a slow or
+            paused trainer costs the others at most that; without ``regenerate`` it is
+            waited for, as under ``"wait"`` (never skips data); ``"skip"`` leaves behind a
+            Loader that took nothing for ``stall_timeout`` seconds (what it misses counted).
+        stall_timeout: see stall_policy (a Loader's own ``stall_timeout`` overrides it); a
+            stream stalled this long is logged, naming who holds what.
         allow_remote: let a ``tcp://*:PORT`` endpoint listen on every interface.
         fail_linger: when the iterable raises, seconds the stream stays up failed (Loaders
             attaching then get the error) before run() closes it and re-raises; like
@@ -168,8 +173,8 @@ class Producer:
         min_consumers: int = 1,
         ring: int = 8,
         slot_bytes: Optional[int] = None,
-        stall_policy: str = "wait",
-        stall_timeout: float = 10.0,
+        stall_policy: str = "decouple",
+        stall_timeout: float = 3.0,
         allow_remote: bool = False,
         fail_linger: Optional[float] = None,
         regenerate: Optional[Callable[[int, int], Any]] = None,

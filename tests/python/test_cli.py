@@ -31,7 +31,7 @@ def project_version() -> str:
         ("--decoder", "gpu", ["cpu", "mixed", "nvjpeg"]),
         ("--output", "float64", ["bfloat16", "float16", "float32", "uint8"]),
         ("--on-error", "ignore", ["raise", "skip"]),
-        ("--stall-policy", "drop", ["skip", "wait"]),
+        ("--stall-policy", "drop", ["decouple", "skip", "wait"]),
         ("--device", "tpu:0", ["cpu", "cuda"]),
         ("--log-level", "verbose", ["critical", "debug", "error", "info", "off", "trace", "warn"]),
     ],

@@ -7,6 +7,7 @@ Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import signal
 import subprocess
@@ -70,9 +71,40 @@ def test_consumers_with_different_batch_sizes_see_each_sample_once(endpoint, bat
             assert orders[0] == orders[1] == orders[2]  # in stream order
             for (xa, ya), (xb, yb) in zip(results[0][e], results[2][e]):  # same b: same bytes
                 assert torch.equal(xa, xb) and torch.equal(ya, yb)
-        for l in loaders:
-            assert list(l) == []  # after the last epoch iteration ends at once
+        for l in loaders:  # an epoch after the last one is never served: raises, naming them
+            with pytest.raises(batchcast.PositionUnavailableError,
+                               match="epoch 2 will never be served: .* served epochs 0 to 1"):
+                list(l)
             l.close()
+
+
+FROZEN = textwrap.dedent("""
+    import os, signal, sys
+    import batchcast
+    loader = batchcast.Loader(sys.argv[1], timeout=60)
+    batches = iter(loader)
+    next(batches), next(batches)
+    print("read", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # holding its batches: it holds the stream back
+""")
+
+
+def test_a_waiting_loader_names_the_consumer_that_holds_the_stream_back(endpoint, run_py,
+                                                                         caplog):
+    caplog.set_level(logging.WARNING, logger="batchcast")  # Python's default level shows it
+    with serve(endpoint, samples=100000, epochs=1, min_consumers=2, stall_policy="wait"):
+        frozen = run_py(FROZEN, endpoint)
+        loader = batchcast.Loader(endpoint, timeout=8)
+        assert frozen.stdout.readline().strip() == b"read"
+        with pytest.raises(batchcast.TimeoutError,
+                           match=rf"pid {frozen.pid}\).*holds the stream back"):
+            for _ in loader:
+                pass
+        frozen.kill()
+        loader.close()
+    said = [r for r in caplog.records if r.name == "batchcast" and
+            f"pid {frozen.pid})" in r.getMessage() and "holds the stream back" in r.getMessage()]
+    assert said and said[0].levelno == logging.WARNING
 
 
 def test_len_is_exact_with_and_without_drop_last(endpoint, batchcast_bin):

@@ -31,11 +31,12 @@ T round_trip(const T& m) {
 }
 
 TEST(Messages, EveryTypeRoundTrips) {
-  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1};
+  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1, 2.5};
   auto h2 = round_trip(h);
   EXPECT_EQ(h2.pid, 1234u);
   EXPECT_EQ(h2.name, "trainer-1");
   EXPECT_EQ(h2.late_join, LateJoin::kNextEpoch);
+  EXPECT_EQ(h2.stall_timeout_s, 2.5);
 
   Welcome w;
   w.consumer_id = 7;
@@ -92,6 +93,7 @@ TEST(Messages, EveryTypeRoundTrips) {
   EXPECT_EQ(round_trip(Credit{3}).chunks, 3u);
   EXPECT_EQ(round_trip(Release{9, 1}).seq, 9u);
   EXPECT_EQ(round_trip(Heartbeat{100, 1.5}).samples, 100u);
+  EXPECT_EQ(round_trip(Heartbeat{0, 0, "consumer 2 (pid 7)"}).waiting_for, "consumer 2 (pid 7)");
   round_trip(Goodbye{});
   EXPECT_EQ(round_trip(End{4}).epochs, 4u);
   EXPECT_EQ(round_trip(ErrorMessage{"img.jpg: truncated"}).message, "img.jpg: truncated");
@@ -111,7 +113,8 @@ TEST(Messages, EveryTypeRoundTrips) {
 TEST(Messages, NewTypesAreAppended) {
   EXPECT_EQ(encode(Seek{}).substr(6, 2), std::string("\x0a\x00", 2));
   EXPECT_EQ(encode(SeekReply{}).substr(6, 2), std::string("\x0b\x00", 2));
-  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x03\x00\x08\x00\x04\0\0\0\0\0\0\0", 12));
+  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x04\x00\x08\x00\x04\0\0\0\0\0\0\0", 12))
+      << "version 4, End's body unchanged";
 }
 
 // serve --every-rank: rank r's stream listens beside the endpoint given.
@@ -178,8 +181,10 @@ TEST(Messages, FieldsOutOfRangeAreRejected) {
   EXPECT_NE(rejected(encode(Heartbeat{1, -1.0})).find("wait_s"), std::string::npos);
   Hello h;
   auto hb = encode(h);
-  hb[hb.size() - 5] = 7;  // late_join
+  hb[hb.size() - 13] = 7;  // late_join (then device_index, stall_timeout_s)
   EXPECT_NE(rejected(hb).find("late_join"), std::string::npos);
+  h.stall_timeout_s = -1;
+  EXPECT_NE(rejected(encode(h)).find("stall_timeout_s"), std::string::npos);
   std::string long_name(kMaxString + 1, 'n');
   EXPECT_NE(rejected(encode(ErrorMessage{long_name})).find("string"), std::string::npos);
   auto reply = encode(SeekReply{1, 2, true, ""});

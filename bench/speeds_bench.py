@@ -1,0 +1,193 @@
+"""Trainers of different speeds on one ``DataLoader(share=KEY)``: the fast trainer's rate beside
+a slower one, as a share of its rate alone, and the decoding that regenerating chunks for the
+slow one costs.
+
+Every trainer builds the same pipeline: ImageFolder + RandomResizedCrop(S) + RandomHorizontalFlip
++ ToTensor + Normalize (the native path), batch --batch-size, one share key per run:
+
+- ``alone``: the fast trainer (no work per batch) reads whole epochs for --seconds;
+- ``k x slower``: the same fast trainer beside a slow one that sleeps k times the fast one's time
+  per batch alone after each batch (a bigger model, as a sweep pairs them); the slow one reads
+  until the fast one is done. The stall policy and bound are the defaults (``decouple`` after
+  3 s) unless --slow-stall-timeout gives the slow one its own bound (``DataLoader(share=,
+  stall_timeout=)``; a huge one is the old behaviour: everyone waits for the slowest).
+
+Figures per run: the fast trainer's samples/s over its whole run and over its second half
+(after the one-time cost of the bound), each as a share of the alone run's; the slow one's
+samples/s; the chunks the producer decoded for the stream and regenerated for the slow one
+(its "done:" log line), and the share producer's CPU core-seconds (its metrics).
+
+Run: ``.venv/bin/python bench/speeds_bench.py --data data/dropin --slower 2,4,13``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def trainer(args: argparse.Namespace) -> None:
+    """One trainer; prints {samples, wall_s, half_samples, half_s} as a JSON line."""
+    import torch
+    import torchvision
+    from torchvision import transforms as T
+
+    import batchcast
+
+    torch.set_num_threads(1)
+    tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(),
+                    T.ToTensor(), T.Normalize(MEAN, STD)])
+    loader = batchcast.DataLoader(torchvision.datasets.ImageFolder(args.data, transform=tf),
+                                  batch_size=args.batch_size, shuffle=True, drop_last=True,
+                                  num_workers=args.workers, share=args.key,
+                                  stall_timeout=args.stall_timeout)
+    marks: List[tuple] = []  # (time, samples) after each batch
+    samples, start = 0, None
+    done = False
+    while not done:
+        for images, _labels in loader:
+            if start is None:  # from the first batch: the producer's start-up is not the rate
+                start = time.monotonic()
+            samples += images.shape[0]
+            marks.append((time.monotonic(), samples))
+            if args.sleep:
+                time.sleep(args.sleep)
+            if args.stop_file and os.path.exists(args.stop_file):
+                done = True
+                break
+        if not args.stop_file and time.monotonic() - (start or time.monotonic()) >= args.seconds:
+            done = True
+    end = time.monotonic()
+    if args.done_file:
+        open(args.done_file, "w").close()
+    loader.close()
+    half = next(m for m in marks if m[0] >= start + (end - start) / 2)
+    print(json.dumps({"samples": samples, "wall_s": end - start,
+                      "half_samples": samples - half[1], "half_s": end - half[0]}), flush=True)
+
+
+def trainer_cmd(args: argparse.Namespace, key: str, sleep: float, stop: Optional[str],
+                done: Optional[str], stall_timeout: Optional[float] = None) -> List[str]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--data", args.data,
+           "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
+           "--workers", str(args.workers), "--seconds", str(args.seconds), "--key", key,
+           "--sleep", str(sleep)]
+    if stop:
+        cmd += ["--stop-file", stop]
+    if stall_timeout:
+        cmd += ["--stall-timeout", str(stall_timeout)]
+    if done:
+        cmd += ["--done-file", done]
+    return cmd
+
+
+def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float]) -> Dict[str, Any]:
+    from batchcast import metrics
+    from batchcast.dataloader import share_paths
+
+    out = os.path.abspath(os.path.join(args.out, name))
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    key = f"speeds-bench-{os.getpid()}-{name}"
+    done = os.path.join(out, "fast.done")
+    env = dict(os.environ, BATCHCAST_METRICS_DIR=out)
+    cmds = [trainer_cmd(args, key, 0.0, None, done)]
+    if slow_sleep is not None:
+        cmds.append(trainer_cmd(args, key, slow_sleep, done, None, args.slow_stall_timeout))
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for c in cmds]
+    results = []
+    for p in procs:
+        o, e = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"trainer failed ({p.returncode}):\n{e[-3000:]}")
+        results.append(json.loads(o.strip().splitlines()[-1]))
+    state = share_paths(key)["state"]
+    deadline = time.monotonic() + 120
+    while os.path.exists(state) and time.monotonic() < deadline:  # the producer's exit
+        time.sleep(0.2)
+    log = share_paths(key)["log"]
+    with open(log) as f:
+        text = f.read()
+    os.unlink(log)
+    if "native pipeline" not in text:
+        raise RuntimeError(f"the share did not run natively; its log:\n{text}")
+    chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", text)
+    server_cpu = 0.0
+    for part in metrics.find_parts(out):
+        if os.path.samefile(part, out):
+            with open(os.path.join(part, "summary.json")) as f:
+                server_cpu = json.load(f)["cpu_core_s"]["server"]
+    fast = results[0]
+    row = {"run": name, "slow_sleep_s": slow_sleep,
+           "fast_samples_s": fast["samples"] / fast["wall_s"],
+           "fast_half_samples_s": fast["half_samples"] / fast["half_s"],
+           "fast_wall_s": fast["wall_s"], "server_cpu_core_s": server_cpu,
+           "chunks_published": int(chunks.group(1)) if chunks else None,
+           "chunks_regenerated": int(chunks.group(2)) if chunks else None,
+           "decouplings": int(chunks.group(3)) if chunks else None}
+    if slow_sleep is not None:
+        row["slow_samples_s"] = results[1]["samples"] / results[1]["wall_s"]
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="ImageFolder (made with make-dataset if empty)")
+    p.add_argument("--slower", default="2,4,13", help="comma-separated slow-down factors")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2, help="the share producer's workers")
+    p.add_argument("--seconds", type=float, default=30, help="the fast trainer's run")
+    p.add_argument("--slow-stall-timeout", type=float,
+                   help="the slow trainer's own stall bound (default: the producer's)")
+    p.add_argument("--out", default="runs/speeds")
+    p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--role", choices=["main", "trainer"], default="main")
+    p.add_argument("--key", help=argparse.SUPPRESS)
+    p.add_argument("--sleep", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--stop-file", help=argparse.SUPPRESS)
+    p.add_argument("--done-file", help=argparse.SUPPRESS)
+    p.add_argument("--stall-timeout", type=float, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.role == "trainer":
+        return trainer(args)
+
+    from batchcast.server import find_binary
+
+    if not (os.path.isdir(args.data) and os.listdir(args.data)):
+        subprocess.run([find_binary(), "make-dataset", "--out", args.data], check=True)
+    rows = [run(args, "alone", None)]
+    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    per_batch = args.batch_size / rows[0]["fast_samples_s"]
+    for k in [float(x) for x in args.slower.split(",")]:
+        rows.append(run(args, f"{k:g}x", (k - 1) * per_batch))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    alone = rows[0]
+    print(f"batch {args.batch_size}, image {args.image_size}, {args.workers} producer workers, "
+          f"{os.cpu_count()} cores, fast trainer {args.seconds:g} s\n")
+    print("| run | fast samples/s | share of alone | 2nd half share | slow samples/s | "
+          "chunks published | regenerated | decouplings | server CPU core-s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['fast_samples_s']:.0f} | "
+              f"{r['fast_samples_s'] / alone['fast_samples_s']:.2f} | "
+              f"{r['fast_half_samples_s'] / alone['fast_half_samples_s']:.2f} | "
+              f"{r.get('slow_samples_s', 0):.0f} | {r['chunks_published']} | "
+              f"{r['chunks_regenerated']} | {r['decouplings']} | {r['server_cpu_core_s']:.1f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
