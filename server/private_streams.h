@@ -44,6 +44,7 @@ class PrivateStreams {
     // Decoupled (it held the stream back): no merge chunk and nothing pinned; it merges where
     // the stream still holds its next chunk, once it has caught up.
     bool rejoin = false;
+    uint64_t decoupled_at = 0;  // the stream's next chunk number when it was decoupled
     uint64_t stream_position = 0;       // reported in its next descriptor
     uint32_t requested = 0;             // asked of the producer, not yet filled
     std::map<ChunkAddress, protocol::BatchDescriptor> ready;  // filled, waiting for their turn

@@ -95,6 +95,7 @@ void StreamState::decouple(ConsumerRecord& c) {
     abandon(private_.start(c.id, {at.epoch, at.index_in_epoch}, std::nullopt, at.stream_position,
                            true));
   }
+  private_.find(c.id)->decoupled_at = next_publish_seq_;
   c.next_seq = next_publish_seq_;
   c.held_back_s = 0;
   counters_.decouplings++;
@@ -105,6 +106,12 @@ void StreamState::decouple(ConsumerRecord& c) {
 }
 
 bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
+  // Caught up means: the stream went on without it (a ring's worth; until then its next chunk
+  // is still there because it held the stream back), and it came back within half the room the
+  // stream has ahead of its slowest reader, so that merging does not make it hold the stream
+  // back again at once.
+  if (next_publish_seq_ < p.decoupled_at + rules_.slot_count) return false;
+  const uint64_t window = std::max<uint32_t>(1, (rules_.slot_count - catch_up_slots()) / 2);
   const uint64_t per_epoch = chunks_per_epoch();
   const uint64_t tail = tail_begin();
   std::optional<uint64_t> seq;
@@ -118,8 +125,7 @@ bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
     // Stream chunks are numbered consecutively in stream order (skipped ones too).
     uint64_t at = tail + (p.next_send.epoch - oldest.epoch) * per_epoch + p.next_send.index -
                   oldest.index;
-    // Slack: merging at the oldest chunk would make it hold the stream back again at once.
-    if (at < tail + catch_up_slots() || at >= next_publish_seq_) return false;
+    if (at + window < next_publish_seq_ || at >= next_publish_seq_) return false;
     const auto& d = descriptors_.at(at).position;
     if (!(ChunkAddress{d.epoch, d.index_in_epoch} == p.next_send)) return false;
     seq = at;

@@ -19,8 +19,9 @@
 // - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
 //   stream back (the producer waits for a slot, another consumer waits for the stream's next
 //   chunk, and it pins the oldest chunk nobody holds) for its stall bound stops pinning: it
-//   reads from its position on in regenerated chunks (nothing lost) and merges back where the
-//   stream still holds its next chunk, catch_up_slots() past the oldest retained one. Without
+//   reads from its position on in regenerated chunks (nothing lost) and merges back once it has
+//   caught up: the stream went on a ring's worth without it, and it reached a chunk the stream
+//   still holds within half the room the stream has ahead of its slowest reader. Without
 //   regeneration it waits, as under stall_policy=wait, and says so once.
 // - Stalls are said: a stream that has not moved for stall_timeout is logged once, naming each
 //   consumer's pid, name, chunks held and position; every other consumer's heartbeat says what

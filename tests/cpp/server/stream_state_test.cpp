@@ -1071,14 +1071,16 @@ TEST(StreamState, ADecoupledConsumerReadsWhatItMissedAsRegeneratedChunksInOrder)
 TEST(StreamState, ADecoupledConsumerMergesBackWhenItHasCaughtUp) {
   Decoupling d;
   ASSERT_TRUE(d.after(10.1));
-  // a stops reading: the stream stops 5 chunks past a's cursor while b reads on, regenerated.
+  // The stream goes on with a, one chunk a round; b, resumed, reads two regenerated ones (its
+  // four credits go round in two rounds: asked, filled, sent).
   std::vector<BatchDescriptor> got;
-  d.s.credit("b", 2);
-  for (int round = 0; round < 40 && (got.empty() || protocol::is_private_seq(got.back().seq));
+  d.s.credit("b", 4);
+  for (int round = 0; round < 60 && (got.empty() || protocol::is_private_seq(got.back().seq));
        ++round) {
     if (auto f = d.s.fill()) d.s.publish(*f, Decoupling::kPerEpoch);
     d.s.regenerate(Decoupling::kPerEpoch);
     d.s.tick();
+    d.s.consume("a");
     for (auto& c : d.s.take<BatchDescriptor>("b")) {
       got.push_back(c);
       d.s.release("b", c);
@@ -1087,9 +1089,34 @@ TEST(StreamState, ADecoupledConsumerMergesBackWhenItHasCaughtUp) {
   }
   ASSERT_FALSE(got.empty());
   EXPECT_FALSE(protocol::is_private_seq(got.back().seq)) << "b merged into the shared stream";
+  EXPECT_GE(got.size(), 8u) << "not before the stream went a ring's worth on without it";
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_EQ(got[i].position.index_in_epoch, i + 1) << "every chunk once, in order";
   EXPECT_FALSE(d.stats_of(d.s.state.stats(), "b").decoupled);
+}
+
+TEST(StreamState, ADecoupledConsumerAsSlowAsBeforeStaysDecoupled) {
+  Decoupling d;
+  ASSERT_TRUE(d.after(10.1));
+  // The stream goes on with a, two chunks a round; b reads a regenerated chunk every other
+  // round (its credit goes round in two rounds: asked, filled, sent).
+  std::vector<BatchDescriptor> got;
+  d.s.credit("b", 1);
+  for (int round = 0; round < 40; ++round) {
+    for (int i = 0; i < 2; ++i)
+      if (auto f = d.s.fill()) d.s.publish(*f, Decoupling::kPerEpoch);
+    d.s.regenerate(Decoupling::kPerEpoch);
+    d.s.tick();
+    d.s.consume("a");
+    for (auto& c : d.s.take<BatchDescriptor>("b")) {
+      got.push_back(c);
+      d.s.release("b", c);
+      d.s.credit("b", 1);
+    }
+  }
+  ASSERT_GE(got.size(), 19u) << "b reads on at its own pace";
+  for (const auto& c : got) EXPECT_TRUE(protocol::is_private_seq(c.seq));
+  EXPECT_EQ(d.s.state.stats().decouplings, 1u) << "decoupled once, never merged back";
 }
 
 TEST(StreamState, ALoneSlowConsumerIsNeverDecoupled) {
