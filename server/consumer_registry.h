@@ -40,8 +40,9 @@ struct ConsumerRecord {
   double stall_timeout_s = 0;  // its own stall bound (Hello); 0: the server's
   // Seconds it has held the stream back (the producer waited for a slot, another consumer for
   // the stream's next chunk, and this one pinned the oldest chunk the producer could not
-  // reuse) since it was last near the stream's head: a slow consumer adds up, a momentary
-  // free slot does not reset it.
+  // reuse), less the seconds it has not since: a consumer that holds the stream back most of
+  // the time (a slow one, whose ring lag is small, frees a slot now and then) adds up; one
+  // that does so now and then drains back to zero.
   double held_back_s = 0;
   uint64_t samples = 0;      // reported by its heartbeats
   double wait_s = 0;

@@ -166,8 +166,10 @@ void StreamState::watch_stalls(double now) {
             "policy decouple acts as wait here (skip would leave it behind)",
             label(c, false));
       }
-    } else if (!pins_stream(c, now) || c.next_seq + catch_up_slots() >= next_publish_seq_) {
-      c.held_back_s = 0;  // near the head again, or pinning nothing
+    } else if (!pins_stream(c, now)) {
+      c.held_back_s = 0;
+    } else {  // drains as fast as it fills: only a consumer that mostly holds the stream adds up
+      c.held_back_s = std::max(0.0, c.held_back_s - dt);
     }
   }
   for (uint64_t id : laggards) {
