@@ -38,9 +38,9 @@ struct ConsumerRecord {
   double last_seen = 0;      // any message
   double last_activity = 0;  // last credit or release: "has taken something"
   double stall_timeout_s = 0;  // its own stall bound (Hello); 0: the server's
-  // Seconds it has held the stream back (the producer waited for a slot, another consumer for
-  // the stream's next chunk, and this one pinned the oldest chunk the producer could not
-  // reuse), less the seconds it has not since: a consumer that holds the stream back most of
+  // Seconds it has held the stream back (the producer waited for a slot, another consumer had
+  // been sent every published chunk, and this one pinned published chunks it was not sent
+  // yet), less the seconds it has not since: a consumer that holds the stream back most of
   // the time (a slow one, whose ring lag is small, frees a slot now and then) adds up; one
   // that does so now and then drains back to zero.
   double held_back_s = 0;

@@ -27,28 +27,19 @@ bool StreamState::pins_stream(const ConsumerRecord& c, double now) const {
 std::vector<uint64_t> StreamState::holding_back(double now) const {
   std::vector<uint64_t> ids;
   if (!blocked_since_ || finished_ || !started_) return ids;
-  // What the producer waits for: the oldest stream chunk that nobody holds and the reuse rule
-  // keeps (older ones are held, or reusable and about to be refilled).
-  std::optional<uint64_t> oldest;
-  for (const auto& [seq, slot] : ring_.published()) {
-    if (protocol::is_private_seq(seq)) break;
-    const SlotEntry& e = ring_.slot(slot);
-    if (e.holders.empty() && !may_reuse(seq, e.delivered, now)) {
-      oldest = seq;
-      break;
-    }
-  }
-  if (!oldest) return ids;
-  // Someone must be held back: a lone slow consumer holds back nobody.
+  // Someone is held back: a consumer that was sent everything published (read or not), whose
+  // next chunk is the one the producer cannot fill. A lone slow consumer holds back nobody.
   const bool someone_waits = std::any_of(
       consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
         const ConsumerRecord& c = entry.second;
-        return pins_stream(c, now) && !private_.find(c.id) && c.credits > 0 &&
-               c.next_seq >= next_publish_seq_;
+        return pins_stream(c, now) && !private_.find(c.id) && c.next_seq >= next_publish_seq_;
       });
   if (!someone_waits) return ids;
+  // Those holding it back: the consumers that pin published chunks they were not sent yet
+  // (whether or not someone else still holds those chunks: a slow consumer's own held slots
+  // keep the producer waiting as much as its cursor does).
   for (const auto& [id, c] : consumers_.all())
-    if (pins_stream(c, now) && c.next_seq <= *oldest) ids.push_back(id);
+    if (pins_stream(c, now) && c.next_seq < next_publish_seq_) ids.push_back(id);
   return ids;
 }
 

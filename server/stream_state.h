@@ -17,8 +17,8 @@
 //   or before it, and it was delivered to someone or some consumer's cursor is past it. Under
 //   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
 // - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
-//   stream back (the producer waits for a slot, another consumer waits for the stream's next
-//   chunk, and it pins the oldest chunk nobody holds) for its stall bound stops pinning: it
+//   stream back (the producer waits for a slot, another consumer was sent every published chunk,
+//   and it pins published chunks it was not sent yet) for its stall bound stops pinning: it
 //   reads from its position on in regenerated chunks (nothing lost) and merges back once it has
 //   caught up: the stream went on a ring's worth without it, and it reached a chunk the stream
 //   still holds within half the room the stream has ahead of its slowest reader. Without
@@ -189,8 +189,7 @@ class StreamState {
   // Holding back, decoupling, the stall log and what each consumer is told it waits for.
   void watch_stalls(double now);
   // The consumers holding the stream back now: the producer waits for a slot, some other
-  // consumer waits for the stream's next chunk, and they pin the oldest retained chunk that
-  // nobody holds and the reuse rule keeps.
+  // consumer was sent every published chunk, and they pin published chunks not sent to them.
   std::vector<uint64_t> holding_back(double now) const;
   void decouple(ConsumerRecord& c);
   // A decoupled consumer whose next chunk the stream still holds merges there; true if it did.
