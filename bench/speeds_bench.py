@@ -12,8 +12,9 @@ Every trainer builds the same pipeline: ImageFolder + RandomResizedCrop(S) + Ran
   3 s) unless --slow-stall-timeout gives the slow one its own bound (``DataLoader(share=,
   stall_timeout=)``; a huge one is the old behaviour: everyone waits for the slowest).
 
-Figures per run: the fast trainer's samples/s over its whole run and over its second half
-(after the one-time cost of the bound), each as a share of the alone run's; the slow one's
+Figures per pair, each beside an alone run made just before it (a shared machine's load
+drifts): the fast trainer's samples/s over its whole run and over its second half (after the
+one-time cost of the bound), each as a share of the alone run's; the slow one's
 samples/s; the chunks the producer decoded for the stream and regenerated for the slow one
 (its "done:" log line), and the share producer's CPU core-seconds (its metrics).
 
@@ -166,24 +167,33 @@ def main() -> None:
 
     if not (os.path.isdir(args.data) and os.listdir(args.data)):
         subprocess.run([find_binary(), "make-dataset", "--out", args.data], check=True)
-    rows = [run(args, "alone", None)]
-    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    per_batch = args.batch_size / rows[0]["fast_samples_s"]
+    # Each pair right after its own alone run: a shared machine's load drifts between runs.
+    rows: List[Dict[str, Any]] = []
+    per_batch = None
     for k in [float(x) for x in args.slower.split(",")]:
-        rows.append(run(args, f"{k:g}x", (k - 1) * per_batch))
+        rows.append(run(args, "alone", None))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    alone = rows[0]
+        if per_batch is None:  # one slow-down for every pair: from the first alone run
+            per_batch = args.batch_size / rows[-1]["fast_samples_s"]
+        rows.append(run(args, f"{k:g}x", (k - 1) * per_batch))
+        rows[-1]["alone"] = rows[-2]
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"batch {args.batch_size}, image {args.image_size}, {args.workers} producer workers, "
-          f"{os.cpu_count()} cores, fast trainer {args.seconds:g} s\n")
-    print("| run | fast samples/s | share of alone | 2nd half share | slow samples/s | "
-          "chunks published | regenerated | decouplings | server CPU core-s |")
+          f"{os.cpu_count()} cores, fast trainer {args.seconds:g} s; load average "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| run | fast samples/s (alone) | share of alone | 2nd half share | slow samples/s | "
+          "chunks published | regenerated | decouplings | server CPU core-s (alone) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['run']} | {r['fast_samples_s']:.0f} | "
-              f"{r['fast_samples_s'] / alone['fast_samples_s']:.2f} | "
-              f"{r['fast_half_samples_s'] / alone['fast_half_samples_s']:.2f} | "
+        if "alone" not in r:
+            continue
+        a = r["alone"]
+        print(f"| {r['run']} | {r['fast_samples_s']:.0f} ({a['fast_samples_s']:.0f}) | "
+              f"{r['fast_samples_s'] / a['fast_samples_s']:.2f} | "
+              f"{r['fast_half_samples_s'] / a['fast_half_samples_s']:.2f} | "
               f"{r.get('slow_samples_s', 0):.0f} | {r['chunks_published']} | "
-              f"{r['chunks_regenerated']} | {r['decouplings']} | {r['server_cpu_core_s']:.1f} |")
+              f"{r['chunks_regenerated']} | {r['decouplings']} | "
+              f"{r['server_cpu_core_s']:.1f} ({a['server_cpu_core_s']:.1f}) |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
