@@ -107,6 +107,17 @@ def test_a_waiting_loader_names_the_consumer_that_holds_the_stream_back(endpoint
     assert said and said[0].levelno == logging.WARNING
 
 
+def test_a_loader_waiting_for_min_consumers_says_how_many_are_attached(endpoint, caplog):
+    caplog.set_level(logging.WARNING, logger="batchcast")
+    with serve(endpoint, min_consumers=2):
+        with batchcast.Loader(endpoint, timeout=4) as loader:
+            with pytest.raises(batchcast.TimeoutError,
+                               match="waits for min_consumers not met: 1 of 2 consumers attached"):
+                next(iter(loader))
+    assert any("min_consumers not met: 1 of 2" in r.getMessage() and
+               r.levelno == logging.WARNING for r in caplog.records)
+
+
 def test_len_is_exact_with_and_without_drop_last(endpoint, batchcast_bin):
     with serve(endpoint, min_consumers=2, epochs=1):
         keep = batchcast.Loader(endpoint, batch_size=7, timeout=20)

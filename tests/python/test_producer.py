@@ -55,7 +55,9 @@ def test_dict_batches_of_a_torch_dataloader(endpoint):
             assert torch.equal(batch["odd"], batch["label"] % 2 == 1)
             seen += batch["label"].tolist()
         assert sorted(seen) == list(range(30))
-    assert list(loader) == []
+    with pytest.raises(batchcast.PositionUnavailableError,
+                       match="epoch 2 will never be served: .* served epochs 0 to 1"):
+        list(loader)  # an epoch after the last one
     thread.join(10)
     assert thread.result == [True]
     assert producer.stats["samples_published"] == 60
