@@ -50,9 +50,8 @@ SlotPool SlotPool::create(const std::string& segment_name, uint32_t slot_count,
   return pool;
 }
 
-SlotPool SlotPool::attach(const std::string& segment_name, uint32_t slot_count,
-                          uint64_t slot_bytes, uint64_t slots_offset,
-                          OnWrite on_write) {
+SlotPool SlotPool::attach(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes,
+                          uint64_t slots_offset, OnWrite on_write) {
   SlotPool pool(SharedSegment::open(segment_name));
   const auto* h = pool.header();
   auto mismatch = [&](const std::string& what) {

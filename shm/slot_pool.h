@@ -2,9 +2,9 @@
 //
 // Layout: a PoolHeader (magic, version, owner pid, geometry) followed by one sequence word per
 // slot, then the slots, each starting and ending on a page boundary (4 KiB, or the machine's
-// page size if larger: a consumer re-maps single slots, shm/write_fault.h). A device pool (--device cuda:K) keeps
-// only the header and the sequence words here: its slots live in the GPU arena
-// (shm/cuda_pool.h), and slot_bytes still gives their size. The server writes a chunk into a
+// page size if larger: a consumer re-maps single slots, shm/write_fault.h). A device pool
+// (--device cuda:K) keeps only the header and the sequence words here: its slots live in the GPU
+// arena (shm/cuda_pool.h), and slot_bytes still gives their size. The server writes a chunk into a
 // slot, then stores the chunk's stream sequence number into the slot's word (release order);
 // consumers compare that word with the descriptor they were sent, a cheap guard that a slot
 // they read holds the chunk they expect.
@@ -56,9 +56,8 @@ class SlotPool {
   // Maps an existing pool shared and read-only, checks its header against the geometry the
   // server announced (throws Error naming the segment and the mismatch), and watches its host
   // slots for writes (see OnWrite).
-  static SlotPool attach(const std::string& segment_name, uint32_t slot_count,
-                         uint64_t slot_bytes, uint64_t slots_offset,
-                         OnWrite on_write = OnWrite::kCopy);
+  static SlotPool attach(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes,
+                         uint64_t slots_offset, OnWrite on_write = OnWrite::kCopy);
 
   SlotPool(SlotPool&&) noexcept = default;
   // Member-wise the old mapping would be unmapped while its slots were still watched.

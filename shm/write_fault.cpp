@@ -19,7 +19,8 @@ namespace {
 constexpr uint8_t kShared = 0;   // the server's pages, read-only
 constexpr uint8_t kMapping = 1;  // being re-mapped (either way) by one thread
 constexpr uint8_t kPrivate = 2;  // copy-on-write: this process's writes are in it
-static_assert(std::atomic<uint8_t>::is_always_lock_free && std::atomic<uintptr_t>::is_always_lock_free,
+static_assert(std::atomic<uint8_t>::is_always_lock_free &&
+                  std::atomic<uintptr_t>::is_always_lock_free,
               "the SIGSEGV handler must not take locks");
 
 struct Watched {
@@ -58,11 +59,13 @@ bool copy_slot(const Watched& w, uintptr_t begin, uintptr_t address) noexcept {
   uint8_t expected = kShared;
   if (!state.compare_exchange_strong(expected, kMapping, std::memory_order_acq_rel)) return true;
   // The raw system call: mmap is not async-signal-safe by POSIX's list, and a sanitizer's
-  // interceptor of it may take locks.
-  const uintptr_t at = begin + slot * w.slot_bytes;
-  const long mapped = ::syscall(SYS_mmap, at, w.slot_bytes, PROT_READ | PROT_WRITE,
-                                MAP_PRIVATE | MAP_FIXED, w.fd, w.file_offset + slot * w.slot_bytes);
-  const bool ok = mapped == static_cast<long>(at);
+  // interceptor of it may take locks. Every argument a long, as syscall(2) reads them.
+  const auto at = static_cast<long>(begin + slot * w.slot_bytes);
+  const long mapped = ::syscall(SYS_mmap, at, static_cast<long>(w.slot_bytes),
+                                static_cast<long>(PROT_READ | PROT_WRITE),
+                                static_cast<long>(MAP_PRIVATE | MAP_FIXED), static_cast<long>(w.fd),
+                                static_cast<long>(w.file_offset + slot * w.slot_bytes));
+  const bool ok = mapped == at;
   state.store(ok ? kPrivate : kShared, std::memory_order_release);
   return ok;
 }
