@@ -7,14 +7,10 @@
 // mode 0600, so other users can neither read nor map them. A segment left by a crashed owner is
 // removed by remove_stale_segments() at the next server start.
 //
-// Openers map the segment one of two ways (Access):
-// - kCopyOnWrite (consumers): MAP_PRIVATE. Reads see the owner's bytes as the owner writes them;
-//   a write gives the writer a private copy of each page it touches, which the owner and every
-//   other opener never see. A page copied stays private (and stale) until discard_writes() drops
-//   the copies of its range: the next reads there see the owner's bytes again.
-// - kReadOnly (a mapping page-locked for DMA: page-locking a private mapping may copy every
-//   page, which would freeze this opener's view): MAP_SHARED, PROT_READ; a write kills the process
-//   (SIGSEGV), after a message naming the segment and the fix (shm/write_fault.h).
+// Openers (consumers) map it shared and read-only: reads see the owner's bytes as the owner
+// writes them, at no cost beyond the owner's own pages. They keep its descriptor open (fd()), so
+// that ranges of the mapping can be re-mapped from it: shm/write_fault.h re-maps a slot
+// copy-on-write when the consumer writes into it, and shared again once it is done with it.
 //
 // Thread-safety: the object is move-only and not synchronised; the memory it maps is shared and
 // its users synchronise through the pool header (shm/slot_pool.h) and the protocol.
@@ -27,6 +23,7 @@
 
 namespace boost::interprocess {
 class mapped_region;
+class shared_memory_object;
 }
 
 namespace batchcast {
@@ -37,9 +34,8 @@ class SharedSegment {
   // memory up front so that a full /dev/shm fails here, not with SIGBUS later.
   // Throws Error if the name exists or the memory cannot be had; the message names the fix.
   static SharedSegment create(const std::string& name, size_t bytes);
-  enum class Access { kCopyOnWrite, kReadOnly };
-  // Maps an existing segment (see Access). Throws Error naming the segment.
-  static SharedSegment open(const std::string& name, Access access);
+  // Maps an existing segment shared and read-only. Throws Error naming the segment.
+  static SharedSegment open(const std::string& name);
   // Unlinks `name`; false if it did not exist.
   static bool remove(const std::string& name);
 
@@ -53,20 +49,18 @@ class SharedSegment {
   size_t size() const;
   const std::string& name() const { return name_; }
   bool owner() const { return owner_; }
-  // kCopyOnWrite openers: drops this process's private copies of the pages overlapping
-  // [offset, offset + bytes), so that reads there see the owner's bytes again. No pointer into
-  // the range may be in use meanwhile (its pages change under it). No-op for other mappings.
-  void discard_writes(size_t offset, size_t bytes) const noexcept;
+  // The segment's descriptor (read-only for openers), open as long as this object.
+  int fd() const;
 
  private:
-  SharedSegment(std::string name, std::unique_ptr<boost::interprocess::mapped_region> region,
-                bool owner, bool copy_on_write);
+  SharedSegment(std::string name, std::unique_ptr<boost::interprocess::shared_memory_object> file,
+                std::unique_ptr<boost::interprocess::mapped_region> region, bool owner);
   void reset() noexcept;
 
   std::string name_;
+  std::unique_ptr<boost::interprocess::shared_memory_object> file_;
   std::unique_ptr<boost::interprocess::mapped_region> region_;
   bool owner_ = false;
-  bool copy_on_write_ = false;
 };
 
 }  // namespace batchcast

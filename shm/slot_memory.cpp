@@ -31,15 +31,14 @@ SlotMemory SlotMemory::create(const std::string& segment_name, uint32_t slot_cou
 }
 
 SlotMemory SlotMemory::attach(const protocol::Welcome& w, bool pin_host, int cuda_device) {
-  using Access = SharedSegment::Access;
   const bool host = w.device == protocol::DeviceKind::kCpu;
   SlotMemory m(SlotPool::attach(w.segment_name, w.slot_count, w.slot_bytes, w.slots_offset,
-                                host && pin_host ? Access::kReadOnly : Access::kCopyOnWrite));
+                                host && pin_host ? OnWrite::kFail : OnWrite::kCopy));
   if (host) {
     if (pin_host) m.pin_slots(cuda_device);
     if (pin_host && !m.pinned_)  // staged copies instead: in-place writes stay private
       m.pool_ = SlotPool::attach(w.segment_name, w.slot_count, w.slot_bytes, w.slots_offset,
-                                 Access::kCopyOnWrite);
+                                 OnWrite::kCopy);
     return m;
   }
 #ifdef BATCHCAST_HAVE_CUDA
@@ -64,8 +63,9 @@ SlotMemory SlotMemory::attach(const protocol::Welcome& w, bool pin_host, int cud
 
 void SlotMemory::pin_slots(int device) {
 #ifdef BATCHCAST_HAVE_CUDA
-  // The mapping is read-only (a private one could be copied page by page when locked), which
-  // cudaHostRegister accepts only as such.
+  // The mapping is read-only and shared, which cudaHostRegister accepts only as such, and stays so
+  // (OnWrite::kFail): re-mapping a slot copy-on-write under the registration would leave the
+  // driver's pinned pages behind, and a private mapping can be copied page by page when locked.
   registration_ =
       HostRegistration::try_register(pool_.slot_data(0), pool_.slot_count() * pool_.slot_bytes(),
                                      device, /*read_only=*/true, &pin_failure_);

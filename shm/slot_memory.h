@@ -8,15 +8,16 @@
 //
 // Factories: the server create()s (segment + arena) and describe()s it into the Welcome; a
 // consumer attach()es from that Welcome. A CPU-only build refuses GPU pools with an Error.
-// A consumer maps a host pool copy-on-write (shm/shared_segment.h): an in-place write into a
-// batch changes only its own pages, and discard_writes(slot) drops them once the batch is gone.
-// A consumer that copies host batches to a GPU may ask attach() to page-lock the mapping in
-// place (pin_host), once for the whole pool: copies from it are then asynchronous DMA that
-// overlaps compute; that mapping is read-only (page-locking a private mapping may copy it), so
-// writes into its batches fault (shm/write_fault.h). Failing to pin is an expected outcome (no
-// GPU, a platform without read-only registration, the locked-memory limit): host_pinned() is
-// false and pin_failure() says why; the pool is then mapped copy-on-write again and the
-// consumer stages through pinned buffers instead.
+// A consumer maps a host pool shared and read-only, and an in-place write into a batch makes the
+// slot its own copy-on-write copy (shm/write_fault.h): the write changes only its own pages, and
+// discard_writes(slot) maps the slot shared again once the batch is gone (nothing to do, and no
+// cost, for slots it never wrote). A consumer that copies host batches to a GPU may ask attach()
+// to page-lock the mapping in place (pin_host), once for the whole pool: copies from it are then
+// asynchronous DMA that overlaps compute; writes into its batches are fatal (OnWrite::kFail,
+// after a message naming .clone()): a slot cannot be re-mapped under the driver's registration.
+// Failing to pin is an expected outcome (no GPU, a platform without read-only registration, the
+// locked-memory limit): host_pinned() is false and pin_failure() says why; the pool is then
+// attached again with copy-on-write writes and the consumer stages through pinned buffers.
 // Ownership and lifetime: move-constructible only; owns the segment mapping and the arenas
 // (server) or arena mapping (consumer), all freed on destruction. Pointers from slot_data() live as long as this.
 // Thread-safety: const members may be called from any thread; slot contents are synchronised by
@@ -65,12 +66,10 @@ class SlotMemory {
   // A slot's first byte: host memory, or a device pointer on cuda_device() for GPU pools (the
   // server: its primary GPU).
   uint8_t* slot_data(uint32_t slot) const;
-  // Consumer, host pool mapped copy-on-write: forgets what this process wrote into the slot, so
-  // that the slot's next chunk reads as the server wrote it. Call it when no batch views the
-  // slot any more (before releasing it). No-op otherwise.
-  void discard_writes(uint32_t slot) const {
-    if (!pinned_) pool_.discard_writes(slot);
-  }
+  // Consumer, host pool: forgets what this process wrote into the slot, so that the slot's next
+  // chunk reads as the server wrote it. Call it when no batch views the slot any more (before
+  // releasing it); any thread. No-op (no system call) for a slot never written and GPU pools.
+  void discard_writes(uint32_t slot) const { pool_.discard_writes(slot); }
   protocol::DeviceKind device() const {
     return cuda_device_ < 0 ? protocol::DeviceKind::kCpu : protocol::DeviceKind::kCuda;
   }

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -12,7 +13,10 @@
 namespace batchcast {
 namespace {
 
-constexpr uint64_t kSlotAlignment = 4096;
+// Slots start and end on page boundaries, so that a consumer can re-map one alone.
+uint64_t slot_alignment() {
+  return std::max<uint64_t>(4096, static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)));
+}
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -22,7 +26,7 @@ std::string user_prefix() { return "batchcast." + std::to_string(::getuid()) + "
 
 size_t SlotPool::layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t* slots_offset,
                               bool host_slots) {
-  uint64_t offset = align_up(sizeof(PoolHeader) + slot_count * sizeof(uint64_t), kSlotAlignment);
+  uint64_t offset = align_up(sizeof(PoolHeader) + slot_count * sizeof(uint64_t), slot_alignment());
   if (slots_offset) *slots_offset = offset;
   return offset + (host_slots ? slot_count * slot_bytes : 0);
 }
@@ -30,7 +34,7 @@ size_t SlotPool::layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t
 SlotPool SlotPool::create(const std::string& segment_name, uint32_t slot_count,
                           uint64_t slot_bytes, bool host_slots) {
   if (slot_count == 0 || slot_bytes == 0) throw Error("a pool needs at least one non-empty slot");
-  slot_bytes = align_up(slot_bytes, kSlotAlignment);
+  slot_bytes = align_up(slot_bytes, slot_alignment());
   uint64_t slots_offset = 0;
   size_t bytes = layout_bytes(slot_count, slot_bytes, &slots_offset, host_slots);
   SlotPool pool(SharedSegment::create(segment_name, bytes));
@@ -46,10 +50,9 @@ SlotPool SlotPool::create(const std::string& segment_name, uint32_t slot_count,
   return pool;
 }
 
-SlotPool SlotPool::attach(const std::string& segment_name, uint32_t slot_count,
-                          uint64_t slot_bytes, uint64_t slots_offset,
-                          SharedSegment::Access access) {
-  SlotPool pool(SharedSegment::open(segment_name, access));
+SlotPool SlotPool::attach(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes,
+                          uint64_t slots_offset, OnWrite on_write) {
+  SlotPool pool(SharedSegment::open(segment_name));
   const auto* h = pool.header();
   auto mismatch = [&](const std::string& what) {
     return Error("shared segment " + segment_name + " does not match the server's welcome (" +
@@ -63,6 +66,13 @@ SlotPool SlotPool::attach(const std::string& segment_name, uint32_t slot_count,
     throw mismatch("geometry");
   if (layout_bytes(slot_count, slot_bytes, nullptr, pool.host_slots()) > pool.segment_.size())
     throw mismatch("segment shorter than its slots");
+  if (pool.host_slots()) {
+    // The server aligned them to the page size, the same on this machine.
+    if (slots_offset % slot_alignment() != 0 || slot_bytes % slot_alignment() != 0)
+      throw mismatch("slots not aligned to the page size");
+    pool.writes_ = SlotWrites(pool.segment_.data() + slots_offset, slot_bytes, slot_count,
+                              pool.segment_.fd(), slots_offset, segment_name, on_write);
+  }
   return pool;
 }
 

@@ -1,20 +1,24 @@
 // SlotPool: the batch pool, a fixed array of K equal slots in one shared segment.
 //
 // Layout: a PoolHeader (magic, version, owner pid, geometry) followed by one sequence word per
-// slot, then the slots, each starting on a 4 KiB boundary. A device pool (--device cuda:K) keeps
-// only the header and the sequence words here: its slots live in the GPU arena
-// (shm/cuda_pool.h), and slot_bytes still gives their size. The server writes a chunk into a
+// slot, then the slots, each starting and ending on a page boundary (4 KiB, or the machine's
+// page size if larger: a consumer re-maps single slots, shm/write_fault.h). A device pool
+// (--device cuda:K) keeps only the header and the sequence words here: its slots live in the GPU
+// arena (shm/cuda_pool.h), and slot_bytes still gives their size. The server writes a chunk into a
 // slot, then stores the chunk's stream sequence number into the slot's word (release order);
 // consumers compare that word with the descriptor they were sent, a cheap guard that a slot
 // they read holds the chunk they expect.
 //
 // Ownership: the server create()s the pool and owns the segment (see SharedSegment); consumers
-// attach() it copy-on-write (or read-only, to page-lock it): a consumer's write into a slot
-// changes only its own copy of the pages written, until discard_writes(slot). Naming:
+// attach() it shared and read-only, and own the SlotWrites that decides what a write into a slot
+// does (shm/write_fault.h): by default (OnWrite::kCopy) the slot becomes the consumer's own
+// copy-on-write copy, until discard_writes(slot); a pool page-locked for DMA uses OnWrite::kFail
+// (a write kills the process, after a message naming the fix). Naming:
 // segment_name_for(endpoint) is unique per user and endpoint, so a restarted server finds (and
 // removes) its dead predecessor's segment.
 // Thread-safety: slot memory is written by one producer thread at a time per slot (the server's
-// SlotRing hands each slot to one filler); the sequence words are atomics.
+// SlotRing hands each slot to one filler); the sequence words are atomics; discard_writes as
+// SlotWrites::discard_writes (any thread, never while a pointer into that slot is in use).
 #pragma once
 
 #include <sys/types.h>
@@ -24,6 +28,7 @@
 #include <string>
 
 #include "shm/shared_segment.h"
+#include "shm/write_fault.h"
 
 namespace batchcast {
 
@@ -48,11 +53,19 @@ class SlotPool {
   // host_slots=false: a device pool's segment (header and sequence words only).
   static SlotPool create(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes,
                          bool host_slots = true);
-  // Maps an existing pool (SharedSegment::Access) and checks its header against the geometry the
-  // server announced; throws Error naming the segment and the mismatch.
-  static SlotPool attach(const std::string& segment_name, uint32_t slot_count,
-                         uint64_t slot_bytes, uint64_t slots_offset,
-                         SharedSegment::Access access = SharedSegment::Access::kCopyOnWrite);
+  // Maps an existing pool shared and read-only, checks its header against the geometry the
+  // server announced (throws Error naming the segment and the mismatch), and watches its host
+  // slots for writes (see OnWrite).
+  static SlotPool attach(const std::string& segment_name, uint32_t slot_count, uint64_t slot_bytes,
+                         uint64_t slots_offset, OnWrite on_write = OnWrite::kCopy);
+
+  SlotPool(SlotPool&&) noexcept = default;
+  // Member-wise the old mapping would be unmapped while its slots were still watched.
+  SlotPool& operator=(SlotPool&& o) noexcept {
+    writes_ = std::move(o.writes_);
+    segment_ = std::move(o.segment_);
+    return *this;
+  }
 
   uint32_t slot_count() const { return header()->slot_count; }
   uint64_t slot_bytes() const { return header()->slot_bytes; }
@@ -66,11 +79,10 @@ class SlotPool {
     if (!host_slots()) return nullptr;
     return segment_.data() + header()->slots_offset + slot * header()->slot_bytes;
   }
-  // A copy-on-write consumer: drops its private copies of a host slot's pages (what it wrote into
-  // the slot's chunk), so that the slot's next chunk reads as the server wrote it.
-  void discard_writes(uint32_t slot) const {
-    if (host_slots()) segment_.discard_writes(slots_offset() + slot * slot_bytes(), slot_bytes());
-  }
+  // A consumer: forgets what it wrote into a host slot's chunk (the slot is mapped shared again),
+  // so that the slot's next chunk reads as the server wrote it; costs nothing if it wrote
+  // nothing. No-op in the server and for device pools.
+  void discard_writes(uint32_t slot) const { writes_.discard_writes(slot); }
   // The stream sequence number of the chunk a slot holds (kNoChunk while being filled).
   uint64_t slot_seq(uint32_t slot) const { return seq_word(slot)->load(std::memory_order_acquire); }
   void set_slot_seq(uint32_t slot, uint64_t seq) {
@@ -88,6 +100,7 @@ class SlotPool {
   }
 
   SharedSegment segment_;
+  SlotWrites writes_;  // consumers' host slots; declared after segment_: destroyed before it
 };
 
 // The pool segment name for a server endpoint: "batchcast.<uid>.<hash of endpoint>".
