@@ -228,7 +228,7 @@ Bytes make_bmp(int width, int height, int bpp, uint32_t compression, const Bytes
   put32(b, 30, compression);
   put32(b, 46, static_cast<uint32_t>(palette.size() / 4));
   for (size_t i = 0; i < masks.size(); ++i) put32(b, 54 + 4 * i, masks[i]);
-  std::memcpy(b.data() + 14 + header, palette.data(), palette.size());
+  if (!palette.empty()) std::memcpy(b.data() + 14 + header, palette.data(), palette.size());
   b.insert(b.end(), pixels.begin(), pixels.end());
   return b;
 }
