@@ -33,6 +33,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from dropin_bench import run_trainers  # bench/ is the script's folder: on sys.path
+
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -104,14 +106,7 @@ def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float]) -> Dic
     cmds = [trainer_cmd(args, key, 0.0, None, done)]
     if slow_sleep is not None:
         cmds.append(trainer_cmd(args, key, slow_sleep, done, None, args.slow_stall_timeout))
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for c in cmds]
-    results = []
-    for p in procs:
-        o, e = p.communicate()
-        if p.returncode != 0:
-            raise RuntimeError(f"trainer failed ({p.returncode}):\n{e[-3000:]}")
-        results.append(json.loads(o.strip().splitlines()[-1]))
+    results = run_trainers(cmds, env)
     state = share_paths(key)["state"]
     deadline = time.monotonic() + 120
     while os.path.exists(state) and time.monotonic() < deadline:  # the producer's exit

@@ -1034,6 +1034,20 @@ struct Decoupling {
       if (c.pid == s.pid_of(id)) return c;
     throw std::runtime_error("no consumer " + id);
   }
+  // One round: the producer fills and publishes up to `fills` chunks, regenerates, ticks, `a`
+  // reads, and `b` takes what it was sent, releasing each chunk and giving its credit back.
+  void round(int fills, std::vector<BatchDescriptor>* got) {
+    for (int i = 0; i < fills; ++i)
+      if (auto f = s.fill()) s.publish(*f, kPerEpoch);
+    s.regenerate(kPerEpoch);
+    s.tick();
+    s.consume("a");
+    for (auto& c : s.take<BatchDescriptor>("b")) {
+      got->push_back(c);
+      s.release("b", c);
+      s.credit("b", 1);
+    }
+  }
   Stream s;
   int filled = 0;
 };
@@ -1076,17 +1090,8 @@ TEST(StreamState, ADecoupledConsumerMergesBackWhenItHasCaughtUp) {
   std::vector<BatchDescriptor> got;
   d.s.credit("b", 4);
   for (int round = 0; round < 60 && (got.empty() || protocol::is_private_seq(got.back().seq));
-       ++round) {
-    if (auto f = d.s.fill()) d.s.publish(*f, Decoupling::kPerEpoch);
-    d.s.regenerate(Decoupling::kPerEpoch);
-    d.s.tick();
-    d.s.consume("a");
-    for (auto& c : d.s.take<BatchDescriptor>("b")) {
-      got.push_back(c);
-      d.s.release("b", c);
-      d.s.credit("b", 1);
-    }
-  }
+       ++round)
+    d.round(1, &got);
   ASSERT_FALSE(got.empty());
   EXPECT_FALSE(protocol::is_private_seq(got.back().seq)) << "b merged into the shared stream";
   EXPECT_GE(got.size(), 8u) << "not before the stream went a ring's worth on without it";
@@ -1102,18 +1107,7 @@ TEST(StreamState, ADecoupledConsumerAsSlowAsBeforeStaysDecoupled) {
   // round (its credit goes round in two rounds: asked, filled, sent).
   std::vector<BatchDescriptor> got;
   d.s.credit("b", 1);
-  for (int round = 0; round < 40; ++round) {
-    for (int i = 0; i < 2; ++i)
-      if (auto f = d.s.fill()) d.s.publish(*f, Decoupling::kPerEpoch);
-    d.s.regenerate(Decoupling::kPerEpoch);
-    d.s.tick();
-    d.s.consume("a");
-    for (auto& c : d.s.take<BatchDescriptor>("b")) {
-      got.push_back(c);
-      d.s.release("b", c);
-      d.s.credit("b", 1);
-    }
-  }
+  for (int round = 0; round < 40; ++round) d.round(2, &got);
   ASSERT_GE(got.size(), 19u) << "b reads on at its own pace";
   for (const auto& c : got) EXPECT_TRUE(protocol::is_private_seq(c.seq));
   EXPECT_EQ(d.s.state.stats().decouplings, 1u) << "decoupled once, never merged back";
