@@ -32,6 +32,7 @@ from __future__ import annotations
 import fcntl
 import getpass
 import os
+import threading
 import re
 import time
 import uuid
@@ -63,7 +64,9 @@ def _yaml_scalar(v: Any) -> str:
 
 
 def _write_yaml(path: str, data: Mapping[str, Any]) -> None:
-    tmp = path + ".tmp"
+    # A temporary name of this writer's own: collocated trackers end one parent run at once,
+    # and a shared name made one's rename take the other's file from under it.
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as f:
         for k in sorted(data):
             f.write(f"{k}: {_yaml_scalar(data[k])}\n")
