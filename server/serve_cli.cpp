@@ -125,7 +125,8 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   group("Stream");
   cmd->add_option("--epochs", c.epochs, "epochs to serve (0: until stopped)")
       ->capture_default_str();
-  cmd->add_option("--seed", c.transform.seed, "seed of shuffling and augmentation")->capture_default_str();
+  cmd->add_option("--seed", c.transform.seed, "seed of shuffling and augmentation")
+      ->capture_default_str();
   cmd->add_flag("--shuffle,!--no-shuffle", c.shuffle, "shuffle every epoch (default on)");
   cmd->add_option("--min-consumers", c.min_consumers,
                   "consumers to wait for before the stream starts")

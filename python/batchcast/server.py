@@ -178,7 +178,8 @@ def serve_config(
     setting's default) with the others applied, each a field of ServeConfig or of its
     ``transform`` (:class:`_batchcast.PipelineOptions`) by name; a setting given as None keeps
     its default (``batch_size``: 64). ``epochs`` always applies (default 1; None: until
-    stopped); ``endpoint`` defaults to ``config``'s, else the per-user one. Raises TypeError for a name that is no field.
+    stopped); ``endpoint`` defaults to ``config``'s, else the per-user one. Raises TypeError
+    for a name that is no field.
 
     ``data`` is an image folder; ``synthetic=N`` serves N synthetic samples instead.
     ``device="cuda:K"`` puts the pool on GPU K (``"cuda:0,cuda:1"`` or ``"all"``: on each of

@@ -108,7 +108,9 @@ void bind_decoders(py::module_& m) {
              "resize filter: 'bilinear' or 'nearest'")
       .property(
           "output", [](const PipelineOptions& o) { return std::string(dtype_name(o.output)); },
-          [](PipelineOptions& o, const std::string& v) { o.output = parse_dtype(v, kOutputDTypes); },
+          [](PipelineOptions& o, const std::string& v) {
+            o.output = parse_dtype(v, kOutputDTypes);
+          },
           "'float32', 'float16', 'bfloat16' (normalised) or 'uint8'")
       .named("uint8_layout", &PipelineOptions::uint8_layout, kUint8LayoutNames,
              "uint8 samples as 'hwc' (S, S, 3) or 'chw' (3, S, S)")

@@ -78,8 +78,7 @@ void bind_serve(py::module_& m) {
       .field("transform", &ServeConfig::transform,
              "the PipelineOptions (its seed: shuffling's and augmentation's)")
       .field("device", &ServeConfig::device, "'cpu', 'cuda:K', 'cuda:0,cuda:1', 'all', ...")
-      .named("decoder", &ServeConfig::decoder, ServeConfig::kDecoders,
-             "'cpu', 'nvjpeg' or 'mixed'")
+      .named("decoder", &ServeConfig::decoder, ServeConfig::kDecoders, "'cpu', 'nvjpeg' or 'mixed'")
       .field("epochs", &ServeConfig::epochs, "epochs to serve (0: until stopped)")
       .field("shuffle", &ServeConfig::shuffle, "shuffle every epoch")
       .field("rank", &ServeConfig::rank, "this server's shard")
@@ -93,9 +92,10 @@ void bind_serve(py::module_& m) {
       .field("status_interval", &ServeConfig::status_interval, "seconds between status lines")
       .field("fail_linger", &ServeConfig::fail_linger, "seconds to answer after a failure")
       .finish()
-      .def("validate", [](const ServeConfig& c) { ServeConfig(c).validate(); },
-           "Checks the settings against each other as the server does; raises BatchcastError "
-           "naming the options and the fix.")
+      .def(
+          "validate", [](const ServeConfig& c) { ServeConfig(c).validate(); },
+          "Checks the settings against each other as the server does; raises BatchcastError "
+          "naming the options and the fix.")
       .def("command_line", &serve_command_line,
            "The arguments of `batchcast serve` (after `serve`) that give these settings.");
 

@@ -113,7 +113,8 @@ def test_eval_pixels_equal_pil_when_no_resize_is_needed(tmp_path):
     # libjpeg-turbo (ours) and PIL (libjpeg-turbo too) must agree exactly.
     path = str(tmp_path / "e.jpg")
     save_jpeg(photo(300, 256), path)
-    ours = bc.ImagePipeline(bc.PipelineOptions(image_size=224, train=False, output="uint8")).process(path)
+    options = bc.PipelineOptions(image_size=224, train=False, output="uint8")
+    ours = bc.ImagePipeline(options).process(path)
     ref = T.Compose([T.Resize(256), T.CenterCrop(224)])(Image.open(path).convert("RGB"))
     assert ours.shape == (224, 224, 3) and ours.dtype == np.uint8
     np.testing.assert_array_equal(ours, np.asarray(ref))
