@@ -72,8 +72,9 @@ struct ServeConfig {
   // After a stream failure: seconds the server keeps answering with the error before it exits.
   double fail_linger = 30.0;
 
-  // The command-line names of the enum settings (the one table each; main.cpp offers them;
-  // the transform's own enums are named in decoders/image_pipeline.h).
+  // The command-line and Python names of the enum settings (the one table each: serve_cli.cpp
+  // and python/src/bind_serve.cpp offer them; the transform's own enums are named in
+  // decoders/image_pipeline.h).
   static const std::map<std::string, DecoderKind> kDecoders;
   static const std::map<std::string, OnErrorPolicy> kOnError;
   static const std::map<std::string, StallPolicy> kStallPolicies;

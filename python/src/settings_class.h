@@ -1,6 +1,6 @@
 // SettingsClass: a plain settings struct (PipelineOptions, ServeConfig) bound as a typed Python
 // class. Each field is a read-write attribute (enums as their command-line names, checked on
-// assignment); keyword construction, ==, repr and pickling all come from that one list of
+// assignment, errors in the command line's words); keyword construction, ==, repr and pickling all come from that one list of
 // fields, so a field added to the binding is added to all of them.
 //
 // Thread-safety: used while the module is initialised (GIL held). The bound objects are
@@ -15,16 +15,21 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+
 namespace batchcast::python {
 
-// The enum named `name` in `names`; ValueError listing the valid names otherwise.
+// The enum named `value` in `names`, for the field `field`; otherwise Error in the command
+// line's words (the field is the option without its dashes): "--decoder: gpu not in {cpu,...}".
 template <typename T>
-T parse_name(const std::string& name, const std::map<std::string, T>& names, const char* what) {
-  auto it = names.find(name);
+T parse_name(const std::string& value, const std::map<std::string, T>& names, const char* field) {
+  auto it = names.find(value);
   if (it != names.end()) return it->second;
+  std::string flag = std::string("--") + field;
+  std::replace(flag.begin(), flag.end(), '_', '-');
   std::string valid;
-  for (const auto& [key, value] : names) valid += (valid.empty() ? "" : ", ") + key;
-  throw pybind11::value_error(std::string(what) + " '" + name + "' is not one of " + valid);
+  for (const auto& [key, v] : names) valid += (valid.empty() ? "" : ",") + key;
+  throw Error(flag + ": " + value + " not in {" + valid + "} (batchcast serve --help)");
 }
 
 template <typename T>

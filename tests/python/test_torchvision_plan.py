@@ -377,3 +377,20 @@ def test_dataloader_share_with_pin_memory_decodes_with_nvjpeg_on_the_gpu(folder,
     device = f"cuda:{torch.cuda.current_device()}"
     assert f"native pipeline (nvjpeg decoder, pool on {device})" in share_log(key)
     loader.close()
+
+
+def test_the_plans_settings_are_typed_and_survive_the_spec_file(folder):
+    """The plan travels pickled to the share producer: its transform and config come back equal,
+    typed, and an unknown or invalid setting is refused naming it."""
+    import pickle
+
+    p = plan(torchvision.datasets.ImageFolder(folder, train_tf()), dict(batch_size=8), seed=3)
+    back = pickle.loads(pickle.dumps(p))
+    assert back.transform == p.transform and back.serve_config() == p.serve_config()
+    config = back.serve_config()
+    assert (config.transform.image_size, config.batch_size, config.data) == (32, 8, p.root)
+    assert config.command_line()[:2] == ["--data", p.root]
+    with pytest.raises(TypeError, match="no field 'image_sise'"):
+        bc.PipelineOptions(image_sise=32)
+    with pytest.raises(batchcast.BatchcastError, match=r"--interpolation: cubic not in"):
+        config.transform.interpolation = "cubic"
