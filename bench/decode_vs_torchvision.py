@@ -66,7 +66,8 @@ def main():
                     img = Image.open(f).convert("RGB")
                 tf(img)
 
-        pipeline = bc.ImagePipeline(image_size=224, train=True, output="float32")
+        pipeline = bc.ImagePipeline(
+            bc.PipelineOptions(image_size=224, train=True, output="float32"))
         batch = np.empty((len(paths), 3, 224, 224), np.float32)
 
         def batchcast_epoch(epoch):

@@ -38,12 +38,20 @@ enum class Interpolation { kNearest, kBilinear };
 // want, or (3, S, S) as torchvision's PILToTensor yields. Float outputs are always (3, S, S).
 enum class Uint8Layout { kHWC, kCHW };
 
-// The names of the two enums on the command line and in Python (the one table each).
+// The names of the transform's enums on the command line and in Python (the one table each;
+// the output dtypes by dtype_name()).
 inline const std::map<std::string, Interpolation> kInterpolationNames = {
     {"bilinear", Interpolation::kBilinear}, {"nearest", Interpolation::kNearest}};
 inline const std::map<std::string, Uint8Layout> kUint8LayoutNames = {{"hwc", Uint8Layout::kHWC},
                                                                      {"chw", Uint8Layout::kCHW}};
+inline const std::map<std::string, DType> kOutputNames = [] {
+  std::map<std::string, DType> names;
+  for (DType t : kOutputDTypes) names[dtype_name(t)] = t;
+  return names;
+}();
 
+// The transform, declared once: what `batchcast serve` (ServeConfig::transform, its command line's
+// Pipeline options), Python (_batchcast.PipelineOptions) and ImagePipeline all take.
 struct PipelineOptions {
   // Side of the square output. Default 224: the ImageNet training resolution of torchvision's
   // reference recipes.

@@ -133,8 +133,8 @@ void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint6
 
 RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   source_ = make_source(c);
-  plan_ = std::make_unique<StreamPlan>(source_->size(),
-                                       StreamPlanOptions{c.seed, c.shuffle, c.rank, c.world_size});
+  plan_ = std::make_unique<StreamPlan>(
+      source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
   core_ = std::make_unique<ServerCore>(c.server_options(*source_, plan_->epoch_samples()));
 #ifdef BATCHCAST_HAVE_NVJPEG

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <sstream>
+#include <type_traits>
 
 #include "common/error.h"
 
@@ -81,26 +83,28 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
       ->check(kPositive)
       ->capture_default_str();
   group("Pipeline");
-  cmd->add_option("--image-size", c.image_size, "output side in pixels")
+  cmd->add_option("--image-size", c.transform.image_size, "output side in pixels")
       ->check(kPositive)
       ->capture_default_str();
-  cmd->add_flag("--eval", c.eval, "Resize + CenterCrop instead of RandomResizedCrop + flip");
-  add_numbers(cmd, "--mean", c.mean, CLI::Number, "Normalize mean per RGB channel");
-  add_numbers(cmd, "--std", c.std, kNonZero, "Normalize std per RGB channel");
-  add_numbers(cmd, "--scale", c.scale, kNonNegative,
+  cmd->add_flag_callback(
+      "--eval", [&c] { c.transform.train = false; },
+      "Resize + CenterCrop instead of RandomResizedCrop + flip");
+  add_numbers(cmd, "--mean", c.transform.mean, CLI::Number, "Normalize mean per RGB channel");
+  add_numbers(cmd, "--std", c.transform.std, kNonZero, "Normalize std per RGB channel");
+  add_numbers(cmd, "--scale", c.transform.scale, kNonNegative,
               "RandomResizedCrop area fraction range MIN,MAX");
-  add_numbers(cmd, "--ratio", c.ratio, kPositive,
+  add_numbers(cmd, "--ratio", c.transform.ratio, kPositive,
               "RandomResizedCrop aspect ratio range MIN,MAX");
-  cmd->add_option("--flip-p", c.flip_p, "probability of the horizontal flip (training)")
+  cmd->add_option("--flip-p", c.transform.flip_p, "probability of the horizontal flip (training)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  cmd->add_option("--resize-size", c.resize_size,
+  cmd->add_option("--resize-size", c.transform.resize_size,
                   "eval: shorter side before the centred crop (0: image size * 256 / 224)")
       ->check(kNonNegative)
       ->capture_default_str();
-  add_choice(cmd, "--interpolation", c.interpolation, kInterpolationNames,
+  add_choice(cmd, "--interpolation", c.transform.interpolation, kInterpolationNames,
              "resize filter: bilinear or nearest (nearest: CPU decoder only)");
-  add_choice(cmd, "--uint8-layout", c.uint8_layout, kUint8LayoutNames,
+  add_choice(cmd, "--uint8-layout", c.transform.uint8_layout, kUint8LayoutNames,
              "uint8 samples as hwc (S,S,3) or chw (3,S,S, as PILToTensor)");
   cmd->add_option("--workers", c.workers, "decoding threads")
       ->check(kPositive)
@@ -121,13 +125,14 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   group("Stream");
   cmd->add_option("--epochs", c.epochs, "epochs to serve (0: until stopped)")
       ->capture_default_str();
-  cmd->add_option("--seed", c.seed, "seed of shuffling and augmentation")->capture_default_str();
+  cmd->add_option("--seed", c.transform.seed, "seed of shuffling and augmentation")
+      ->capture_default_str();
   cmd->add_flag("--shuffle,!--no-shuffle", c.shuffle, "shuffle every epoch (default on)");
   cmd->add_option("--min-consumers", c.min_consumers,
                   "consumers to wait for before the stream starts")
       ->capture_default_str();
   group("Pipeline");
-  add_choice(cmd, "--output", c.output, ServeConfig::kOutputs,
+  add_choice(cmd, "--output", c.transform.output, kOutputNames,
              "float32, float16, bfloat16 (normalised) or uint8");
   group("Data");
   add_choice(cmd, "--on-error", c.on_error, ServeConfig::kOnError,
@@ -179,19 +184,92 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   group("Options");  // what is added later (--help, --version)
 }
 
-ServeConfig parse_serve_args(const std::vector<std::string>& args) {
-  ServeConfig config;
-  CLI::App app{"batchcast serve"};
-  add_serve_options(&app, config);
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
-  try {
-    app.parse(reversed);
-  } catch (const CLI::ParseError& e) {
-    throw Error("batchcast serve " + std::string(e.what()) + " (batchcast serve --help lists " +
-                "the options)");
+namespace {
+
+// A value as the command line takes it back: numbers in their shortest exact form.
+template <typename T>
+std::string arg_text(T value) {
+  if constexpr (std::is_enum_v<T>) {
+    static_assert(sizeof(T) == 0, "name enums through their table");
+  } else {
+    std::array<char, 64> buffer;
+    auto end = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value).ptr;
+    return std::string(buffer.data(), end);
   }
-  config.validate();
-  return config;
+}
+std::string arg_text(const std::string& value) { return value; }
+template <typename T, size_t N>
+std::string arg_text(const std::array<T, N>& values) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) out += (i ? "," : "") + arg_text(values[i]);
+  return out;
+}
+template <typename T>
+std::string name_of(T value, const std::map<std::string, T>& names) {
+  for (const auto& [name, v] : names)
+    if (v == value) return name;
+  throw Error("a setting has no command-line name");  // every table names every value
+}
+
+}  // namespace
+
+std::vector<std::string> serve_command_line(const ServeConfig& c) {
+  const ServeConfig d;  // what each option defaults to: only what differs is written
+  const PipelineOptions& t = c.transform;
+  const PipelineOptions& dt = d.transform;
+  std::vector<std::string> args;
+  auto put = [&args](const char* flag, const auto& value, const auto& fallback) {
+    if (value == fallback) return;
+    args.push_back(flag);
+    args.push_back(arg_text(value));
+  };
+  auto put_name = [&args](const char* flag, auto value, auto fallback, const auto& names) {
+    if (value == fallback) return;
+    args.push_back(flag);
+    args.push_back(name_of(value, names));
+  };
+  auto put_flag = [&args](const char* flag, bool on) {
+    if (on) args.push_back(flag);
+  };
+  put("--data", c.data, d.data);
+  put("--file-list", c.file_list, d.file_list);
+  put("--synthetic", c.synthetic, d.synthetic);
+  put("--sample-bytes", c.sample_bytes, d.sample_bytes);
+  put_name("--on-error", c.on_error, d.on_error, ServeConfig::kOnError);
+  put("--endpoint", c.endpoint, d.endpoint);
+  put_flag("--listen-all", c.listen_all);
+  put("--batch-size", c.batch_size, d.batch_size);
+  put("--epochs", c.epochs, d.epochs);
+  put("--seed", t.seed, dt.seed);
+  put_flag("--no-shuffle", !c.shuffle);
+  put("--min-consumers", c.min_consumers, d.min_consumers);
+  put("--ring", c.ring, d.ring);
+  put("--rank", c.rank, d.rank);
+  put("--world-size", c.world_size, d.world_size);
+  put_flag("--every-rank", c.every_rank);
+  put_name("--stall-policy", c.stall_policy, d.stall_policy, ServeConfig::kStallPolicies);
+  put("--stall-timeout", c.stall_timeout, d.stall_timeout);
+  put("--fail-linger", c.fail_linger, d.fail_linger);
+  put("--image-size", t.image_size, dt.image_size);
+  put_flag("--eval", !t.train);
+  put("--mean", t.mean, dt.mean);
+  put("--std", t.std, dt.std);
+  put("--scale", t.scale, dt.scale);
+  put("--ratio", t.ratio, dt.ratio);
+  put("--flip-p", t.flip_p, dt.flip_p);
+  put("--resize-size", t.resize_size, dt.resize_size);
+  put_name("--interpolation", t.interpolation, dt.interpolation, kInterpolationNames);
+  put_name("--uint8-layout", t.uint8_layout, dt.uint8_layout, kUint8LayoutNames);
+  put_name("--output", t.output, dt.output, kOutputNames);
+  put("--workers", c.workers, d.workers);
+  put("--device", c.device, d.device);
+  put_name("--decoder", c.decoder, d.decoder, ServeConfig::kDecoders);
+  put("--metrics-dir", c.metrics_dir, d.metrics_dir);
+  put("--metrics-interval", c.metrics_interval, d.metrics_interval);
+  put("--status-interval", c.status_interval, d.status_interval);
+  if (t.max_image_pixels != dt.max_image_pixels)
+    throw Error("max_image_pixels has no command-line option: leave it at its default");
+  return args;
 }
 
 }  // namespace batchcast

@@ -1,11 +1,11 @@
-// The `batchcast serve` command line: its options (CLI11; each option checked on its own, with
-// validators) and parse_serve_args(), which reads the same options from a list of strings for
-// callers that are not main() (the Python bindings' RunningServer, which the share producer of
-// batchcast.DataLoader runs). One table of options, whichever way the server is started.
+// The `batchcast serve` command line, one front end of ServeConfig (serve_config.h): its options
+// (CLI11; each option checked on its own, with validators; --help's text) bound straight to the
+// config's fields, and serve_command_line(), the way back: the arguments that make the program
+// build a given config (what batchcast.serve() runs in another process). In-process callers
+// (the Python module's RunningServer) build a ServeConfig directly and use neither.
 //
 // Thread-safety: add_serve_options() binds the options to `c` (which must outlive the parse);
-// parse_serve_args() is a pure function of its arguments and the environment (RANK,
-// WORLD_SIZE, BATCHCAST_METRICS_DIR are read as the command line reads them).
+// serve_command_line() is a pure function of its argument.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -41,8 +41,10 @@ extern const CLI::Validator kNonNegative;
 // The serve options in groups, as `serve --help` shows them: data, pipeline, stream, GPU, metrics.
 void add_serve_options(CLI::App* cmd, ServeConfig& c);
 
-// The ServeConfig of `batchcast serve ARGS...` (ARGS without the program and subcommand
-// names), validated. Throws Error with CLI11's message for a bad option, or validate()'s.
-ServeConfig parse_serve_args(const std::vector<std::string>& args);
+// The arguments of `batchcast serve` (after `serve`) that give `c`'s settings: each setting
+// that differs from ServeConfig{}'s, so RANK, WORLD_SIZE and BATCHCAST_METRICS_DIR still apply
+// where `c` leaves rank, world_size and metrics_dir at their defaults. Throws Error for a
+// setting the command line has no option for (transform.max_image_pixels).
+std::vector<std::string> serve_command_line(const ServeConfig& c);
 
 }  // namespace batchcast

@@ -16,13 +16,6 @@ const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
 const std::map<std::string, StallPolicy> ServeConfig::kStallPolicies = {
     {"wait", StallPolicy::kWait}, {"skip", StallPolicy::kSkip}, {"decouple", StallPolicy::kDecouple}};
-// The pipeline's own list of output dtypes (decoders/image_pipeline.h), by dtype_name().
-const std::map<std::string, DType> ServeConfig::kOutputs = [] {
-  std::map<std::string, DType> names;
-  for (DType t : kOutputDTypes) names[dtype_name(t)] = t;
-  return names;
-}();
-
 std::string ServeConfig::decoder_flag() const {
   return "--decoder " + std::find_if(kDecoders.begin(), kDecoders.end(), [&](const auto& named) {
                           return named.second == decoder;
@@ -40,18 +33,19 @@ void ServeConfig::validate() {
     throw Error("--rank " + std::to_string(rank) + " must be below --world-size " +
                 std::to_string(world_size) +
                 " (ranks count from 0): lower --rank or raise --world-size");
-  if (scale[0] > scale[1] || ratio[0] > ratio[1])
+  const PipelineOptions& t = transform;
+  if (t.scale[0] > t.scale[1] || t.ratio[0] > t.ratio[1])
     throw Error("--scale and --ratio are MIN,MAX ranges: give the smaller value first");
-  if (eval && resize_size != 0 && resize_size < image_size)
-    throw Error("--resize-size " + std::to_string(resize_size) + " is below --image-size " +
-                std::to_string(image_size) +
+  if (!t.train && t.resize_size != 0 && t.resize_size < t.image_size)
+    throw Error("--resize-size " + std::to_string(t.resize_size) + " is below --image-size " +
+                std::to_string(t.image_size) +
                 ": the centred crop must fit the resized image; raise --resize-size");
   const auto devices = parse_device_list(device);
   if (!devices) throw Error("--device " + device_list_error(device));
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (gpu_decoding()) {
     const std::string flag = decoder_flag();
-    if (interpolation != Interpolation::kBilinear)
+    if (t.interpolation != Interpolation::kBilinear)
       throw Error(flag + " resizes bilinearly: drop --interpolation or use --decoder cpu");
     if (synthetic) throw Error(flag + " decodes images; --synthetic has none: drop " + flag);
     if (!on_gpu) throw Error(flag + " decodes into a GPU pool: add --device cuda:K");
@@ -85,20 +79,8 @@ void ServeConfig::validate() {
 }
 
 PipelineOptions ServeConfig::pipeline_options() const {
-  PipelineOptions p;
-  p.image_size = image_size;
-  p.train = !eval;
-  p.output = output;
-  p.uint8_layout = uint8_layout;
-  p.mean = mean;
-  p.std = std;
-  p.scale = scale;
-  p.ratio = ratio;
-  p.flip_p = flip_p;
-  p.resize_size = resize_size;
-  p.interpolation = interpolation;
-  p.seed = seed;
-  if (on_gpu() && !gpu_decoding() && output != DType::kUInt8) {
+  PipelineOptions p = transform;
+  if (on_gpu() && !gpu_decoding() && transform.output != DType::kUInt8) {
     p.output = DType::kUInt8;  // HWC: what the GPU conversion reads
     p.uint8_layout = Uint8Layout::kHWC;
   }
@@ -107,12 +89,11 @@ PipelineOptions ServeConfig::pipeline_options() const {
 
 #ifdef BATCHCAST_HAVE_CUDA
 std::vector<TensorConversion> ServeConfig::conversions() const {
-  if (!on_gpu() || gpu_decoding() || synthetic || output == DType::kUInt8) return {};
-  const PipelineOptions pipeline = pipeline_options();
+  if (!on_gpu() || gpu_decoding() || synthetic || transform.output == DType::kUInt8) return {};
   TensorConversion images;  // tensor #0; the labels (#1) are copied unchanged
-  images.normalize = output;
-  images.mean = pipeline.mean;
-  images.std = pipeline.std;
+  images.normalize = transform.output;
+  images.mean = transform.mean;
+  images.std = transform.std;
   return {images};
 }
 #endif

@@ -1,10 +1,12 @@
 // ServeConfig: every setting of `batchcast serve`, and what follows from them.
 //
-// The command line (server/main.cpp) fills the fields and checks each option on its own
-// (choices, ranges, existing paths); validate() then checks the options against each other,
-// once, and settles what they imply (the GPU of the pool, whether it decodes there). The rest
-// of the server reads the settled values through the *_options() builders, which are the one
-// place where command-line settings become the core's options (slot bytes included).
+// Two front ends fill the fields: the command line (serve_cli.h, which checks each option on its
+// own: choices, ranges, existing paths) and Python (_batchcast.ServeConfig, python/src/
+// bind_serve.cpp), which builds it directly, with no argument strings. validate() then checks
+// the settings against each other, once, and settles what they imply (the GPU of the pool,
+// whether it decodes there). The rest of the server reads the settled values through the
+// *_options() builders, the one place where settings become the core's options (slot bytes
+// included).
 //
 // Thread-safety: a plain value; fill and validate() on one thread, then read it from any.
 #pragma once
@@ -43,18 +45,10 @@ struct ServeConfig {
   uint32_t workers = std::max(1u, std::thread::hardware_concurrency());
   uint32_t min_consumers = 1;
 
-  // The transform (decoders/image_pipeline.h, PipelineOptions has the meaning and defaults).
-  int image_size = 224;
-  bool eval = false;
-  DType output = DType::kFloat32;
-  Uint8Layout uint8_layout = Uint8Layout::kHWC;
-  std::array<float, 3> mean = PipelineOptions{}.mean;
-  std::array<float, 3> std = PipelineOptions{}.std;
-  std::array<double, 2> scale = PipelineOptions{}.scale;
-  std::array<double, 2> ratio = PipelineOptions{}.ratio;
-  double flip_p = PipelineOptions{}.flip_p;
-  int resize_size = 0;  // eval; 0: int(image_size * 256 / 224)
-  Interpolation interpolation = Interpolation::kBilinear;
+  // The transform, declared once: decoders/image_pipeline.h has each field's meaning and default.
+  // The command line binds its options to these fields (serve_cli.cpp); Python builds it as
+  // _batchcast.PipelineOptions. Its seed is the stream's too (shuffling and augmentation).
+  PipelineOptions transform;
   OnErrorPolicy on_error = OnErrorPolicy::kRaise;
   // cpu, cuda, cuda:K, or a GPU-<uuid> / MIG-<uuid> (a MIG instance), or several GPUs
   // (cuda:0,cuda:1 or all: the pool on each, shm/arena_set.h): shm/device_identity.h.
@@ -62,7 +56,6 @@ struct ServeConfig {
   DecoderKind decoder = DecoderKind::kCpu;
 
   uint64_t epochs = 1;  // 0: until stopped
-  uint64_t seed = 0;
   bool shuffle = true;
   uint32_t rank = 0;
   uint32_t world_size = 1;
@@ -79,12 +72,12 @@ struct ServeConfig {
   // After a stream failure: seconds the server keeps answering with the error before it exits.
   double fail_linger = 30.0;
 
-  // The command-line names of the enum settings (the one table each; main.cpp offers them;
-  // the transform's own enums are named in decoders/image_pipeline.h).
+  // The command-line and Python names of the enum settings (the one table each: serve_cli.cpp
+  // and python/src/bind_serve.cpp offer them; the transform's own enums are named in
+  // decoders/image_pipeline.h).
   static const std::map<std::string, DecoderKind> kDecoders;
   static const std::map<std::string, OnErrorPolicy> kOnError;
   static const std::map<std::string, StallPolicy> kStallPolicies;
-  static const std::map<std::string, DType> kOutputs;
 
   // Checks the options against each other; throws Error naming the options and the fix. With a
   // CUDA device, also checks the GPU exists (fails at once, before any dataset is scanned).
@@ -97,8 +90,9 @@ struct ServeConfig {
   bool gpu_decoding() const { return decoder != DecoderKind::kCpu; }
   std::string decoder_flag() const;  // "--decoder <name>", as errors name it
 
-  // What ImageSource decodes. A GPU pool without GPU decoding stages uint8 HWC and normalises
-  // on the GPU (conversions()), so the CPU never writes floats it would have to upload.
+  // What ImageSource decodes: `transform`, except that a GPU pool without GPU decoding stages
+  // uint8 HWC and normalises on the GPU (conversions()), so the CPU never writes floats it
+  // would have to upload.
   PipelineOptions pipeline_options() const;
 #ifdef BATCHCAST_HAVE_CUDA
   // Per source tensor: what the GPU does to it between staging and slot.

@@ -109,8 +109,40 @@ def batch_bytes(tensors: List[TensorDescription]) -> int: ...
 
 has_nvjpeg: bool
 
+class ServeConfig:
+    """Every setting of ``batchcast serve``; ``transform`` is the PipelineOptions."""
+
+    data: str
+    file_list: str
+    synthetic: int
+    sample_bytes: int
+    on_error: str  # "raise" or "skip"
+    endpoint: str
+    listen_all: bool
+    batch_size: int
+    ring: int
+    workers: int
+    min_consumers: int
+    transform: PipelineOptions
+    device: str
+    decoder: str  # "cpu", "nvjpeg" or "mixed"
+    epochs: int
+    shuffle: bool
+    rank: int
+    world_size: int
+    every_rank: bool
+    stall_policy: str  # "decouple", "wait" or "skip"
+    stall_timeout: float
+    metrics_dir: str
+    metrics_interval: float
+    status_interval: float
+    fail_linger: float
+    def __init__(self, **fields: Any) -> None: ...
+    def validate(self) -> None: ...
+    def command_line(self) -> List[str]: ...
+
 class RunningServer:
-    def __init__(self, args: List[str]) -> None: ...
+    def __init__(self, config: ServeConfig) -> None: ...
     def wait(self) -> int: ...
     def stop(self) -> None: ...
     def close(self) -> None: ...
@@ -140,23 +172,34 @@ class Dataset:
 def make_dataset(out_dir: str, source_dir: str = "/usr/share/backgrounds", classes: int = 10,
                  images_per_class: int = 40, seed: int = 0) -> Dict[str, int]: ...
 
+class PipelineOptions:
+    """The transform: what ImagePipeline and ServeConfig.transform take."""
+
+    image_size: int
+    train: bool
+    scale: Sequence[float]  # (MIN, MAX); read back as a list
+    ratio: Sequence[float]
+    flip_p: float
+    resize_size: int
+    interpolation: str  # "bilinear" or "nearest"
+    output: str  # "float32", "float16", "bfloat16" or "uint8"
+    uint8_layout: str  # "hwc" or "chw"
+    mean: Sequence[float]
+    std: Sequence[float]
+    seed: int
+    max_image_pixels: int
+    def __init__(self, **fields: Any) -> None: ...
+
 class ImagePipeline:
-    def __init__(self, image_size: int = 224, train: bool = True, output: str = "float32",
-                 mean: Sequence[float] = (0.485, 0.456, 0.406),
-                 std: Sequence[float] = (0.229, 0.224, 0.225), seed: int = 0,
-                 max_image_pixels: int = 178956970,
-                 scale: Sequence[float] = (0.08, 1.0),
-                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip_p: float = 0.5,
-                 resize_size: int = 0, interpolation: str = "bilinear",
-                 uint8_layout: str = "hwc") -> None: ...
+    def __init__(self, options: PipelineOptions = ...) -> None: ...
+    @property
+    def options(self) -> PipelineOptions: ...
     def geometry(self, width: int, height: int, epoch: int = 0,
                  index: int = 0) -> Dict[str, Any]: ...
     @property
     def sample_shape(self) -> List[int]: ...
     @property
     def sample_bytes(self) -> int: ...
-    @property
-    def output(self) -> str: ...
     def process(self, path: str, epoch: int = 0, index: int = 0) -> numpy.ndarray: ...
     def process_into(self, path: str, epoch: int, index: int, out: numpy.ndarray) -> None: ...
     def process_bytes(self, data: bytes, name: str = "<bytes>", epoch: int = 0,

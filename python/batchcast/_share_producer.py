@@ -50,7 +50,6 @@ import torch.utils.data
 
 from batchcast import _batchcast
 from batchcast.producer import Producer
-from batchcast.server import serve_args
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
@@ -118,8 +117,8 @@ def make_stream(pipeline: Dict[str, Any]) -> Tuple[Iterable[Any], Optional[Calla
 class _NativeProducer:
     """The native server of a recognised pipeline, with the surface the watcher uses."""
 
-    def __init__(self, args: list) -> None:
-        self._server = _batchcast.RunningServer(args)
+    def __init__(self, config: _batchcast.ServeConfig) -> None:
+        self._server = _batchcast.RunningServer(config)
 
     def run(self, epochs: Optional[int] = None) -> None:
         self._server.wait()
@@ -143,20 +142,24 @@ class _NativeProducer:
         return self._server.consumers_reading
 
 
-def make_producer(pipeline: Dict[str, Any], endpoint: str) -> Any:
-    """What serves the share: the native server for a native plan, else a Producer of
-    :func:`make_stream`. Either has run(epochs), stop(), close(), consumers_ever and
-    consumers_reading."""
+def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = "") -> Any:
+    """What serves the share: the native server for a native plan (its collector writing to
+    ``metrics_dir`` unless empty), else a Producer of :func:`make_stream`. Either has
+    run(epochs), stop(), close(), consumers_ever and consumers_reading."""
     plan = pipeline.get("native")
     if plan is not None:
-        workers = max(1, pipeline["decoding"]["num_workers"])
-        # serve_kwargs() names the shard (rank, world size) explicitly: RANK/WORLD_SIZE in this
+        # serve_config() names the shard (rank, world size) explicitly: RANK/WORLD_SIZE in this
         # process's environment (a torchrun trainer's) must not shard what the plan does not.
-        args = serve_args(endpoint=endpoint, epochs=None, min_consumers=1, workers=workers,
-                          extra_args=["--status-interval", "60"], **plan.serve_kwargs())
+        config = plan.serve_config()
+        config.endpoint = endpoint
+        config.epochs = 0  # until stopped
+        config.min_consumers = 1
+        config.workers = max(1, pipeline["decoding"]["num_workers"])
+        config.status_interval = 60
+        config.metrics_dir = metrics_dir
         print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "
-              f"{plan.device}): batchcast serve {' '.join(args)}", flush=True)
-        return _NativeProducer(args)
+              f"{plan.device}): batchcast serve {' '.join(config.command_line())}", flush=True)
+        return _NativeProducer(config)
     stream, regenerate = make_stream(pipeline)
     return Producer(stream, endpoint=endpoint, min_consumers=1, regenerate=regenerate)
 
@@ -264,12 +267,12 @@ def main(argv: list) -> int:
     signals = _record_signals()
     header, pipeline = _read_spec(argv[1])
     paths = header["paths"]
-    producer = make_producer(pipeline, paths["endpoint"])
     # Metrics: the share's decoding runs here, outside the trainers' process trees. Under
     # BATCHCAST_METRICS_DIR (batchcast track, or set by hand) the native server's collector
-    # records itself and its consumers (its --metrics-dir reads that variable); a Python
-    # pipeline records this process and its DataLoader workers as role "server".
-    metrics_dir = os.environ.get("BATCHCAST_METRICS_DIR")
+    # records itself and its consumers (as --metrics-dir would); a Python pipeline records
+    # this process and its DataLoader workers as role "server".
+    metrics_dir = os.environ.get("BATCHCAST_METRICS_DIR", "")
+    producer = make_producer(pipeline, paths["endpoint"], metrics_dir)
     tracker = None
     if metrics_dir and pipeline.get("native") is None:
         from batchcast import metrics

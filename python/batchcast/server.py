@@ -16,6 +16,7 @@ outlives its parent's clean exit. (SIGKILL of the parent leaves the child runnin
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ from typing import Any, List, Optional, Sequence
 from . import _batchcast
 from ._exit_guard import ExitGuard
 
-__all__ = ["Server", "serve", "serve_args", "find_binary"]
+__all__ = ["Server", "serve", "serve_args", "serve_config", "find_binary"]
 
 
 def find_binary() -> str:
@@ -164,58 +165,32 @@ class Server:
         self.stop()
 
 
-def _numbers(values: Optional[Sequence[float]]) -> Optional[str]:
-    """A list option's value as the command line takes it: A,B,C (repr keeps every digit)."""
-    return None if values is None else ",".join(repr(float(v)) for v in values)
-
-
-def serve_args(
+def serve_config(
     data: Optional[str] = None,
     endpoint: Optional[str] = None,
-    batch_size: int = 64,
+    batch_size: Optional[int] = None,
     *,
     epochs: Optional[int] = 1,
-    synthetic: Optional[int] = None,
-    sample_bytes: Optional[int] = None,
-    image_size: Optional[int] = None,
-    workers: Optional[int] = None,
-    device: Optional[str] = None,
-    decoder: Optional[str] = None,
-    seed: Optional[int] = None,
-    shuffle: Optional[bool] = None,
-    min_consumers: Optional[int] = None,
-    output: Optional[str] = None,
-    train: Optional[bool] = None,
-    mean: Optional[Sequence[float]] = None,
-    std: Optional[Sequence[float]] = None,
-    scale: Optional[Sequence[float]] = None,
-    ratio: Optional[Sequence[float]] = None,
-    flip_p: Optional[float] = None,
-    resize_size: Optional[int] = None,
-    interpolation: Optional[str] = None,
-    uint8_layout: Optional[str] = None,
-    ring: Optional[int] = None,
-    stall_policy: Optional[str] = None,
-    metrics_dir: Optional[str] = None,
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
-    every_rank: bool = False,
-    extra_args: Sequence[str] = (),
-) -> List[str]:
-    """The arguments of ``batchcast serve`` (after the word ``serve``) for these settings: what
-    :func:`serve` runs, and what ``_batchcast.RunningServer`` takes in-process.
+    config: Optional[_batchcast.ServeConfig] = None,
+    **settings: Any,
+) -> _batchcast.ServeConfig:
+    """The :class:`_batchcast.ServeConfig` of these settings: ``config`` (default: every
+    setting's default) with the others applied, each a field of ServeConfig or of its
+    ``transform`` (:class:`_batchcast.PipelineOptions`) by name; a setting given as None keeps
+    its default (``batch_size``: 64). ``epochs`` always applies (default 1; None: until
+    stopped); ``endpoint`` defaults to ``config``'s, else the per-user one. Raises TypeError
+    for a name that is no field.
 
-    ``data`` is an image folder; ``synthetic=N`` serves N synthetic samples instead. Options
-    left None take the CLI's defaults; ``epochs=None`` serves until stopped. ``device="cuda:K"``
-    puts the pool on GPU K (``"cuda:0,cuda:1"`` or ``"all"``: on each of those GPUs, every chunk
-    decoded once and copied to the others; each consumer reads on its own GPU);
-    ``decoder="nvjpeg"`` also decodes and augments there (on the first); ``decoder="mixed"``
-    has the ``workers`` decode on the CPU what they keep up with and nvJPEG the rest (for
-    GPU-bound trainers sharing the GPU: docs/architecture.md). Anything else
-    goes in ``extra_args`` (see ``batchcast serve --help``). ``rank``/``world_size`` shard the
-    stream as a DistributedSampler would (None: the RANK/WORLD_SIZE environment, else 0/1);
-    ``every_rank=True`` serves every rank's shard from this one server (a node-wide server for
-    DDP jobs): rank r at ``rank_endpoint(endpoint, r)``, read with ``Loader(endpoint, rank=r)``.
+    ``data`` is an image folder; ``synthetic=N`` serves N synthetic samples instead.
+    ``device="cuda:K"`` puts the pool on GPU K (``"cuda:0,cuda:1"`` or ``"all"``: on each of
+    those GPUs, every chunk decoded once and copied to the others; each consumer reads on its
+    own GPU); ``decoder="nvjpeg"`` also decodes and augments there (on the first);
+    ``decoder="mixed"`` has the ``workers`` decode on the CPU what they keep up with and nvJPEG
+    the rest (for GPU-bound trainers sharing the GPU: docs/architecture.md). ``rank``/
+    ``world_size`` shard the stream as a DistributedSampler would (left out: the RANK/
+    WORLD_SIZE environment of the program, else 0/1); ``every_rank=True`` serves every rank's
+    shard from this one server (a node-wide server for DDP jobs): rank r at
+    ``rank_endpoint(endpoint, r)``, read with ``Loader(endpoint, rank=r)``.
 
     The transform: ``train=False`` is the eval transform (Resize(resize_size) + CenterCrop(
     image_size)); ``mean``/``std`` (3 values), ``scale``/``ratio`` (MIN, MAX of
@@ -223,70 +198,59 @@ def serve_args(
     ``uint8_layout`` ("hwc" or "chw", for ``output="uint8"``) are torchvision's parameters of
     the same names.
     """
-    if (data is None) == (synthetic is None):
-        raise ValueError("give exactly one of data=DIR or synthetic=N")
-    endpoint = endpoint or _batchcast.default_endpoint()
-    argv = ["--endpoint", endpoint, "--batch-size", str(batch_size)]
-    argv += ["--epochs", str(epochs if epochs is not None else 0)]
-    options = {
-        "--data": data,
-        "--synthetic": synthetic,
-        "--sample-bytes": sample_bytes,
-        "--image-size": image_size,
-        "--workers": workers,
-        "--device": device,
-        "--decoder": decoder,
-        "--seed": seed,
-        "--min-consumers": min_consumers,
-        "--output": output,
-        "--mean": _numbers(mean),
-        "--std": _numbers(std),
-        "--scale": _numbers(scale),
-        "--ratio": _numbers(ratio),
-        "--flip-p": flip_p,
-        "--resize-size": resize_size,
-        "--interpolation": interpolation,
-        "--uint8-layout": uint8_layout,
-        "--ring": ring,
-        "--stall-policy": stall_policy,
-        "--metrics-dir": metrics_dir,
-        "--rank": rank,
-        "--world-size": world_size,
-    }
-    for flag, value in options.items():
-        if value is not None:
-            argv += [flag, str(value)]
-    if train is False:
-        argv.append("--eval")
-    if shuffle is not None:
-        argv.append("--shuffle" if shuffle else "--no-shuffle")
-    if every_rank:
-        argv.append("--every-rank")
-    return argv + [str(a) for a in extra_args]
+    if config is None:
+        if (data is None) == (settings.get("synthetic") is None):
+            raise ValueError("give exactly one of data=DIR or synthetic=N")
+        config = _batchcast.ServeConfig()
+    else:
+        config = copy.copy(config)
+    settings.update(data=data, batch_size=batch_size, epochs=epochs or 0,
+                    endpoint=endpoint or config.endpoint or _batchcast.default_endpoint())
+    if settings.get("transform") is not None:
+        config.transform = settings.pop("transform")
+    transform = config.transform  # the config's own: fields set on it stay there
+    for name, value in settings.items():
+        if value is None:
+            continue
+        target = transform if hasattr(transform, name) else config
+        if not hasattr(target, name):
+            raise TypeError(f"serve() got an unexpected setting {name!r}: not a field of "
+                            "ServeConfig or PipelineOptions (batchcast serve --help)")
+        setattr(target, name, value)
+    return config
+
+
+def serve_args(*args: Any, extra_args: Sequence[str] = (), **settings: Any) -> List[str]:
+    """The arguments of ``batchcast serve`` (after the word ``serve``) for :func:`serve_config`'s
+    settings, then ``extra_args`` (any option, see ``batchcast serve --help``): what
+    :func:`serve` runs. The flags are the program's own (``ServeConfig.command_line()``)."""
+    return serve_config(*args, **settings).command_line() + [str(a) for a in extra_args]
 
 
 def serve(
     data: Optional[str] = None,
     endpoint: Optional[str] = None,
-    batch_size: int = 64,
+    batch_size: Optional[int] = None,
     *,
     timeout: float = 30.0,
     binary: Optional[str] = None,
     **options: Any,
 ) -> Server:
-    """Starts ``batchcast serve`` and returns once its endpoint answers (within ``timeout``
-    seconds). The settings are :func:`serve_args`'s; ``binary`` is the program (default:
-    :func:`find_binary`). The returned :class:`Server` is a context manager that stops the
-    process on exit.
+    """Starts ``batchcast serve`` in another process and returns once its endpoint answers
+    (within ``timeout`` seconds). The settings are :func:`serve_config`'s (a ``config=`` to
+    start from, fields by name) and ``extra_args`` (:func:`serve_args`); ``binary`` is the
+    program (default: :func:`find_binary`). The returned :class:`Server` is a context manager
+    that stops the process on exit.
     """
-    endpoint = endpoint or _batchcast.default_endpoint()
-    args = serve_args(data, endpoint, batch_size, **options)
+    extra_args = options.pop("extra_args", ())
+    config = serve_config(data, endpoint, batch_size, **options)
+    args = config.command_line() + [str(a) for a in extra_args]
     fd, log_path = tempfile.mkstemp(prefix="batchcast-serve-", suffix=".log")
     os.close(fd)
     last = None
-    if options.get("every_rank"):
-        last = _batchcast.rank_endpoint(endpoint, int(options.get("world_size") or 1) - 1)
-    server = Server([binary or find_binary(), "serve"] + args, endpoint, log_path, last,
+    if config.every_rank:
+        last = _batchcast.rank_endpoint(config.endpoint, config.world_size - 1)
+    server = Server([binary or find_binary(), "serve"] + args, config.endpoint, log_path, last,
                     owns_log=True)
     server.wait_ready(timeout)
     return server

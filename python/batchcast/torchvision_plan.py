@@ -44,45 +44,25 @@ class NativePlan:
     """What ``batchcast serve`` and a Loader need to yield the torchvision pipeline's batches."""
 
     root: str  # absolute ImageFolder root
-    image_size: int  # the output side S
-    train: bool  # RandomResizedCrop + flip; False: Resize + CenterCrop
-    scale: Tuple[float, float]
-    ratio: Tuple[float, float]
-    flip_p: float
-    resize_size: int  # eval only (0 in training)
-    interpolation: str  # "bilinear" or "nearest"
-    output: str  # "float32" or "uint8"
-    mean: Tuple[float, float, float]
-    std: Tuple[float, float, float]
+    # The per-sample transform (its seed: the stream's shuffling and augmentation); also what
+    # ``_batchcast.ImagePipeline(plan.transform)`` runs in this process (inspection, tests).
+    transform: _batchcast.PipelineOptions
     batch_size: int
     shuffle: bool
     drop_last: bool
-    seed: int
     device: str  # where the pool lives: "cpu" or "cuda:K"
     decoder: str  # "cpu" or "nvjpeg"
     rank: int = 0  # the shard (a DistributedSampler's rank and num_replicas)
     world_size: int = 1
 
-    def serve_kwargs(self) -> Dict[str, Any]:
-        """Keyword arguments of :func:`batchcast.serve` (add endpoint, epochs, workers...)."""
-        return dict(
-            data=self.root, batch_size=self.batch_size, image_size=self.image_size,
-            train=self.train, scale=self.scale, ratio=self.ratio, flip_p=self.flip_p,
-            resize_size=self.resize_size or None, interpolation=self.interpolation,
-            output=self.output, uint8_layout="chw" if self.output == "uint8" else None,
-            mean=self.mean, std=self.std, shuffle=self.shuffle, seed=self.seed,
-            device=self.device, decoder=self.decoder, rank=self.rank,
+    def serve_config(self) -> _batchcast.ServeConfig:
+        """The :class:`_batchcast.ServeConfig` that serves this pipeline (set endpoint, epochs,
+        workers... on it): for ``_batchcast.RunningServer`` or :func:`batchcast.serve`. It names
+        the shard explicitly, so RANK/WORLD_SIZE in the environment never shard it further."""
+        return _batchcast.ServeConfig(
+            data=self.root, batch_size=self.batch_size, transform=self.transform,
+            shuffle=self.shuffle, device=self.device, decoder=self.decoder, rank=self.rank,
             world_size=self.world_size,
-        )
-
-    def pipeline_kwargs(self) -> Dict[str, Any]:
-        """Keyword arguments of ``batchcast._batchcast.ImagePipeline``: the same per-sample
-        transform in this process (inspection, tests)."""
-        return dict(
-            image_size=self.image_size, train=self.train, output=self.output, mean=self.mean,
-            std=self.std, seed=self.seed, scale=self.scale, ratio=self.ratio,
-            flip_p=self.flip_p, resize_size=self.resize_size, interpolation=self.interpolation,
-            uint8_layout="chw",
         )
 
     def loader_kwargs(self) -> Dict[str, Any]:
@@ -348,22 +328,26 @@ def plan(
     # nvJPEG's resize kernel is bilinear only.
     gpu = bool(device and str(device).startswith("cuda") and nvjpeg)
     gpu = gpu and t.interpolation == "bilinear"
+    uint8 = t.kind != "float"
     return NativePlan(
         root=root,
-        image_size=t.image_size,
-        train=t.geometry == "crop",
-        scale=t.scale,
-        ratio=t.ratio,
-        flip_p=t.flip_p,
-        resize_size=t.resize_size if t.geometry == "resize+crop" else 0,
-        interpolation=t.interpolation,
-        output="float32" if t.kind == "float" else "uint8",
-        mean=t.mean,
-        std=t.std,
+        transform=_batchcast.PipelineOptions(
+            image_size=t.image_size,
+            train=t.geometry == "crop",
+            scale=t.scale,
+            ratio=t.ratio,
+            flip_p=t.flip_p,
+            resize_size=t.resize_size if t.geometry == "resize+crop" else 0,
+            interpolation=t.interpolation,
+            output="uint8" if uint8 else "float32",
+            uint8_layout="chw" if uint8 else "hwc",  # PILToTensor's (3, S, S)
+            mean=t.mean,
+            std=t.std,
+            seed=seed if order.seed is None else order.seed,
+        ),
         batch_size=int(loader_args.get("batch_size", 1)),
         shuffle=order.shuffle,
         drop_last=bool(loader_args.get("drop_last", False)),
-        seed=seed if order.seed is None else order.seed,
         device=str(device) if gpu else "cpu",
         decoder="nvjpeg" if gpu else "cpu",
         rank=order.rank,

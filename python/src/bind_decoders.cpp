@@ -4,7 +4,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "decoders/image_pipeline.h"
 #include "decoders/make_dataset.h"
 #include "python/src/bindings.h"
+#include "python/src/settings_class.h"
 
 namespace py = pybind11;
 
@@ -36,16 +36,6 @@ py::dtype numpy_dtype(DType type) {
 
 py::array new_sample(const ImagePipeline& pipeline) {
   return py::array(numpy_dtype(pipeline.options().output), pipeline.sample_shape());
-}
-
-// The enum named `name` in `names`; ValueError listing the valid names otherwise.
-template <typename T>
-T parse_name(const std::string& name, const std::map<std::string, T>& names, const char* what) {
-  auto it = names.find(name);
-  if (it != names.end()) return it->second;
-  std::string valid;
-  for (const auto& [key, value] : names) valid += (valid.empty() ? "" : ", ") + key;
-  throw py::value_error(std::string(what) + " '" + name + "' is not one of " + valid);
 }
 
 py::tuple entry_tuple(const DatasetEntry& e) { return py::make_tuple(e.path, e.label); }
@@ -102,39 +92,42 @@ void bind_decoders(py::module_& m) {
       py::arg("classes") = 10, py::arg("images_per_class") = 40, py::arg("seed") = 0,
       "Write an ImageFolder of ImageNet-like JPEGs cut from real photos; returns a report dict.");
 
-  const PipelineOptions defaults;
+  SettingsClass<PipelineOptions>(
+      m, "PipelineOptions",
+      "The transform (decoders/image_pipeline.h): what ImagePipeline and ServeConfig.transform "
+      "take. Keyword construction; fields left out keep their defaults.")
+      .field("image_size", &PipelineOptions::image_size, "side S of the square output")
+      .field("train", &PipelineOptions::train,
+             "RandomResizedCrop + RandomHorizontalFlip; False: Resize + CenterCrop")
+      .field("scale", &PipelineOptions::scale, "RandomResizedCrop area fraction range (MIN, MAX)")
+      .field("ratio", &PipelineOptions::ratio, "RandomResizedCrop aspect ratio range (MIN, MAX)")
+      .field("flip_p", &PipelineOptions::flip_p, "probability of the horizontal flip (training)")
+      .field("resize_size", &PipelineOptions::resize_size,
+             "eval: shorter side before the centred crop (0: image_size * 256 / 224)")
+      .named("interpolation", &PipelineOptions::interpolation, kInterpolationNames,
+             "resize filter: 'bilinear' or 'nearest'")
+      .property(
+          "output", [](const PipelineOptions& o) { return std::string(dtype_name(o.output)); },
+          [](PipelineOptions& o, const std::string& v) {
+            o.output = parse_dtype(v, kOutputDTypes);
+          },
+          "'float32', 'float16', 'bfloat16' (normalised) or 'uint8'")
+      .named("uint8_layout", &PipelineOptions::uint8_layout, kUint8LayoutNames,
+             "uint8 samples as 'hwc' (S, S, 3) or 'chw' (3, S, S)")
+      .field("mean", &PipelineOptions::mean, "Normalize mean per RGB channel")
+      .field("std", &PipelineOptions::std, "Normalize std per RGB channel")
+      .field("seed", &PipelineOptions::seed, "seed of every random draw (with epoch and index)")
+      .field("max_image_pixels", &PipelineOptions::max_image_pixels,
+             "decompression-bomb guard, checked from the header")
+      .finish();
+
   py::class_<ImagePipeline>(m, "ImagePipeline",
                             "Decode + augment one image into a sample; thread-safe, deterministic "
                             "in (seed, epoch, index).")
-      .def(py::init([](int image_size, bool train, const std::string& output,
-                       std::array<float, 3> mean, std::array<float, 3> std, uint64_t seed,
-                       int64_t max_image_pixels, std::array<double, 2> scale,
-                       std::array<double, 2> ratio, double flip_p, int resize_size,
-                       const std::string& interpolation, const std::string& uint8_layout) {
-             PipelineOptions options;
-             options.image_size = image_size;
-             options.train = train;
-             options.output = parse_dtype(output, kOutputDTypes);
-             options.mean = mean;
-             options.std = std;
-             options.seed = seed;
-             options.max_image_pixels = max_image_pixels;
-             options.scale = scale;
-             options.ratio = ratio;
-             options.flip_p = flip_p;
-             options.resize_size = resize_size;
-             options.interpolation =
-                 parse_name(interpolation, kInterpolationNames, "interpolation");
-             options.uint8_layout = parse_name(uint8_layout, kUint8LayoutNames, "uint8_layout");
-             return ImagePipeline(options);
-           }),
-           py::arg("image_size") = defaults.image_size, py::arg("train") = defaults.train,
-           py::arg("output") = "float32", py::arg("mean") = defaults.mean,
-           py::arg("std") = defaults.std, py::arg("seed") = defaults.seed,
-           py::arg("max_image_pixels") = defaults.max_image_pixels,
-           py::arg("scale") = defaults.scale, py::arg("ratio") = defaults.ratio,
-           py::arg("flip_p") = defaults.flip_p, py::arg("resize_size") = defaults.resize_size,
-           py::arg("interpolation") = "bilinear", py::arg("uint8_layout") = "hwc")
+      .def(py::init<PipelineOptions>(), py::arg("options") = PipelineOptions{})
+      .def_property_readonly("options", [](const ImagePipeline& p) { return p.options(); })
+      .def_property_readonly("sample_shape", &ImagePipeline::sample_shape)
+      .def_property_readonly("sample_bytes", &ImagePipeline::sample_bytes)
       .def(
           "geometry",
           [](const ImagePipeline& p, int width, int height, uint64_t epoch, uint64_t index) {

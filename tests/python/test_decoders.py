@@ -113,7 +113,8 @@ def test_eval_pixels_equal_pil_when_no_resize_is_needed(tmp_path):
     # libjpeg-turbo (ours) and PIL (libjpeg-turbo too) must agree exactly.
     path = str(tmp_path / "e.jpg")
     save_jpeg(photo(300, 256), path)
-    ours = bc.ImagePipeline(image_size=224, train=False, output="uint8").process(path)
+    options = bc.PipelineOptions(image_size=224, train=False, output="uint8")
+    ours = bc.ImagePipeline(options).process(path)
     ref = T.Compose([T.Resize(256), T.CenterCrop(224)])(Image.open(path).convert("RGB"))
     assert ours.shape == (224, 224, 3) and ours.dtype == np.uint8
     np.testing.assert_array_equal(ours, np.asarray(ref))
@@ -122,7 +123,7 @@ def test_eval_pixels_equal_pil_when_no_resize_is_needed(tmp_path):
 def test_eval_pixels_close_to_torchvision_with_resize(tmp_path):
     path = str(tmp_path / "e.jpg")
     save_jpeg(photo(500, 375), path)
-    ours = bc.ImagePipeline(train=False, output="float32").process(path)
+    ours = bc.ImagePipeline(bc.PipelineOptions(train=False, output="float32")).process(path)
     tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
     ref = tf(Image.open(path).convert("RGB")).numpy()
     assert ours.shape == ref.shape == (3, 224, 224)
@@ -135,10 +136,10 @@ def test_float_outputs_are_torchvision_normalised(tmp_path):
     path = str(tmp_path / "n.jpg")
     save_jpeg(photo(400, 320), path)
     kw = dict(image_size=96, train=True, seed=5)
-    u8 = bc.ImagePipeline(output="uint8", **kw).process(path, 2, 7)
-    f32 = bc.ImagePipeline(output="float32", **kw).process(path, 2, 7)
-    f16 = bc.ImagePipeline(output="float16", **kw).process(path, 2, 7)
-    bf16 = bc.ImagePipeline(output="bfloat16", **kw).process(path, 2, 7)
+    u8 = bc.ImagePipeline(bc.PipelineOptions(output="uint8", **kw)).process(path, 2, 7)
+    f32 = bc.ImagePipeline(bc.PipelineOptions(output="float32", **kw)).process(path, 2, 7)
+    f16 = bc.ImagePipeline(bc.PipelineOptions(output="float16", **kw)).process(path, 2, 7)
+    bf16 = bc.ImagePipeline(bc.PipelineOptions(output="bfloat16", **kw)).process(path, 2, 7)
     ref = T.Normalize(MEAN, STD)(T.ToTensor()(Image.fromarray(u8)))
     np.testing.assert_allclose(f32, ref.numpy(), rtol=0, atol=1e-6)
     np.testing.assert_array_equal(f16, f32.astype(np.float16))
@@ -150,7 +151,7 @@ def test_float_outputs_are_torchvision_normalised(tmp_path):
 def test_train_is_deterministic_and_varies(tmp_path):
     path = str(tmp_path / "t.jpg")
     save_jpeg(photo(500, 375), path)
-    p = bc.ImagePipeline(seed=3)
+    p = bc.ImagePipeline(bc.PipelineOptions(seed=3))
     a, b, c = p.process(path, 0, 1), p.process(path, 0, 1), p.process(path, 0, 2)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
@@ -170,7 +171,7 @@ def test_train_is_deterministic_and_varies(tmp_path):
 
 
 def test_bad_samples_name_file_and_reason(tmp_path):
-    p = bc.ImagePipeline(output="uint8")
+    p = bc.ImagePipeline(bc.PipelineOptions(output="uint8"))
     text = tmp_path / "notes.jpg"
     text.write_text("hello")
     with pytest.raises(Exception, match=f"{text}: not an image"):
@@ -188,4 +189,4 @@ def test_bad_samples_name_file_and_reason(tmp_path):
     with pytest.raises(Exception, match="missing.jpg: cannot open"):
         p.process(str(tmp_path / "missing.jpg"))
     with pytest.raises(Exception, match="valid: float32, float16, bfloat16, uint8"):
-        bc.ImagePipeline(output="int4")
+        bc.ImagePipeline(bc.PipelineOptions(output="int4"))

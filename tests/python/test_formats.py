@@ -153,7 +153,7 @@ def test_every_format_is_close_to_torchvision_through_a_resize(tmp_path, endpoin
 
 
 def test_bad_files_of_every_format_are_refused_naming_the_file(tmp_path):
-    pipeline = bc.ImagePipeline(image_size=32, train=False, output="uint8")
+    pipeline = bc.ImagePipeline(bc.PipelineOptions(image_size=32, train=False, output="uint8"))
     big = Image.fromarray(picture(120, 90, 1))
     for ext, args in (("png", {}), ("bmp", {}), ("ppm", {}), ("tiff", {}), ("webp", {})):
         path = tmp_path / f"whole.{ext}"
@@ -164,7 +164,7 @@ def test_bad_files_of_every_format_are_refused_naming_the_file(tmp_path):
         with pytest.raises(Exception, match=rf"cut\.{ext}: .*(truncated|corrupt)"):
             pipeline.process(str(cut))
         # The decompression-bomb guard, from the header, before decoding.
-        tight = bc.ImagePipeline(image_size=32, train=False, output="uint8",
-                                 max_image_pixels=120 * 90 - 1)
+        tight = bc.ImagePipeline(bc.PipelineOptions(image_size=32, train=False, output="uint8",
+                                 max_image_pixels=120 * 90 - 1))
         with pytest.raises(Exception, match=rf"whole\.{ext}: .*decompression-bomb guard"):
             tight.process(str(path))

@@ -55,11 +55,12 @@ def test_train_pipeline_is_recognised_with_its_parameters(folder):
     ds = torchvision.datasets.ImageFolder(folder, train_tf())
     p = plan(ds, dict(batch_size=8, shuffle=True, drop_last=True, num_workers=4), seed=3)
     assert isinstance(p, NativePlan)
-    assert (p.image_size, p.train, p.scale, p.ratio, p.flip_p) == (32, True, (0.3, 0.9),
-                                                                   (0.6, 1.6), 0.3)
-    assert (p.output, p.mean, p.std, p.interpolation) == ("float32", tuple(MEAN), tuple(STD),
-                                                          "bilinear")
-    assert (p.batch_size, p.shuffle, p.drop_last, p.seed) == (8, True, True, 3)
+    t = p.transform  # a _batchcast.PipelineOptions: its float fields are C++ floats/doubles
+    assert (t.image_size, t.train, t.scale, t.ratio, t.flip_p) == (32, True, [0.3, 0.9],
+                                                                   [0.6, 1.6], 0.3)
+    assert (t.output, t.interpolation) == ("float32", "bilinear")
+    assert (t.mean, t.std) == (pytest.approx(MEAN), pytest.approx(STD))
+    assert (p.batch_size, p.shuffle, p.drop_last, t.seed) == (8, True, True, 3)
     assert (p.device, p.decoder) == ("cpu", "cpu")
     gpu = plan(ds, dict(batch_size=8), device="cuda:1", nvjpeg=True)
     assert (gpu.device, gpu.decoder) == ("cuda:1", "nvjpeg")
@@ -69,12 +70,14 @@ def test_eval_and_uint8_pipelines_are_recognised(folder):
     ds = torchvision.datasets.ImageFolder(
         folder, T.Compose([T.Resize(40), T.CenterCrop(32), T.PILToTensor()]))
     p = plan(ds, {})
-    assert (p.train, p.resize_size, p.image_size, p.output, p.batch_size) == (
-        False, 40, 32, "uint8", 1)
+    t = p.transform
+    assert (t.train, t.resize_size, t.image_size, t.output, t.uint8_layout, p.batch_size) == (
+        False, 40, 32, "uint8", "chw", 1)
     ds.transform = T.Compose([T.Resize([40]), T.CenterCrop((32, 32)), T.PILToTensor(),
                               T.ConvertImageDtype(torch.float32)])
     p = plan(ds, {})
-    assert (p.output, p.mean, p.std) == ("float32", (0.0,) * 3, (1.0,) * 3)
+    assert (p.transform.output, p.transform.mean, p.transform.std) == ("float32", [0.0] * 3,
+                                                                       [1.0] * 3)
 
 
 def test_v2_pipeline_is_recognised(folder):
@@ -87,7 +90,8 @@ def test_v2_pipeline_is_recognised(folder):
         to_float, v2.Normalize(MEAN, STD)]))
     p = plan(ds, dict(batch_size=4))
     assert isinstance(p, NativePlan), p
-    assert (p.image_size, p.flip_p, p.output) == (48, 0.5, "float32")
+    assert (p.transform.image_size, p.transform.flip_p, p.transform.output) == (48, 0.5,
+                                                                                "float32")
 
 
 def test_labels_and_order_equal_torchvision(folder, endpoint):
@@ -98,7 +102,7 @@ def test_labels_and_order_equal_torchvision(folder, endpoint):
     p = plan(ds, dict(batch_size=5, shuffle=False))
     assert isinstance(p, NativePlan)
     with batchcast.serve(endpoint=endpoint, epochs=1, workers=2,
-                         **p.serve_kwargs()) as server:
+                         config=p.serve_config()) as server:
         loader = batchcast.Loader(endpoint, timeout=30, **p.loader_kwargs())
         batches = [(x.clone(), y.clone()) for x, y in loader]
         loader.close()
@@ -121,7 +125,7 @@ def test_a_distributed_sampler_shards_as_torch(folder, endpoint):
     sampler = DistributedSampler(ds, num_replicas=3, rank=2, shuffle=False)
     p = plan(ds, dict(batch_size=6, sampler=sampler))
     assert isinstance(p, NativePlan) and (p.rank, p.world_size, p.shuffle) == (2, 3, False)
-    with batchcast.serve(endpoint=endpoint, epochs=1, workers=2, **p.serve_kwargs()) as server:
+    with batchcast.serve(endpoint=endpoint, epochs=1, workers=2, config=p.serve_config()) as server:
         loader = batchcast.Loader(endpoint, timeout=30, **p.loader_kwargs())
         labels = torch.cat([y.clone() for _, y in loader]).tolist()
         loader.close()
@@ -132,19 +136,19 @@ def test_a_distributed_sampler_shards_as_torch(folder, endpoint):
 
 
 def test_served_training_samples_are_the_plans_pipeline(folder, endpoint):
-    """serve_kwargs() and pipeline_kwargs() describe one transform: each served sample (epoch 0,
-    unshuffled: index i) is ImagePipeline(**pipeline_kwargs()).process(path_i, 0, i)."""
+    """The served transform is the plan's: each served sample (epoch 0, unshuffled: index i)
+    is ImagePipeline(plan.transform).process(path_i, 0, i)."""
     ds = torchvision.datasets.ImageFolder(folder, T.Compose([
         T.RandomResizedCrop(24, scale=(0.2, 0.5), ratio=(0.5, 2.0)), T.RandomHorizontalFlip(0.7),
         T.PILToTensor()]))
     p = plan(ds, dict(batch_size=16), seed=5)
-    with batchcast.serve(endpoint=endpoint, epochs=1, workers=2, **p.serve_kwargs()) as server:
+    with batchcast.serve(endpoint=endpoint, epochs=1, workers=2, config=p.serve_config()) as server:
         loader = batchcast.Loader(endpoint, timeout=30, **p.loader_kwargs())
         images = torch.cat([x.clone() for x, _ in loader])
         loader.close()
         assert server.wait(30) == 0
     assert images.dtype == torch.uint8 and images.shape == (len(ds), 3, 24, 24)
-    pipeline = bc.ImagePipeline(**p.pipeline_kwargs())
+    pipeline = bc.ImagePipeline(p.transform)
     for i, (path, _) in enumerate(ds.samples):
         np.testing.assert_array_equal(images[i].numpy(), pipeline.process(path, 0, i))
 
@@ -160,7 +164,7 @@ def torchvision_sample(path, g, size, interpolation, tail):
 def test_each_sample_is_torchvision_with_the_same_crop_and_flip(folder):
     ds = torchvision.datasets.ImageFolder(folder, train_tf(48))  # crops of 30..66 px
     p = plan(ds, {}, seed=9)
-    pipeline = bc.ImagePipeline(**p.pipeline_kwargs())
+    pipeline = bc.ImagePipeline(p.transform)
     tail = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
     flips = 0
     for index, (path, _) in enumerate(ds.samples):
@@ -178,8 +182,8 @@ def test_each_sample_is_torchvision_with_the_same_crop_and_flip(folder):
     ds.transform = T.Compose([T.RandomResizedCrop(32, interpolation=T.InterpolationMode.NEAREST),
                               T.RandomHorizontalFlip(), T.PILToTensor()])
     p = plan(ds, {}, seed=9)
-    assert (p.interpolation, p.output) == ("nearest", "uint8")
-    pipeline = bc.ImagePipeline(**p.pipeline_kwargs())
+    assert (p.transform.interpolation, p.transform.output) == ("nearest", "uint8")
+    pipeline = bc.ImagePipeline(p.transform)
     for index, (path, _) in enumerate(ds.samples):
         with Image.open(path) as img:
             width, height = img.size
@@ -201,7 +205,7 @@ def test_crop_box_statistics_match_torchvision(scale, ratio):
     """Over many draws (fixed seeds: deterministic), area fraction, aspect ratio and position of
     the native boxes follow torchvision's RandomResizedCrop.get_params, fallbacks included."""
     width, height, n = 300, 200, 4000
-    pipeline = bc.ImagePipeline(image_size=32, scale=scale, ratio=ratio, seed=1)
+    pipeline = bc.ImagePipeline(bc.PipelineOptions(image_size=32, scale=scale, ratio=ratio, seed=1))
     ours = np.array([pipeline.geometry(width, height, 0, i)["crop"] for i in range(n)], float)
     torch.manual_seed(1)
     image = torch.empty((3, height, width), dtype=torch.uint8)
@@ -373,3 +377,20 @@ def test_dataloader_share_with_pin_memory_decodes_with_nvjpeg_on_the_gpu(folder,
     device = f"cuda:{torch.cuda.current_device()}"
     assert f"native pipeline (nvjpeg decoder, pool on {device})" in share_log(key)
     loader.close()
+
+
+def test_the_plans_settings_are_typed_and_survive_the_spec_file(folder):
+    """The plan travels pickled to the share producer: its transform and config come back equal,
+    typed, and an unknown or invalid setting is refused naming it."""
+    import pickle
+
+    p = plan(torchvision.datasets.ImageFolder(folder, train_tf()), dict(batch_size=8), seed=3)
+    back = pickle.loads(pickle.dumps(p))
+    assert back.transform == p.transform and back.serve_config() == p.serve_config()
+    config = back.serve_config()
+    assert (config.transform.image_size, config.batch_size, config.data) == (32, 8, p.root)
+    assert config.command_line()[:2] == ["--data", p.root]
+    with pytest.raises(TypeError, match="no field 'image_sise'"):
+        bc.PipelineOptions(image_sise=32)
+    with pytest.raises(batchcast.BatchcastError, match=r"--interpolation: cubic not in"):
+        config.transform.interpolation = "cubic"

@@ -1,0 +1,121 @@
+// SettingsClass: a plain settings struct (PipelineOptions, ServeConfig) bound as a typed Python
+// class. Each field is a read-write attribute (enums as their command-line names, checked on
+// assignment, errors in the command line's words); keyword construction, ==, repr and pickling all come from that one list of
+// fields, so a field added to the binding is added to all of them.
+//
+// Thread-safety: used while the module is initialised (GIL held). The bound objects are
+// values: each Python object owns its own T.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace batchcast::python {
+
+// The enum named `value` in `names`, for the field `field`; otherwise Error in the command
+// line's words (the field is the option without its dashes): "--decoder: gpu not in {cpu,...}".
+template <typename T>
+T parse_name(const std::string& value, const std::map<std::string, T>& names, const char* field) {
+  auto it = names.find(value);
+  if (it != names.end()) return it->second;
+  std::string flag = std::string("--") + field;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  std::string valid;
+  for (const auto& [key, v] : names) valid += (valid.empty() ? "" : ",") + key;
+  throw Error(flag + ": " + value + " not in {" + valid + "} (batchcast serve --help)");
+}
+
+template <typename T>
+std::string name_in(T value, const std::map<std::string, T>& names) {
+  for (const auto& [key, v] : names)
+    if (v == value) return key;
+  return "?";
+}
+
+template <typename T>
+class SettingsClass {
+ public:
+  SettingsClass(pybind11::module_& m, const char* name, const char* doc)
+      : cls_(m, name, doc), names_(std::make_shared<std::vector<std::string>>()) {}
+
+  template <typename F>
+  SettingsClass& field(const char* name, F T::*member, const char* doc) {
+    cls_.def_readwrite(name, member, doc);
+    names_->push_back(name);
+    return *this;
+  }
+  // An enum field, as a str among `names` (the command line's table).
+  template <typename E>
+  SettingsClass& named(const char* name, E T::*member, const std::map<std::string, E>& names,
+                       const char* doc) {
+    const std::map<std::string, E>* table = &names;  // the tables are static
+    cls_.def_property(
+        name, [member, table](const T& t) { return name_in(t.*member, *table); },
+        [member, table, name](T& t, const std::string& v) {
+          t.*member = parse_name(v, *table, name);
+        },
+        doc);
+    names_->push_back(name);
+    return *this;
+  }
+
+  // A field read and written through `get` and `set` (which checks the value).
+  template <typename Get, typename Set>
+  SettingsClass& property(const char* name, Get get, Set set, const char* doc) {
+    cls_.def_property(name, get, set, doc);
+    names_->push_back(name);
+    return *this;
+  }
+
+  // Adds __init__(**fields), __eq__, __repr__ and pickling; returns the class for further defs.
+  pybind11::class_<T>& finish() {
+    namespace py = pybind11;
+    auto names = names_;
+    auto build = [names](const py::dict& fields) {
+      py::object obj = py::cast(T{});
+      for (auto [key, value] : fields) {
+        const std::string k = py::str(key);
+        if (std::find(names->begin(), names->end(), k) == names->end())
+          throw py::type_error(std::string(py::str(obj.get_type().attr("__name__"))) +
+                               " has no field '" + k + "'");
+        obj.attr(key) = value;
+      }
+      return obj.cast<T>();
+    };
+    auto state = [names](const py::object& self) {
+      py::dict d;
+      for (const std::string& n : *names) d[n.c_str()] = self.attr(n.c_str());
+      return d;
+    };
+    cls_.def(py::init([build](const py::kwargs& kw) { return build(kw); }))
+        .def("__eq__",
+             [state](const py::object& a, const py::object& b) {
+               return py::isinstance(b, a.get_type()) && state(a).equal(state(b));
+             })
+        .def("__repr__",
+             [state](const py::object& self) {
+               std::string out = py::str(self.get_type().attr("__name__"));
+               std::string sep = "(";
+               for (auto [k, v] : state(self)) {
+                 out += sep + std::string(py::str(k)) + "=" + std::string(py::repr(v));
+                 sep = ", ";
+               }
+               return out + ")";
+             })
+        .def(py::pickle(state, [build](const py::dict& d) { return build(d); }));
+    return cls_;
+  }
+
+ private:
+  pybind11::class_<T> cls_;
+  std::shared_ptr<std::vector<std::string>> names_;
+};
+
+}  // namespace batchcast::python

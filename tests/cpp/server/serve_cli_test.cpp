@@ -1,0 +1,127 @@
+// serve_command_line() is the way back from a ServeConfig to `batchcast serve`'s arguments (what
+// batchcast.serve() runs): the command line must rebuild every setting exactly.
+#include "server/serve_cli.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace batchcast {
+namespace {
+
+ServeConfig parse(const std::vector<std::string>& args) {
+  ServeConfig config;
+  CLI::App app{"batchcast serve"};
+  add_serve_options(&app, config);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
+  app.parse(reversed);
+  return config;
+}
+
+// Every setting the command line has, away from its default.
+ServeConfig unusual() {
+  ServeConfig c;
+  c.data = "/tmp";
+  c.on_error = OnErrorPolicy::kSkip;
+  c.endpoint = "tcp://127.0.0.1:5999";
+  c.listen_all = true;
+  c.batch_size = 7;
+  c.ring = 3;
+  c.workers = c.workers + 5;
+  c.min_consumers = 2;
+  c.device = "cuda:1";
+  c.decoder = DecoderKind::kMixed;
+  c.epochs = 0;
+  c.shuffle = false;
+  c.rank = 1;
+  c.world_size = 3;
+  c.every_rank = true;
+  c.stall_policy = StallPolicy::kWait;
+  c.stall_timeout = 0.25;
+  c.metrics_dir = "/tmp/m";
+  c.metrics_interval = 0.2;
+  c.status_interval = 0;
+  c.fail_linger = 1.5;
+  PipelineOptions& t = c.transform;
+  t.image_size = 33;
+  t.train = false;
+  t.scale = {0.1, 0.7};
+  t.ratio = {0.3, 3.0};
+  t.flip_p = 0.123456789012345;
+  t.resize_size = 40;
+  t.interpolation = Interpolation::kNearest;
+  t.output = DType::kUInt8;
+  t.uint8_layout = Uint8Layout::kCHW;
+  t.mean = {0.1f, 0.2f, 0.3f};
+  t.std = {0.4f, 0.5f, 0.6f};
+  t.seed = 1234567890123ull;
+  return c;
+}
+
+TEST(ServeCliTest, DefaultsNeedNoArguments) {
+  EXPECT_TRUE(serve_command_line(ServeConfig{}).empty());
+}
+
+TEST(ServeCliTest, CommandLineRebuildsEverySetting) {
+  const ServeConfig c = unusual();
+  const ServeConfig r = parse(serve_command_line(c));
+  EXPECT_EQ(r.data, c.data);
+  EXPECT_EQ(r.on_error, c.on_error);
+  EXPECT_EQ(r.endpoint, c.endpoint);
+  EXPECT_EQ(r.listen_all, c.listen_all);
+  EXPECT_EQ(r.batch_size, c.batch_size);
+  EXPECT_EQ(r.ring, c.ring);
+  EXPECT_EQ(r.workers, c.workers);
+  EXPECT_EQ(r.min_consumers, c.min_consumers);
+  EXPECT_EQ(r.device, c.device);
+  EXPECT_EQ(r.decoder, c.decoder);
+  EXPECT_EQ(r.epochs, c.epochs);
+  EXPECT_EQ(r.shuffle, c.shuffle);
+  EXPECT_EQ(r.rank, c.rank);
+  EXPECT_EQ(r.world_size, c.world_size);
+  EXPECT_EQ(r.every_rank, c.every_rank);
+  EXPECT_EQ(r.stall_policy, c.stall_policy);
+  EXPECT_EQ(r.stall_timeout, c.stall_timeout);
+  EXPECT_EQ(r.metrics_dir, c.metrics_dir);
+  EXPECT_EQ(r.metrics_interval, c.metrics_interval);
+  EXPECT_EQ(r.status_interval, c.status_interval);
+  EXPECT_EQ(r.fail_linger, c.fail_linger);
+  const PipelineOptions& a = r.transform;
+  const PipelineOptions& b = c.transform;
+  EXPECT_EQ(a.image_size, b.image_size);
+  EXPECT_EQ(a.train, b.train);
+  EXPECT_EQ(a.scale, b.scale);
+  EXPECT_EQ(a.ratio, b.ratio);
+  EXPECT_EQ(a.flip_p, b.flip_p);  // exact: numbers are written in their shortest exact form
+  EXPECT_EQ(a.resize_size, b.resize_size);
+  EXPECT_EQ(a.interpolation, b.interpolation);
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_EQ(a.uint8_layout, b.uint8_layout);
+  EXPECT_EQ(a.mean, b.mean);
+  EXPECT_EQ(a.std, b.std);
+  EXPECT_EQ(a.seed, b.seed);
+}
+
+TEST(ServeCliTest, SyntheticCommandLineRebuildsItsSource) {
+  ServeConfig c;
+  c.synthetic = 100;
+  c.sample_bytes = 32;
+  const ServeConfig r = parse(serve_command_line(c));
+  EXPECT_EQ(r.synthetic, 100u);
+  EXPECT_EQ(r.sample_bytes, 32u);
+  c = ServeConfig{};
+  c.file_list = "/etc/os-release";
+  EXPECT_EQ(parse(serve_command_line(c)).file_list, "/etc/os-release");
+}
+
+TEST(ServeCliTest, ASettingWithoutAnOptionIsAnError) {
+  ServeConfig c;
+  c.transform.max_image_pixels = 10;
+  EXPECT_THROW(serve_command_line(c), Error);
+}
+
+}  // namespace
+}  // namespace batchcast
