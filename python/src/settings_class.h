@@ -83,7 +83,7 @@ class SettingsClass {
       for (auto [key, value] : fields) {
         const std::string k = py::str(key);
         if (std::find(names->begin(), names->end(), k) == names->end())
-          throw py::type_error(std::string(py::str(obj.get_type().attr("__name__"))) +
+          throw py::type_error(std::string(py::str(py::type::handle_of(obj).attr("__name__"))) +
                                " has no field '" + k + "'");
         obj.attr(key) = value;
       }
