@@ -113,6 +113,21 @@ def synthetic_rows(labels: "torch.Tensor", width: int) -> "torch.Tensor":
     return (((i * 2654435761 + j * 40503 + (i >> 8)) >> 3) & 0xFF).to(torch.uint8)
 
 
+def photo_like(width: int, height: int, seed: int) -> "np.ndarray":
+    """An RGB uint8 (height, width, 3) image of smooth gradients, low-frequency waves and mild
+    noise: JPEG-friendly like a photo, deterministic in ``seed``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    channels = []
+    for c in range(3):
+        fx, fy, phase = rng.uniform(0.005, 0.05, 2).tolist() + [rng.uniform(0, 6.28)]
+        wave = 60 * np.sin(x * fx + y * fy + phase) + 40 * np.cos(x * fy * 0.5 - y * fx + c)
+        channels.append(128 + wave + 60 * (x / width - y / height) + rng.normal(0, 4, x.shape))
+    return np.clip(np.stack(channels, axis=-1), 0, 255).astype(np.uint8)
+
+
 def in_threads_per_job_and_rank(read: Callable[[str, int], Any], ranks: int = 2,
                                 timeout: float = 120) -> dict:
     """Runs read(job, rank) for jobs "A" and "B" and every rank, each in a thread (the ranks of two

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import batchcast
-from conftest import in_threads_per_job_and_rank, synthetic_rows, watch_endpoint
+from conftest import in_threads_per_job_and_rank, photo_like, synthetic_rows, watch_endpoint
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device: torch.cuda is not available")
@@ -87,18 +87,6 @@ DUMP = textwrap.dedent(
     torch.save((torch.cat(xs), torch.cat(ys)), sys.argv[2])
     """
 )
-
-
-def photo_like(width: int, height: int, seed: int) -> np.ndarray:
-    """Smooth gradients, low-frequency waves and mild noise: JPEG-friendly like a photo."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    channels = []
-    for c in range(3):
-        fx, fy, phase = rng.uniform(0.005, 0.05, 2).tolist() + [rng.uniform(0, 6.28)]
-        wave = 60 * np.sin(x * fx + y * fy + phase) + 40 * np.cos(x * fy * 0.5 - y * fx + c)
-        channels.append(128 + wave + 60 * (x / width - y / height) + rng.normal(0, 4, x.shape))
-    return np.clip(np.stack(channels, axis=-1), 0, 255).astype(np.uint8)
 
 
 @pytest.fixture()

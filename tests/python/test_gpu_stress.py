@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import batchcast
-from conftest import watch_endpoint
+from conftest import photo_like, watch_endpoint
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device: torch.cuda is not available")
@@ -97,14 +97,6 @@ TRAINER = textwrap.dedent(
     print(json.dumps({"epochs": epochs, "done_at": time.monotonic()}), flush=True)
     """
 )
-
-
-def photo_like(width: int, height: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    planes = [128 + 60 * np.sin(x * rng.uniform(0.005, 0.05) + y * rng.uniform(0.005, 0.05) + c)
-              + rng.normal(0, 4, x.shape) for c in range(3)]
-    return np.clip(np.stack(planes, axis=-1), 0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
