@@ -227,6 +227,24 @@ def separate_runs(dir: "os.PathLike[str] | str") -> List[List[str]]:
     return [sorted(g) for g in groups]
 
 
+def run_dirs(dir: "os.PathLike[str] | str") -> List[str]:
+    """The run directories in ``dir``: ``[dir]`` when it holds one run (or is an MLflow run),
+    else one folder per run of :func:`separate_runs` (the folder its parts share). Raises
+    ValueError when two runs share a folder, so that nothing is ever added up across runs."""
+    dir = os.fspath(dir)
+    if _is_mlflow_run(dir):
+        return [dir]
+    groups = separate_runs(dir)
+    if len(groups) == 1:
+        return [dir]
+    names = [os.path.commonpath(g) if len(g) > 1 else g[0] for g in groups]
+    if len(set(names)) < len(names) or os.path.abspath(dir) in map(os.path.abspath, names):
+        raise ValueError(
+            f"{dir} holds {len(groups)} runs that did not run at the same time, and some share "
+            f"a folder ({', '.join(names)}): move each run into a folder of its own")
+    return names
+
+
 def _load(path: str) -> Dict[str, Any]:
     with open(os.path.join(path, "summary.json")) as f:
         try:

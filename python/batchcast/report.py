@@ -365,26 +365,16 @@ text-align:right}th{background:#f4f4f4}img{max-width:100%;display:block;margin:1
 
 
 def _separate(dirs: Sequence[str]) -> List[str]:
-    """``dirs`` with each folder that holds several runs (metrics.separate_runs: parts that did
-    not run at the same time, such as a parent of a baseline and a shared run) replaced by its
-    runs, each named by the folder its parts share; said on stderr, never merged in silence."""
+    """``dirs`` with each folder that holds several runs (metrics.run_dirs: parts that did not
+    run at the same time, such as a parent of a baseline and a shared run) replaced by its
+    runs; said on stderr, never merged in silence."""
     out: List[str] = []
     for d in dirs:
-        if metrics._is_mlflow_run(d):
-            out.append(d)
-            continue
-        groups = metrics.separate_runs(d)
-        if len(groups) == 1:
-            out.append(d)
-            continue
-        names = [os.path.commonpath(g) if len(g) > 1 else g[0] for g in groups]
-        if len(set(names)) < len(names) or os.path.abspath(d) in map(os.path.abspath, names):
-            raise ValueError(
-                f"{d} holds {len(groups)} runs that did not run at the same time, and some share "
-                f"a folder ({', '.join(names)}): move each run into a folder of its own")
-        print(f"batchcast report: {d} holds {len(groups)} runs that did not run at the same "
-              f"time; reporting them one by one: {', '.join(names)}", file=sys.stderr)
-        out += names
+        runs = metrics.run_dirs(d)
+        if len(runs) > 1:
+            print(f"batchcast report: {d} holds {len(runs)} runs that did not run at the same "
+                  f"time; reporting them one by one: {', '.join(runs)}", file=sys.stderr)
+        out += runs
     return out
 
 
