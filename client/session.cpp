@@ -19,6 +19,15 @@ namespace {
 constexpr double kFirstWaitingNoteS = 3.0;
 constexpr double kWaitingNotePeriodS = 10.0;
 
+// Says what the consumer waits for: through the user's callback, else at WARNING.
+void say_waiting(const std::function<void(const std::string&, double)>& on_waiting,
+                 const std::string& what, double waited_s) {
+  if (on_waiting)
+    on_waiting(what, waited_s);
+  else
+    spdlog::warn("{}", what);
+}
+
 double deadline_from(double timeout_s) {
   return timeout_s > 0 ? monotonic_seconds() + timeout_s : 1e300;
 }
@@ -110,10 +119,7 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
                                std::to_string(static_cast<int>(now - start)) +
                                " s so far): nothing answers there; start one with `batchcast "
                                "serve --endpoint " + endpoint_ + "`";
-      if (options.on_waiting)
-        options.on_waiting(what, now - start);
-      else
-        spdlog::warn("{}", what);
+      say_waiting(options.on_waiting, what, now - start);
     }
   }
 }
@@ -192,7 +198,7 @@ void Session::goodbye() {
     queue_.clear();
     leaving_ = true;
   }
-  post(protocol::Heartbeat{samples.load(), wait_s.load()});  // final counters for the metrics
+  post(protocol::Heartbeat{samples.load(), wait_s.load(), {}});  // final counters for the metrics
   post(protocol::Goodbye{});
 }
 
@@ -231,10 +237,7 @@ std::optional<ReceivedChunk> Session::pop(double timeout_s, double* waited) {
                                " s for data from the batchcast server at " + endpoint_ +
                                ": it waits for " + waiting_for();
       lk.unlock();  // the callback may take the GIL, which a thread releasing a batch holds
-      if (on_waiting_)
-        on_waiting_(what, now - start);
-      else
-        spdlog::warn("{}", what);
+      say_waiting(on_waiting_, what, now - start);
       lk.lock();
       continue;
     }
@@ -360,7 +363,7 @@ void Session::loop() {
       it = waiting.erase(it);  // and a copy waiting for its readers is freed
     }
     if (now >= next_heartbeat) {
-      out.push_back(protocol::Heartbeat{samples.load(), wait_s.load()});
+      out.push_back(protocol::Heartbeat{samples.load(), wait_s.load(), {}});
       next_heartbeat = now + welcome_.heartbeat_interval_s;
     }
     for (const auto& m : out)
