@@ -43,14 +43,18 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
   return ids;
 }
 
+const protocol::ChunkPosition* StreamState::next_shared_position(const ConsumerRecord& c) const {
+  if (private_.find(c.id) || c.seek || c.next_seq >= next_publish_seq_) return nullptr;
+  auto d = descriptors_.find(c.next_seq);
+  return d == descriptors_.end() ? nullptr : &d->second.position;
+}
+
 uint64_t StreamState::samples_behind(const ConsumerRecord& c) const {
   uint64_t at = stream_position_;
-  if (const auto* p = private_.find(c.id)) {
+  if (const auto* p = private_.find(c.id))
     at = p->stream_position;
-  } else if (!c.seek && c.next_seq < next_publish_seq_) {
-    auto d = descriptors_.find(c.next_seq);
-    if (d != descriptors_.end()) at = d->second.position.stream_position;
-  }
+  else if (const auto* next = next_shared_position(c))
+    at = next->stream_position;
   return stream_position_ > at ? stream_position_ - at : 0;
 }
 
@@ -60,16 +64,12 @@ std::string StreamState::label(const ConsumerRecord& c, bool detail) const {
   if (!detail) return s;
   s += ": holds " + std::to_string(ring_.held_by(c.id)) + " chunk(s), " +
        std::to_string(samples_behind(c)) + " samples behind the newest";
-  const auto* p = private_.find(c.id);
-  if (p) {
+  if (const auto* p = private_.find(c.id))
     s += ", reads regenerated chunks from epoch " + std::to_string(p->next_send.epoch) +
          " chunk " + std::to_string(p->next_send.index);
-  } else if (!c.seek && c.next_seq < next_publish_seq_) {
-    auto d = descriptors_.find(c.next_seq);
-    if (d != descriptors_.end())
-      s += ", next at epoch " + std::to_string(d->second.position.epoch) + " sample " +
-           std::to_string(d->second.position.sample_start);
-  }
+  else if (const auto* next = next_shared_position(c))
+    s += ", next at epoch " + std::to_string(next->epoch) + " sample " +
+         std::to_string(next->sample_start);
   return s;
 }
 

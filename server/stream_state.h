@@ -199,6 +199,9 @@ class StreamState {
   double stall_bound(const ConsumerRecord& c) const {
     return c.stall_timeout_s > 0 ? c.stall_timeout_s : rules_.stall_timeout_s;
   }
+  // The position of the published chunk `c` reads next from the shared stream; null while it
+  // reads private chunks, seeks, or is level with the stream's head.
+  const protocol::ChunkPosition* next_shared_position(const ConsumerRecord& c) const;
   uint64_t samples_behind(const ConsumerRecord& c) const;
   // "consumer 2 'name' (pid 123)", then with `detail` what it holds and where it is.
   std::string label(const ConsumerRecord& c, bool detail) const;
