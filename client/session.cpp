@@ -118,7 +118,8 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
       const std::string what = "waiting for a batchcast server at " + endpoint_ + " (" +
                                std::to_string(static_cast<int>(now - start)) +
                                " s so far): nothing answers there; start one with `batchcast "
-                               "serve --endpoint " + endpoint_ + "`";
+                               "serve --endpoint " +
+                               endpoint_ + "`";
       say_waiting(options.on_waiting, what, now - start);
     }
   }

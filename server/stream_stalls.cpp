@@ -29,8 +29,8 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
   if (!blocked_since_ || finished_ || !started_) return ids;
   // Someone is held back: a consumer that was sent everything published (read or not), whose
   // next chunk is the one the producer cannot fill. A lone slow consumer holds back nobody.
-  const bool someone_waits = std::any_of(
-      consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
+  const bool someone_waits =
+      std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
         const ConsumerRecord& c = entry.second;
         return pins_stream(c, now) && !private_.find(c.id) && c.next_seq >= next_publish_seq_;
       });
@@ -65,8 +65,8 @@ std::string StreamState::label(const ConsumerRecord& c, bool detail) const {
   s += ": holds " + std::to_string(ring_.held_by(c.id)) + " chunk(s), " +
        std::to_string(samples_behind(c)) + " samples behind the newest";
   if (const auto* p = private_.find(c.id))
-    s += ", reads regenerated chunks from epoch " + std::to_string(p->next_send.epoch) +
-         " chunk " + std::to_string(p->next_send.index);
+    s += ", reads regenerated chunks from epoch " + std::to_string(p->next_send.epoch) + " chunk " +
+         std::to_string(p->next_send.index);
   else if (const auto* next = next_shared_position(c))
     s += ", next at epoch " + std::to_string(next->epoch) + " sample " +
          std::to_string(next->sample_start);
@@ -114,8 +114,8 @@ bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
     const ChunkAddress oldest{t.epoch, t.index_in_epoch};
     if (p.next_send < oldest) return false;
     // Stream chunks are numbered consecutively in stream order (skipped ones too).
-    uint64_t at = tail + (p.next_send.epoch - oldest.epoch) * per_epoch + p.next_send.index -
-                  oldest.index;
+    uint64_t at =
+        tail + (p.next_send.epoch - oldest.epoch) * per_epoch + p.next_send.index - oldest.index;
     if (at + window < next_publish_seq_ || at >= next_publish_seq_) return false;
     const auto& d = descriptors_.at(at).position;
     if (!(ChunkAddress{d.epoch, d.index_in_epoch} == p.next_send)) return false;
@@ -145,8 +145,7 @@ void StreamState::watch_stalls(double now) {
   for (auto& [id, c] : consumers_.all()) {
     if (std::find(holding_.begin(), holding_.end(), id) != holding_.end()) {
       c.held_back_s += dt;
-      if (c.held_back_s < stall_bound(c) || rules_.stall_policy != StallPolicy::kDecouple)
-        continue;
+      if (c.held_back_s < stall_bound(c) || rules_.stall_policy != StallPolicy::kDecouple) continue;
       if (decouples) {
         laggards.push_back(id);
       } else if (!said_cannot_decouple_) {
@@ -170,11 +169,10 @@ void StreamState::watch_stalls(double now) {
   for (uint64_t id : holding_) {
     const ConsumerRecord& c = consumers_.all().at(id);
     if (c.held_back_s < kTellAfterS) continue;
-    waiting_for_ += (waiting_for_.empty() ? "" : "; ") + label(c, true) +
-                    ", holds the stream back";
+    waiting_for_ += (waiting_for_.empty() ? "" : "; ") + label(c, true) + ", holds the stream back";
     if (decouples)
-      waiting_for_ += " (decoupled after " + std::to_string(static_cast<int>(stall_bound(c))) +
-                      " s)";
+      waiting_for_ +=
+          " (decoupled after " + std::to_string(static_cast<int>(stall_bound(c))) + " s)";
   }
   if (!blocked_since_) {
     stall_logged_ = false;
@@ -186,8 +184,8 @@ void StreamState::watch_stalls(double now) {
     std::string who;
     for (const auto& [id, c] : consumers_.all())
       if (!c.end_sent && !c.closing) who += "\n  " + label(c, true);
-    spdlog::warn("the stream has not moved for {:.0f} s; the producer waits for a slot:{}",
-                 blocked, who.empty() ? " no consumer reads" : who);
+    spdlog::warn("the stream has not moved for {:.0f} s; the producer waits for a slot:{}", blocked,
+                 who.empty() ? " no consumer reads" : who);
   }
 }
 

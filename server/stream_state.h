@@ -108,11 +108,11 @@ struct ServerStats {
     std::string name;
     uint64_t samples;
     double wait_s;
-    bool attached;  // false: it left or died (kept so metrics can still count its CPU)
-    uint64_t behind = 0;      // samples between its next one and the stream's newest
-    uint32_t held = 0;        // chunks it was sent and has not released
-    bool decoupled = false;   // reads regenerated chunks after holding the stream back
-    double holding_s = 0;     // how long it has held the stream back, now
+    bool attached;           // false: it left or died (kept so metrics can still count its CPU)
+    uint64_t behind = 0;     // samples between its next one and the stream's newest
+    uint32_t held = 0;       // chunks it was sent and has not released
+    bool decoupled = false;  // reads regenerated chunks after holding the stream back
+    double holding_s = 0;    // how long it has held the stream back, now
   };
   std::vector<Consumer> consumers;  // every consumer of this server, the last 1000 departed ones
 };
