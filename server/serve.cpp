@@ -136,12 +136,18 @@ RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
-  core_ = std::make_unique<ServerCore>(c.server_options(*source_, plan_->epoch_samples()));
+  const ServerOptions so = c.server_options(*source_, plan_->epoch_samples());
+  core_ = std::make_unique<ServerCore>(so);
+  spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
+               so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
+               so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
+                                    std::to_string(so.ring_slots - so.lead_chunks) + " chunks"
+                              : "");
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
-    stage_ = std::make_unique<NvjpegStage>(
-        *core_->memory().arenas(), static_cast<const ImageSource&>(*source_), c.batch_size,
-        po.on_error, c.decoder == DecoderKind::kMixed);
+    stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
+                                           static_cast<const ImageSource&>(*source_), c.batch_size,
+                                           po.on_error, c.decoder == DecoderKind::kMixed);
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
   if (c.on_gpu() && !stage_)
@@ -199,11 +205,13 @@ int RunningServer::wait() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!failed && config_.on_gpu())
-    wait_for_consumers(stop_, [&core] { return core.consumers_now(); },
-                       "to release their batches and leave: they are reading the GPU pool");
+    wait_for_consumers(
+        stop_, [&core] { return core.consumers_now(); },
+        "to release their batches and leave: they are reading the GPU pool");
   else if (!failed && collector_)
-    wait_for_consumers(stop_, [&core] { return core.consumers_reading(); },
-                       "to finish and leave: their samples are counted until then");
+    wait_for_consumers(
+        stop_, [&core] { return core.consumers_reading(); },
+        "to finish and leave: their samples are counted until then");
   core.stop();
   if (producing_.joinable()) producing_.join();
   auto s = core.stats();

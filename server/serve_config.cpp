@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "protocol/messages.h"
+#include "server/ring_size.h"
 #ifdef BATCHCAST_HAVE_CUDA
 #include "shm/cuda_pool.h"
 #endif
@@ -15,7 +16,9 @@ const std::map<std::string, DecoderKind> ServeConfig::kDecoders = {
 const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
 const std::map<std::string, StallPolicy> ServeConfig::kStallPolicies = {
-    {"wait", StallPolicy::kWait}, {"skip", StallPolicy::kSkip}, {"decouple", StallPolicy::kDecouple}};
+    {"wait", StallPolicy::kWait},
+    {"skip", StallPolicy::kSkip},
+    {"decouple", StallPolicy::kDecouple}};
 std::string ServeConfig::decoder_flag() const {
   return "--decoder " + std::find_if(kDecoders.begin(), kDecoders.end(), [&](const auto& named) {
                           return named.second == decoder;
@@ -101,12 +104,14 @@ std::vector<TensorConversion> ServeConfig::conversions() const {
 std::vector<ServeConfig> ServeConfig::rank_configs() const {
   std::vector<ServeConfig> out;
   const std::string base = endpoint.empty() ? protocol::default_endpoint() : endpoint;
+  const uint64_t rank_ring_memory = default_ring_memory(read_host_memory()) / world_size;
   for (uint32_t r = 0; r < world_size; ++r) {
     ServeConfig c = *this;
     c.every_rank = false;
     c.rank = r;
     c.endpoint = protocol::rank_endpoint(base, r);
     c.workers = std::max(1u, workers / world_size);
+    if (!ring && !ring_memory) c.ring_memory = rank_ring_memory;
     if (!metrics_dir.empty()) c.metrics_dir = metrics_dir + "/rank" + std::to_string(r);
     if (!cuda_devices_.empty())
       c.device = "cuda:" + std::to_string(cuda_devices_[r % cuda_devices_.size()]);
@@ -121,7 +126,6 @@ ServerOptions ServeConfig::server_options(const SampleSource& source,
   ServerOptions so;
   so.endpoint = endpoint;
   so.allow_remote = listen_all;
-  so.ring_slots = ring;
 #ifdef BATCHCAST_HAVE_CUDA
   so.cuda_devices = cuda_devices_;
   so.slot_bytes =
@@ -129,6 +133,15 @@ ServerOptions ServeConfig::server_options(const SampleSource& source,
 #else
   so.slot_bytes = SlotLayout::plan(source.tensors(), batch_size).bytes;
 #endif
+  if (ring) {
+    so.ring_slots = ring;
+  } else if (on_gpu()) {
+    so.ring_slots = kMinRingSlots;
+  } else {
+    const uint64_t budget = ring_memory ? ring_memory : default_ring_memory(read_host_memory());
+    so.ring_slots = ring_slots_for(budget, so.slot_bytes);
+    so.lead_chunks = std::min(kRingLeadChunks, so.ring_slots);
+  }
   so.batch_size = batch_size;
   so.epoch_samples = epoch_samples;
   so.epochs = epochs;

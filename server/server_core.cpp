@@ -109,6 +109,7 @@ ServerCore::ServerCore(ServerOptions options)
   StreamRules rules;
   rules.slot_count = memory_.pool().slot_count();
   rules.slot_bytes = memory_.pool().slot_bytes();
+  rules.lead_chunks = options_.lead_chunks;
   rules.min_consumers = options_.min_consumers;
   rules.stall_policy = options_.stall_policy;
   rules.stall_timeout_s = options_.stall_timeout_s;
@@ -124,9 +125,8 @@ ServerCore::ServerCore(ServerOptions options)
       [](pid_t pid) { return process_alive(pid); });
   spdlog::info("serving on {} ({} slots x {} MiB in {})", endpoint_, options_.ring_slots,
                memory_.pool().slot_bytes() >> 20,
-               memory_.pool().host_slots()
-                   ? "/dev/shm/" + memory_.pool().segment_name()
-                   : "GPU memory of " + cuda_list(options_.cuda_devices));
+               memory_.pool().host_slots() ? "/dev/shm/" + memory_.pool().segment_name()
+                                           : "GPU memory of " + cuda_list(options_.cuda_devices));
   loop_thread_ = std::thread([this] { loop(); });
 }
 

@@ -25,9 +25,9 @@ enum class SlotState : uint8_t { kFree, kFilling, kPublished };
 
 struct SlotEntry {
   SlotState state = SlotState::kFree;
-  uint64_t seq = 0;                // chunk held (valid unless kFree)
-  bool delivered = false;          // sent to (or passed by) at least one consumer
-  std::vector<uint64_t> holders;   // consumer ids that were sent it and have not released it
+  uint64_t seq = 0;               // chunk held (valid unless kFree)
+  bool delivered = false;         // sent to (or passed by) at least one consumer
+  std::vector<uint64_t> holders;  // consumer ids that were sent it and have not released it
 };
 
 class SlotRing {
@@ -41,7 +41,9 @@ class SlotRing {
   // `may_reuse(old_seq, delivered)` accepts, and marks it filling with `seq`. nullopt if there
   // is none. The owner decides about chunks never delivered (see StreamState's reuse rule).
   using ReuseRule = std::function<bool(uint64_t old_seq, bool delivered)>;
-  std::optional<uint32_t> begin_fill(uint64_t seq, const ReuseRule& may_reuse);
+  // `evicted`, if given, is set to the published chunk the slot held (nullopt for a free slot).
+  std::optional<uint32_t> begin_fill(uint64_t seq, const ReuseRule& may_reuse,
+                                     std::optional<uint64_t>* evicted = nullptr);
   // filling -> published.
   void finish_fill(uint32_t slot);
 
