@@ -28,10 +28,11 @@
 #include <vector>
 
 #include "client/consumer.h"
+#include "common/cuda_check.h"
 #include "common/error.h"
 #include "decoders/jpeg_decode.h"
-#include "server/cuda_stage.h"
-#include "server/server_core.h"
+#include "server/host/stream_host.h"
+#include "server/produce/cuda_stage.h"
 #include "shm/cuda_pool.h"
 #ifdef BATCHCAST_HAVE_NVJPEG
 #include "decoders/nvjpeg_decode.h"

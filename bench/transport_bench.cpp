@@ -18,7 +18,7 @@
 
 #include "client/consumer.h"
 #include "common/process.h"
-#include "server/server_core.h"
+#include "server/host/stream_host.h"
 
 using namespace batchcast;
 
@@ -73,7 +73,8 @@ void produce(ServerCore& core, uint64_t chunks, bool paced) {
     std::memcpy(lease->data, &stamp, sizeof(stamp));
     core.publish(*lease, position, std::move(tensors));
     if (paced) {  // wait until the consumer released it: one chunk in flight
-      while (core.stats().ring_occupied > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      while (core.stats().ring_occupied > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
   core.finish();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "common/cuda_check.h"
 #include "common/error.h"
 
 namespace batchcast {

@@ -1,7 +1,5 @@
 #include "protocol/messages.h"
 
-#include <unistd.h>
-
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -164,8 +162,8 @@ void read_body(Reader& r, Welcome& m) {
     r.fail(on_gpu ? "a CUDA pool without arenas" : "a host pool with CUDA arenas");
   for (const auto& a : m.cuda_arenas)
     if (r.ok() && a.event_handles.size() != m.slot_count)
-      r.fail("welcome has " + std::to_string(a.event_handles.size()) +
-             " CUDA event handles for " + std::to_string(m.slot_count) + " device slots");
+      r.fail("welcome has " + std::to_string(a.event_handles.size()) + " CUDA event handles for " +
+             std::to_string(m.slot_count) + " device slots");
 }
 
 void write_body(Writer& w, const BatchDescriptor& m) {
@@ -335,33 +333,6 @@ DecodeResult decode(const void* data, size_t size) {
   }
   result.message = std::move(m);
   return result;
-}
-
-std::string default_endpoint() {
-  return "ipc:///tmp/batchcast-" + std::to_string(::getuid()) + ".sock";
-}
-
-std::string rank_endpoint(const std::string& endpoint, uint32_t rank) {
-  if (endpoint.rfind("ipc://", 0) == 0) return endpoint + ".rank" + std::to_string(rank);
-  const size_t colon = endpoint.rfind(':');
-  if (endpoint.rfind("tcp://", 0) == 0 && colon > 6 && colon + 1 < endpoint.size() &&
-      endpoint.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
-      endpoint.size() - colon - 1 <= 5) {
-    const unsigned long port = std::stoul(endpoint.substr(colon + 1)) + rank;
-    if (port > 65535)
-      throw Error("endpoint " + endpoint + ": rank " + std::to_string(rank) +
-                  " would listen on port " + std::to_string(port) +
-                  ", past 65535; pick a lower port");
-    return endpoint.substr(0, colon + 1) + std::to_string(port);
-  }
-  throw Error("endpoint " + endpoint +
-              ": a server of every rank needs ipc://PATH or tcp://HOST:PORT (rank r then listens "
-              "on PATH.rank<r> or PORT + r)");
-}
-
-std::string failure_record_path(const std::string& endpoint) {
-  if (endpoint.rfind("ipc://", 0) != 0 || endpoint.size() == 6 || endpoint[6] == '@') return "";
-  return endpoint.substr(6) + ".failed";
 }
 
 std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t) {

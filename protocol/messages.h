@@ -189,18 +189,6 @@ DecodeResult decode(const void* data, size_t size);
 // Returns an empty string when valid, else the reason.
 std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count, uint64_t slot_bytes);
 
-// The endpoint used when none is given: ipc:///tmp/batchcast-<uid>.sock.
-std::string default_endpoint();
-
-// The endpoint of rank `rank`'s stream of a server that serves every rank of a job from one
-// process (serve --every-rank): ipc://PATH -> ipc://PATH.rank<rank>, tcp://HOST:PORT ->
-// tcp://HOST:<PORT + rank>. Throws batchcast::Error for other forms or a port past 65535.
-std::string rank_endpoint(const std::string& endpoint, uint32_t rank);
-
-// Where a server at `endpoint` records why its stream failed, for consumers that arrive after
-// it exited: "<socket path>.failed" for ipc://PATH; "" (no record) for tcp and abstract ipc.
-std::string failure_record_path(const std::string& endpoint);
-
 // Bytes spanned by a strided tensor view (0 for an empty one); nullopt on overflow.
 std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t);
 

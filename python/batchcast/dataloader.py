@@ -29,7 +29,7 @@ With ``share``, torch's arguments mean:
   others wait for it, as torch's DataLoaders of one stream would.
 - refused: ``batch_sampler`` and ``batch_size=None`` (the stream is chunks of one batch size).
 
-Native decoding: a torchvision ``ImageFolder`` pipeline that ``batchcast.torchvision_plan``
+Native decoding: a torchvision ``ImageFolder`` pipeline that ``batchcast._torchvision_plan``
 recognises (RandomResizedCrop + flip, or Resize + CenterCrop, then ToTensor/Normalize or their
 v2 forms; no custom sampler or collate_fn) is served by the native C++ pipeline instead of the
 dataset's Python code: the same labels, class order, transform parameters, dtype and layout,

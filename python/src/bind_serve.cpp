@@ -1,7 +1,7 @@
-// Python bindings of ServeConfig (server/serve_config.h, a typed class whose `transform` is a
-// PipelineOptions) and RunningServer (server/serve.h): the native `batchcast serve` inside a
+// Python bindings of ServeConfig (server/serve/serve_config.h, a typed class whose `transform` is a
+// PipelineOptions) and RunningServer (server/serve/serve.h): the native `batchcast serve` inside a
 // Python process, configured by a ServeConfig built directly (no argument strings). The share
-// producer of batchcast.DataLoader runs it for pipelines torchvision_plan recognises, and
+// producer of batchcast.DataLoader runs it for pipelines _torchvision_plan recognises, and
 // watches its consumer counts to decide when to exit, as it does for a Python Producer.
 // command_line() is the way to the program in another process (batchcast.serve()).
 //
@@ -16,9 +16,9 @@
 #include "common/error.h"
 #include "python/src/bindings.h"
 #include "python/src/settings_class.h"
-#include "server/serve.h"
-#include "server/serve_cli.h"
-#include "server/server_core.h"
+#include "server/host/stream_host.h"
+#include "server/serve/serve.h"
+#include "server/serve/serve_cli.h"
 
 namespace py = pybind11;
 

@@ -117,16 +117,6 @@ TEST(Messages, NewTypesAreAppended) {
       << "version 4, End's body unchanged";
 }
 
-// serve --every-rank: rank r's stream listens beside the endpoint given.
-TEST(Messages, EveryRankHasItsOwnEndpoint) {
-  EXPECT_EQ(rank_endpoint("ipc:///tmp/bc.sock", 3), "ipc:///tmp/bc.sock.rank3");
-  EXPECT_EQ(rank_endpoint("tcp://127.0.0.1:5550", 2), "tcp://127.0.0.1:5552");
-  EXPECT_EQ(rank_endpoint("tcp://*:7000", 0), "tcp://*:7000");
-  EXPECT_THROW(rank_endpoint("tcp://127.0.0.1:65535", 1), batchcast::Error);
-  EXPECT_THROW(rank_endpoint("inproc://x", 0), batchcast::Error);
-  EXPECT_THROW(rank_endpoint("tcp://host", 1), batchcast::Error);
-}
-
 std::string rejected(const std::string& bytes) {
   auto r = decode(bytes.data(), bytes.size());
   EXPECT_FALSE(r.message) << "accepted a malformed frame";

@@ -1,7 +1,7 @@
 // Every stream rule (docs/stream.md), against StreamState alone: time, process liveness and
 // the consumers' sockets are the test's own (an injected clock, a set of dead pids, an outbox
 // per consumer), so each rule is checked exactly, in microseconds, with no process or sleep.
-#include "server/stream_state.h"
+#include "server/stream/stream_state.h"
 
 #include <gtest/gtest.h>
 
