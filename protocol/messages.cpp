@@ -107,7 +107,7 @@ void write_body(Writer& w, const Welcome& m) {
   w.put(m.slot_count);
   w.put(m.slot_bytes);
   w.put(m.slots_offset);
-  w.put(m.server_batch_size);
+  w.put(m.chunk_size);
   w.put(m.epoch_samples);
   w.put(m.epochs);
   w.put(m.first_epoch);
@@ -131,7 +131,7 @@ void read_body(Reader& r, Welcome& m) {
   m.slot_count = r.get<uint32_t>();
   m.slot_bytes = r.get<uint64_t>();
   m.slots_offset = r.get<uint64_t>();
-  m.server_batch_size = r.get<uint32_t>();
+  m.chunk_size = r.get<uint32_t>();
   m.epoch_samples = r.get<uint64_t>();
   m.epochs = r.get<uint64_t>();
   m.first_epoch = r.get<uint64_t>();
@@ -166,7 +166,7 @@ void read_body(Reader& r, Welcome& m) {
              std::to_string(m.slot_count) + " device slots");
 }
 
-void write_body(Writer& w, const BatchDescriptor& m) {
+void write_body(Writer& w, const ChunkDescriptor& m) {
   w.put(m.seq);
   w.put(m.position.epoch);
   w.put(m.position.index_in_epoch);
@@ -186,7 +186,7 @@ void write_body(Writer& w, const BatchDescriptor& m) {
     w.put(t.offset);
   }
 }
-void read_body(Reader& r, BatchDescriptor& m) {
+void read_body(Reader& r, ChunkDescriptor& m) {
   m.seq = r.get<uint64_t>();
   m.position.epoch = r.get<uint64_t>();
   m.position.index_in_epoch = r.get<uint64_t>();
@@ -352,7 +352,7 @@ std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t) {
   return static_cast<uint64_t>(bytes);
 }
 
-std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count,
+std::string validate_descriptor(const ChunkDescriptor& d, uint32_t slot_count,
                                 uint64_t slot_bytes) {
   if (d.slot >= slot_count)
     return "slot " + std::to_string(d.slot) + " outside the pool of " + std::to_string(slot_count);

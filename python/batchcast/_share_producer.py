@@ -14,7 +14,7 @@ at that moment either is counted or starts a fresh producer. Output goes to the 
 
 What serves (:func:`make_producer`): when the trainer's pipeline has a native plan
 (``_torchvision_plan``: a recognised torchvision ImageFolder pipeline), the native server runs
-in this process (``_batchcast.RunningServer``, the CPU decoder or nvJPEG into a GPU pool), with
+in this process (``_batchcast.ServeRun``, the CPU decoder or nvJPEG into a GPU pool), with
 its own shuffle and augmentation draws from the plan's seed. Otherwise the pipeline runs in
 Python: epoch e of the stream is the pipeline's sampler after ``sampler.set_epoch(e)`` (a
 DistributedSampler), or a RandomSampler drawn from ``seed + e``: any epoch's order can be
@@ -118,7 +118,7 @@ class _NativeProducer:
     """The native server of a recognised pipeline, with the surface the watcher uses."""
 
     def __init__(self, config: _batchcast.ServeConfig) -> None:
-        self._server = _batchcast.RunningServer(config)
+        self._server = _batchcast.ServeRun(config)
 
     def run(self, epochs: Optional[int] = None) -> None:
         self._server.wait()

@@ -57,7 +57,7 @@ class NativePlan:
 
     def serve_config(self) -> _batchcast.ServeConfig:
         """The :class:`_batchcast.ServeConfig` that serves this pipeline (set endpoint, epochs,
-        workers... on it): for ``_batchcast.RunningServer`` or :func:`batchcast.serve`. It names
+        workers... on it): for ``_batchcast.ServeRun`` or :func:`batchcast.serve`. It names
         the shard explicitly, so RANK/WORLD_SIZE in the environment never shard it further."""
         return _batchcast.ServeConfig(
             data=self.root, batch_size=self.batch_size, transform=self.transform,

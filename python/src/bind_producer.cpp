@@ -1,8 +1,8 @@
-// Python bindings of the producer side: ServerCore plus batch publishing (server/
+// Python bindings of the producer side: StreamHost plus batch publishing (server/
 // batch_publisher.h), used by batchcast.Producer.
 //
-// Thin: the constructor (stale-segment cleanup, bind), publish_batch() (acquire + copy +
-// publish), wait_finished() and stop() release the GIL. publish_batch() runs on a
+// Thin: the constructor (stale-segment cleanup, bind), publish_chunk() (acquire + copy +
+// publish), wait_finished() and stop() release the GIL. publish_chunk() runs on a
 // BlockingWorker, so Ctrl-C interrupts a producer blocked on a full ring: the core is stopped
 // (no chunk is left half-filled) and KeyboardInterrupt propagates. Tensors come in as
 // (name, dtype name, shape, data address) tuples; the caller keeps them alive for the call.
@@ -58,13 +58,13 @@ std::vector<HostTensor> host_tensors(const py::list& tensors) {
   return out;
 }
 
-class PyServer {
+class PyStreamHost {
  public:
-  explicit PyServer(ServerOptions options) {
+  explicit PyStreamHost(StreamHostOptions options) {
     py::gil_scoped_release nogil;
-    core_ = std::make_shared<ServerCore>(std::move(options));
+    core_ = std::make_shared<StreamHost>(std::move(options));
   }
-  ~PyServer() {
+  ~PyStreamHost() {
     core_->stop();
     if (worker_.in_flight()) return;  // the detached job owns a reference to the core
     py::gil_scoped_release nogil;
@@ -78,7 +78,7 @@ class PyServer {
         chunk_position(epoch, index_in_epoch, sample_start, epoch_samples, epoch_end);
     auto ok = std::make_shared<bool>(false);
     worker_.run([core = core_, batch = std::move(batch), position,
-                 ok] { *ok = publish_batch(*core, batch, position); },
+                 ok] { *ok = publish_chunk(*core, batch, position); },
                 [this] {
                   core_->stop();  // a producer interrupted on a full ring stops serving
                   return true;    // and waits for the copy (the caller's tensors) to be done
@@ -120,7 +120,7 @@ class PyServer {
     const auto position =
         chunk_position(epoch, index_in_epoch, sample_start, epoch_samples, epoch_end);
     py::gil_scoped_release nogil;  // the caller keeps the tensors alive for the call
-    publish_batch_into(*core_, lease, batch, position);
+    publish_chunk_into(*core_, lease, batch, position);
   }
 
   // Waits in slices so that signals are handled; false on timeout or once stopped.
@@ -146,10 +146,10 @@ class PyServer {
     core_->stop();
   }
 
-  ServerCore& core() { return *core_; }
+  StreamHost& core() { return *core_; }
 
  private:
-  std::shared_ptr<ServerCore> core_;
+  std::shared_ptr<StreamHost> core_;
   std::map<uint64_t, FillLease> leases_;  // acquire_private() leases not yet published
   BlockingWorker worker_;
   bool stopped_ = false;
@@ -162,7 +162,7 @@ StallPolicy parse_stall_policy(const std::string& s) {
   throw Error("stall_policy='" + s + "': use 'decouple', 'wait' or 'skip'");
 }
 
-py::dict stats_dict(const ServerStats& s) {
+py::dict stats_dict(const StreamStats& s) {
   py::dict d;
   d["chunks_published"] = s.chunks_published;
   d["chunks_regenerated"] = s.chunks_regenerated;
@@ -197,18 +197,20 @@ py::dict stats_dict(const ServerStats& s) {
 
 }  // namespace
 
-void bind_server(py::module_& m) {
-  const ServerOptions defaults;
-  py::class_<PyServer>(m, "ServerCore", "Native server core; use batchcast.Producer instead.")
+void bind_producer(py::module_& m) {
+  const StreamHostOptions defaults;
+  py::class_<PyStreamHost>(
+      m, "StreamHost",
+      "Native stream host (pool, socket, event loop); use batchcast.Producer instead.")
       .def(py::init([](const std::string& endpoint, uint64_t slot_bytes, uint32_t ring_slots,
-                       uint32_t batch_size, uint64_t epoch_samples, uint64_t epochs,
+                       uint32_t chunk_size, uint64_t epoch_samples, uint64_t epochs,
                        uint32_t min_consumers, const std::string& stall_policy,
                        double stall_timeout, bool allow_remote, bool regenerates) {
-             ServerOptions o;
+             StreamHostOptions o;
              o.endpoint = endpoint;
              o.slot_bytes = slot_bytes;
              o.ring_slots = ring_slots;
-             o.batch_size = batch_size;
+             o.chunk_size = chunk_size;
              o.epoch_samples = epoch_samples;
              o.epochs = epochs;
              o.min_consumers = min_consumers;
@@ -216,44 +218,45 @@ void bind_server(py::module_& m) {
              o.stall_timeout_s = stall_timeout;
              o.allow_remote = allow_remote;
              o.regenerates = regenerates;
-             return std::make_unique<PyServer>(std::move(o));
+             return std::make_unique<PyStreamHost>(std::move(o));
            }),
            py::arg("endpoint") = "", py::arg("slot_bytes"),
-           py::arg("ring_slots") = defaults.ring_slots, py::arg("batch_size") = 0,
+           py::arg("ring_slots") = defaults.ring_slots, py::arg("chunk_size") = 0,
            py::arg("epoch_samples") = 0, py::arg("epochs") = 0,
            py::arg("min_consumers") = defaults.min_consumers, py::arg("stall_policy") = "decouple",
            py::arg("stall_timeout") = defaults.stall_timeout_s, py::arg("allow_remote") = false,
            py::arg("regenerates") = false)
-      .def("publish_batch", &PyServer::publish, py::arg("tensors"), py::arg("epoch"),
+      .def("publish_chunk", &PyStreamHost::publish, py::arg("tensors"), py::arg("epoch"),
            py::arg("index_in_epoch"), py::arg("sample_start"), py::arg("epoch_samples"),
            py::arg("epoch_end"),
            "Copy a batch [(name, dtype, shape, data_ptr), ...] into a slot and publish it; "
            "False once the server was stopped.")
-      .def("acquire_private", &PyServer::acquire_private, py::arg("timeout") = -1.0,
+      .def("acquire_private", &PyStreamHost::acquire_private, py::arg("timeout") = -1.0,
            "(regenerates=True) The next chunk a consumer catching up needs: (lease, epoch, "
            "index), to be produced again and given to publish_private(); None once every "
            "consumer got the stream's end (or after `timeout`, negative: none), or stopped.")
-      .def("publish_private", &PyServer::publish_private, py::arg("lease"), py::arg("tensors"),
+      .def("publish_private", &PyStreamHost::publish_private, py::arg("lease"), py::arg("tensors"),
            py::arg("epoch"), py::arg("index_in_epoch"), py::arg("sample_start"),
            py::arg("epoch_samples"), py::arg("epoch_end"),
            "Copy the regenerated batch into the leased slot and publish it to its consumer.")
-      .def("finish", [](PyServer& s) { s.core().finish(); })
-      .def("fail", [](PyServer& s, const std::string& msg) { s.core().fail(msg); })
-      .def("wait_finished", &PyServer::wait_finished, py::arg("timeout") = -1.0)
-      .def("stop", &PyServer::stop)
-      .def("set_epoch_samples", [](PyServer& s, uint64_t n) { s.core().set_epoch_samples(n); })
-      .def("stats", [](PyServer& s) { return stats_dict(s.core().stats()); })
-      .def_property_readonly("consumers_now", [](PyServer& s) { return s.core().consumers_now(); })
+      .def("finish", [](PyStreamHost& s) { s.core().finish(); })
+      .def("fail", [](PyStreamHost& s, const std::string& msg) { s.core().fail(msg); })
+      .def("wait_finished", &PyStreamHost::wait_finished, py::arg("timeout") = -1.0)
+      .def("stop", &PyStreamHost::stop)
+      .def("set_epoch_samples", [](PyStreamHost& s, uint64_t n) { s.core().set_epoch_samples(n); })
+      .def("stats", [](PyStreamHost& s) { return stats_dict(s.core().stats()); })
+      .def_property_readonly("consumers_now",
+                             [](PyStreamHost& s) { return s.core().consumers_now(); })
       .def_property_readonly("consumers_reading",
-                             [](PyServer& s) { return s.core().consumers_reading(); })
+                             [](PyStreamHost& s) { return s.core().consumers_reading(); })
       .def_property_readonly("consumers_ever",
-                             [](PyServer& s) { return s.core().consumers_ever(); })
-      .def_property_readonly("endpoint", [](PyServer& s) { return s.core().endpoint(); })
+                             [](PyStreamHost& s) { return s.core().consumers_ever(); })
+      .def_property_readonly("endpoint", [](PyStreamHost& s) { return s.core().endpoint(); })
       .def_property_readonly("slot_bytes",
-                             [](PyServer& s) { return s.core().memory().pool().slot_bytes(); });
+                             [](PyStreamHost& s) { return s.core().memory().pool().slot_bytes(); });
 
   m.def(
-      "batch_bytes",
+      "chunk_bytes",
       [](const py::list& tensors) { return plan_batch(host_tensors(tensors)).bytes; },
       py::arg("tensors"), "Slot bytes a batch [(name, dtype, shape, data_ptr), ...] needs.");
 }

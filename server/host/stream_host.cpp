@@ -42,7 +42,7 @@ std::string resolve_endpoint(const std::string& endpoint, bool allow_remote,
   throw Error("endpoint " + ep + ": unsupported scheme; use ipc://PATH or tcp://HOST:PORT");
 }
 
-SlotMemory create_pool(const ServerOptions& o, const std::string& endpoint) {
+SlotMemory create_pool(const StreamHostOptions& o, const std::string& endpoint) {
   if (o.slot_bytes == 0) throw Error("server needs slot_bytes > 0");
   if (o.ring_slots < 2)
     throw Error("ring needs at least 2 slots (got " + std::to_string(o.ring_slots) + ")");
@@ -77,7 +77,7 @@ void record_failure(const std::string& path, const std::string& message) {
 
 }  // namespace
 
-ServerCore::ServerCore(ServerOptions options)
+StreamHost::StreamHost(StreamHostOptions options)
     : options_(std::move(options)),
       endpoint_(resolve_endpoint(options_.endpoint, options_.allow_remote, &ipc_path_)),
       boot_id_(host_boot_id()),
@@ -130,7 +130,7 @@ ServerCore::ServerCore(ServerOptions options)
   loop_thread_ = std::thread([this] { loop(); });
 }
 
-ServerCore::~ServerCore() {
+StreamHost::~StreamHost() {
   stop();
   if (loop_thread_.joinable()) loop_thread_.join();
   router_.reset();
@@ -139,11 +139,11 @@ ServerCore::~ServerCore() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-protocol::Welcome ServerCore::welcome() const {
+protocol::Welcome StreamHost::welcome() const {
   protocol::Welcome w;
   w.server_pid = static_cast<uint32_t>(::getpid());
   w.boot_id = boot_id_;
-  w.server_batch_size = options_.batch_size;
+  w.chunk_size = options_.chunk_size;
   w.epochs = options_.epochs;
   w.first_epoch = options_.first_epoch;
   memory_.describe(w);  // segment, slots, device and (GPU pools) the IPC handles
@@ -152,7 +152,7 @@ protocol::Welcome ServerCore::welcome() const {
   return w;
 }
 
-void ServerCore::stop() {
+void StreamHost::stop() {
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
@@ -162,13 +162,13 @@ void ServerCore::stop() {
   wake();
 }
 
-void ServerCore::wake() {
+void StreamHost::wake() {
   uint64_t one = 1;
   if (wake_fd_ >= 0) [[maybe_unused]]
     auto n = ::write(wake_fd_, &one, sizeof(one));
 }
 
-std::optional<FillLease> ServerCore::acquire() {
+std::optional<FillLease> StreamHost::acquire() {
   std::unique_lock lk(mu_);
   while (true) {
     if (stopping_ || state_->failed()) return std::nullopt;
@@ -182,7 +182,7 @@ std::optional<FillLease> ServerCore::acquire() {
   }
 }
 
-std::optional<FillLease> ServerCore::acquire_private(double timeout_s) {
+std::optional<FillLease> StreamHost::acquire_private(double timeout_s) {
   std::unique_lock lk(mu_);
   const double deadline = timeout_s < 0 ? 1e300 : monotonic_seconds() + timeout_s;
   while (!stopping_ && !state_->failed() && !state_->all_ended()) {
@@ -197,7 +197,7 @@ std::optional<FillLease> ServerCore::acquire_private(double timeout_s) {
   return std::nullopt;
 }
 
-bool ServerCore::skip_unwanted(const protocol::ChunkPosition& position) {
+bool StreamHost::skip_unwanted(const protocol::ChunkPosition& position) {
   {
     std::lock_guard lk(mu_);
     if (stopping_ || state_->failed() || state_->wanted(position)) return false;
@@ -207,7 +207,7 @@ bool ServerCore::skip_unwanted(const protocol::ChunkPosition& position) {
   return true;
 }
 
-void ServerCore::publish(const FillLease& lease, const protocol::ChunkPosition& position,
+void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& position,
                          std::vector<protocol::TensorSpec> tensors) {
   std::string failure;
   {
@@ -223,7 +223,7 @@ void ServerCore::publish(const FillLease& lease, const protocol::ChunkPosition& 
   wake();
 }
 
-void ServerCore::finish() {
+void StreamHost::finish() {
   {
     std::lock_guard lk(mu_);
     state_->finish();
@@ -231,7 +231,7 @@ void ServerCore::finish() {
   wake();
 }
 
-void ServerCore::fail(const std::string& message) {
+void StreamHost::fail(const std::string& message) {
   bool first;
   {
     std::lock_guard lk(mu_);
@@ -243,17 +243,17 @@ void ServerCore::fail(const std::string& message) {
   wake();
 }
 
-void ServerCore::stream_failed(const std::string& message) {
+void StreamHost::stream_failed(const std::string& message) {
   if (!failure_path_.empty()) record_failure(failure_path_, message);
   slot_freed_.notify_all();  // acquire() returns nullopt from now on
 }
 
-bool ServerCore::failed() const {
+bool StreamHost::failed() const {
   std::lock_guard lk(mu_);
   return state_->failed();
 }
 
-bool ServerCore::wait_finished(double timeout_s) {
+bool StreamHost::wait_finished(double timeout_s) {
   std::unique_lock lk(mu_);
   auto done = [this] { return stopping_ || state_->failed() || state_->all_ended(); };
   if (timeout_s < 0) {
@@ -264,34 +264,34 @@ bool ServerCore::wait_finished(double timeout_s) {
   return !state_->failed() && !stopping_;
 }
 
-void ServerCore::set_epoch_samples(uint64_t samples) {
+void StreamHost::set_epoch_samples(uint64_t samples) {
   std::lock_guard lk(mu_);
   state_->set_epoch_samples(samples);
 }
 
-uint64_t ServerCore::consumers_now() const {
+uint64_t StreamHost::consumers_now() const {
   std::lock_guard lk(mu_);
   return state_->consumers_now();
 }
 
-uint64_t ServerCore::consumers_reading() const {
+uint64_t StreamHost::consumers_reading() const {
   std::lock_guard lk(mu_);
   return state_->consumers_reading();
 }
 
-uint64_t ServerCore::consumers_ever() const {
+uint64_t StreamHost::consumers_ever() const {
   std::lock_guard lk(mu_);
   return state_->consumers_ever();
 }
 
-ServerStats ServerCore::stats() const {
+StreamStats StreamHost::stats() const {
   std::lock_guard lk(mu_);
-  ServerStats s = state_->stats();
+  StreamStats s = state_->stats();
   s.producer_blocked_s = state_->producer_blocked_s(monotonic_seconds());
   return s;
 }
 
-bool ServerCore::send(const std::string& identity, const protocol::Message& message) {
+bool StreamHost::send(const std::string& identity, const protocol::Message& message) {
   auto bytes = protocol::encode(message);
   try {
     if (!router_->send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait))
@@ -304,7 +304,7 @@ bool ServerCore::send(const std::string& identity, const protocol::Message& mess
   }
 }
 
-void ServerCore::loop() {
+void StreamHost::loop() {
   zmq::pollitem_t items[] = {{router_->handle(), 0, ZMQ_POLLIN, 0},
                              {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
   while (!stopping_) {
@@ -329,7 +329,7 @@ void ServerCore::loop() {
   }
 }
 
-void ServerCore::receive_all(double now) {
+void StreamHost::receive_all(double now) {
   for (int i = 0; i < 10000; ++i) {
     zmq::message_t identity, body;
     if (!router_->recv(identity, zmq::recv_flags::dontwait)) break;

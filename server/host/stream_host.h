@@ -1,4 +1,4 @@
-// ServerCore: the producer side of the transport, the I/O shell around StreamState. It owns the
+// StreamHost: the producer side of the transport, the I/O shell around StreamState. It owns the
 // batch pool (SlotPool), a ZeroMQ ROUTER socket, the event-loop thread and the clock, and feeds
 // StreamState (which holds the stream semantics of docs/stream.md: ordering, reuse, late
 // join, stall policy, liveness, End) with every message, producer call and tick under its mutex.
@@ -47,7 +47,7 @@ class socket_t;
 
 namespace batchcast {
 
-struct ServerOptions {
+struct StreamHostOptions {
   // Where consumers connect. ipc://PATH (local; socket file made 0600) or tcp://HOST:PORT
   // (a wildcard host binds 127.0.0.1 unless allow_remote).
   std::string endpoint = "";  // empty: protocol::default_endpoint()
@@ -56,7 +56,7 @@ struct ServerOptions {
   // and more retained chunks for late joiners, at slot_bytes each.
   uint32_t ring_slots = 8;
   uint64_t slot_bytes = 0;     // required
-  uint32_t batch_size = 0;     // the chunk size, announced to consumers as their default batch size
+  uint32_t chunk_size = 0;     // the chunk size, announced to consumers as their default batch size
   uint64_t epoch_samples = 0;  // samples per epoch (0: unknown until the producer says)
   uint64_t epochs = 0;         // announced; 0 = unbounded
   uint64_t first_epoch = 0;
@@ -73,7 +73,7 @@ struct ServerOptions {
   // gone. Local consumers are checked by pid every 0.2 s instead (a SIGSTOPped one is alive).
   double heartbeat_timeout_s = 2.0;
   // The producer can fill chunk (epoch, index) again, byte for byte, and serves
-  // acquire_private(); chunks then hold batch_size samples (an epoch's last one fewer).
+  // acquire_private(); chunks then hold chunk_size samples (an epoch's last one fewer).
   bool regenerates = false;
   // Empty: a host pool. Else the GPUs (this process's indices) that each hold the whole pool;
   // producers write on the first.
@@ -91,12 +91,12 @@ struct FillLease {
   std::optional<ChunkAddress> regenerate;
 };
 
-class ServerCore {
+class StreamHost {
  public:
-  explicit ServerCore(ServerOptions options);
-  ~ServerCore();
-  ServerCore(const ServerCore&) = delete;
-  ServerCore& operator=(const ServerCore&) = delete;
+  explicit StreamHost(StreamHostOptions options);
+  ~StreamHost();
+  StreamHost(const StreamHost&) = delete;
+  StreamHost& operator=(const StreamHost&) = delete;
 
   // Blocks until a slot may take the next chunk; nullopt once stop() or fail() was called.
   std::optional<FillLease> acquire();
@@ -123,7 +123,7 @@ class ServerCore {
 
   void set_epoch_samples(uint64_t samples);
   bool regenerates() const { return options_.regenerates; }
-  ServerStats stats() const;
+  StreamStats stats() const;
   const std::string& endpoint() const { return endpoint_; }
   const SlotMemory& memory() const { return memory_; }
   uint64_t consumers_now() const;
@@ -139,7 +139,7 @@ class ServerCore {
   void stream_failed(const std::string& message);
   protocol::Welcome welcome() const;  // what every consumer is told about the pool
 
-  ServerOptions options_;
+  StreamHostOptions options_;
   std::string ipc_path_;  // declared before endpoint_: resolve_endpoint() fills it
   std::string endpoint_;
   std::string failure_path_;  // protocol::failure_record_path(endpoint_)

@@ -58,8 +58,8 @@ SlotLayout plan_batch(const std::vector<HostTensor>& tensors) {
 
 namespace {
 
-// The slot layout of `tensors`, checked against the core's slots.
-SlotLayout plan_for(const ServerCore& core, const std::vector<HostTensor>& tensors) {
+// The slot layout of `tensors`, checked against the stream host's slots.
+SlotLayout plan_for(const StreamHost& core, const std::vector<HostTensor>& tensors) {
   SlotLayout layout = plan_batch(tensors);
   if (layout.bytes > core.memory().pool().slot_bytes())
     throw Error("a batch of " + std::to_string(layout.bytes) + " bytes does not fit the " +
@@ -68,7 +68,7 @@ SlotLayout plan_for(const ServerCore& core, const std::vector<HostTensor>& tenso
   return layout;
 }
 
-void copy_and_publish(ServerCore& core, const FillLease& lease, const SlotLayout& layout,
+void copy_and_publish(StreamHost& core, const FillLease& lease, const SlotLayout& layout,
                       const std::vector<HostTensor>& tensors, protocol::ChunkPosition position) {
   position.sample_count = static_cast<uint32_t>(tensors[0].shape[0]);
   std::vector<protocol::TensorSpec> specs;
@@ -84,7 +84,7 @@ void copy_and_publish(ServerCore& core, const FillLease& lease, const SlotLayout
 
 }  // namespace
 
-bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
+bool publish_chunk(StreamHost& core, const std::vector<HostTensor>& tensors,
                    protocol::ChunkPosition position) {
   SlotLayout layout = plan_for(core, tensors);
   auto lease = core.acquire();
@@ -93,7 +93,7 @@ bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
   return true;
 }
 
-void publish_batch_into(ServerCore& core, const FillLease& lease,
+void publish_chunk_into(StreamHost& core, const FillLease& lease,
                         const std::vector<HostTensor>& tensors, protocol::ChunkPosition position) {
   copy_and_publish(core, lease, plan_for(core, tensors), tensors, position);
 }

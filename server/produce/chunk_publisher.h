@@ -7,9 +7,9 @@
 // it. Tensors are described DLTensor-style (dtype, shape, element strides, data pointer) so no
 // framework is linked here; the caller keeps their memory alive and unchanged for the call.
 //
-// Thread-safety: the functions are stateless; publish_batch() may run concurrently from
-// several threads (the ServerCore is thread-safe), each with its own tensors. It blocks in
-// ServerCore::acquire() until a slot is free.
+// Thread-safety: the functions are stateless; publish_chunk() may run concurrently from
+// several threads (the StreamHost is thread-safe), each with its own tensors. It blocks in
+// StreamHost::acquire() until a slot is free.
 #pragma once
 
 #include <cstdint>
@@ -39,13 +39,13 @@ SlotLayout plan_batch(const std::vector<HostTensor>& tensors);
 
 // Acquires a slot, copies the batch into it and publishes it at `position` (its sample_count is
 // taken from the tensors; epoch_samples 0: the server's current value is announced). Returns false
-// (nothing published) once the core was stopped or failed. Throws Error, before acquiring, when the
-// batch is malformed or larger than the core's slots.
-bool publish_batch(ServerCore& core, const std::vector<HostTensor>& tensors,
+// (nothing published) once the stream host was stopped or failed. Throws Error, before acquiring,
+// when the batch is malformed or larger than the stream host's slots.
+bool publish_chunk(StreamHost& core, const std::vector<HostTensor>& tensors,
                    protocol::ChunkPosition position);
-// The same into a slot already leased (ServerCore::acquire_private()): a regenerated chunk.
+// The same into a slot already leased (StreamHost::acquire_private()): a private chunk.
 // Throws Error, before writing, when the batch is malformed or larger than the slot.
-void publish_batch_into(ServerCore& core, const FillLease& lease,
+void publish_chunk_into(StreamHost& core, const FillLease& lease,
                         const std::vector<HostTensor>& tensors, protocol::ChunkPosition position);
 
 }  // namespace batchcast

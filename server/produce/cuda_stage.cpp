@@ -26,16 +26,16 @@ std::vector<SampleTensor> CudaStage::converted(const std::vector<SampleTensor>& 
 }
 
 CudaStage::CudaStage(const ArenaSet& arenas, const SampleSource& source,
-                     std::vector<TensorConversion> conversions, uint32_t batch_size)
+                     std::vector<TensorConversion> conversions, uint32_t chunk_size)
     : arenas_(arenas),
       arena_(arenas.primary()),
       source_(source),
       staged_(source.tensors()),
       conversions_(std::move(conversions)),
       slot_tensors_(converted(staged_, conversions_)),
-      staged_layout_(SlotLayout::plan(staged_, batch_size)),
-      slot_layout_(SlotLayout::plan(slot_tensors_, batch_size)),
-      batch_size_(batch_size) {
+      staged_layout_(SlotLayout::plan(staged_, chunk_size)),
+      slot_layout_(SlotLayout::plan(slot_tensors_, chunk_size)),
+      chunk_size_(chunk_size) {
   conversions_.resize(staged_.size());
   if (slot_layout_.bytes > arena_.slot_bytes())
     throw Error("a converted chunk needs " + std::to_string(slot_layout_.bytes) +
@@ -53,7 +53,7 @@ CudaStage::CudaStage(const ArenaSet& arenas, const SampleSource& source,
     cuda_check(cudaMemcpy(tables_.back().data(), table.bytes.data(), table.bytes.size(),
                           cudaMemcpyHostToDevice),
                "copying a normalisation table to cuda:" + std::to_string(arena_.device()));
-    scratch_bytes = std::max<uint64_t>(scratch_bytes, staged_[t].bytes() * batch_size_);
+    scratch_bytes = std::max<uint64_t>(scratch_bytes, staged_[t].bytes() * chunk_size_);
   }
   if (scratch_bytes) scratch_ = DeviceBuffer::allocate(scratch_bytes);
 }

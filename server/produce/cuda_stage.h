@@ -13,7 +13,7 @@
 //
 // Thread-safety: fill() from any producer worker; upload() from the producer's one upload thread
 // (so the scratch buffer's copy/convert pairs stay in order on the one stream); begin() from the
-// producer thread. Ownership: created after the ServerCore (it borrows its ArenaSet)
+// producer thread. Ownership: created after the StreamHost (it borrows its ArenaSet)
 // and destroyed before it; it borrows the source, which outlives it; the destructor waits for the
 // stream to finish. CUDA builds only.
 #pragma once
@@ -44,7 +44,7 @@ class CudaStage : public ChunkStage {
  public:
   // Stages `source`'s tensors; `conversions`: one per tensor (or empty: copy all).
   CudaStage(const ArenaSet& arenas, const SampleSource& source,
-            std::vector<TensorConversion> conversions, uint32_t batch_size);
+            std::vector<TensorConversion> conversions, uint32_t chunk_size);
   ~CudaStage() override;
   CudaStage(const CudaStage&) = delete;
   CudaStage& operator=(const CudaStage&) = delete;
@@ -67,7 +67,7 @@ class CudaStage : public ChunkStage {
   std::vector<SampleTensor> slot_tensors_;
   SlotLayout staged_layout_;
   SlotLayout slot_layout_;
-  uint32_t batch_size_;
+  uint32_t chunk_size_;
   PinnedBuffer staging_;
   CudaStream stream_;
   std::vector<DeviceBuffer> tables_;  // per tensor: conversion table on the device (or empty)

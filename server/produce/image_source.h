@@ -17,7 +17,8 @@ class ImageSource : public SampleSource {
       : dataset_(std::move(dataset)), pipeline_(options) {}
   uint64_t size() const override { return dataset_.size(); }
   std::vector<SampleTensor> tensors() const override {
-    return {{"#0", pipeline_.dtype(), pipeline_.sample_shape()}, {"#1", DType::kInt64, {}}};
+    return {{tuple_tensor_name(0), pipeline_.dtype(), pipeline_.sample_shape()},
+            {tuple_tensor_name(1), DType::kInt64, {}}};
   }
   void fill(uint64_t index, uint64_t epoch, const std::vector<uint8_t*>& outs) const override {
     const auto& entry = dataset_[index];

@@ -34,16 +34,16 @@ ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
 
 }  // namespace
 
-NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
+NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t chunk_size,
                          OnErrorPolicy on_error, bool cpu_first)
     : arenas_(arenas),
       arena_(arenas.primary()),
       source_(source),
-      batch_size_(batch_size),
+      chunk_size_(chunk_size),
       on_error_(on_error),
       tensors_(source.tensors()),
-      layout_(SlotLayout::plan(tensors_, batch_size)),
-      samples_(static_cast<size_t>(arenas.primary().slot_count()) * batch_size),
+      layout_(SlotLayout::plan(tensors_, chunk_size)),
+      samples_(static_cast<size_t>(arenas.primary().slot_count()) * chunk_size),
       decoder_(arenas.primary().device()) {
   if (layout_.bytes > arena_.slot_bytes())
     throw Error("a chunk needs " + std::to_string(layout_.bytes) + " bytes but GPU slots hold " +
@@ -52,7 +52,7 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
   labels_ = PinnedBuffer::allocate(samples_.size() * sizeof(int64_t));
   jobs_ = PinnedBuffer::allocate(samples_.size() * sizeof(ResizeJob));
   stream_ = CudaStream::create();
-  device_jobs_ = DeviceBuffer::allocate(batch_size * sizeof(ResizeJob));
+  device_jobs_ = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
   const PipelineOptions& o = source_.pipeline().options();
   ConvertTable table;
   if (o.output != DType::kUInt8) {
@@ -76,12 +76,12 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
     crop_pipeline_.emplace(crop);
     crop_bytes_ = crop_pipeline_->sample_bytes();
     crops_ = PinnedBuffer::allocate(samples_.size() * crop_bytes_);
-    device_crops_ = DeviceBuffer::allocate(batch_size * crop_bytes_);
+    device_crops_ = DeviceBuffer::allocate(chunk_size * crop_bytes_);
     // Slack: two chunks of CPU work may wait before a chunk goes to the engine, the best of one,
     // two and three chunks in the collocated benchmark (bench/RESULTS.md, mixed decoder). More
     // never triggers: the stream may pin only the ring less the catch-up slots (stream_state.h)
     // and the consumers hold some.
-    split_.emplace(2 * static_cast<uint64_t>(batch_size));
+    split_.emplace(2 * static_cast<uint64_t>(chunk_size));
     cpu_chunk_.assign(arena_.slot_count(), 0);
   }
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
@@ -104,7 +104,7 @@ void NvjpegStage::begin(uint32_t slot, uint32_t samples) {
 }
 
 void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
-  const size_t at = static_cast<size_t>(slot) * batch_size_ + position;
+  const size_t at = static_cast<size_t>(slot) * chunk_size_ + position;
   PreparedSample& s = samples_[at];
   const DatasetEntry& entry = source_.dataset()[index];
   s.path = entry.path;
@@ -155,7 +155,7 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, Res
   std::vector<uint32_t> positions;
   uint64_t offset = 0;
   for (uint32_t k = first; k < last; ++k) {
-    PreparedSample& s = samples_[static_cast<size_t>(slot) * batch_size_ + k];
+    PreparedSample& s = samples_[static_cast<size_t>(slot) * chunk_size_ + k];
     jobs[k] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
     if (s.decoded_on_cpu) {
       cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
@@ -201,7 +201,7 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, Res
 void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
   CudaDeviceGuard guard(arena_.device());
   cudaStream_t stream = stream_.get();
-  const size_t base = static_cast<size_t>(lease.slot) * batch_size_;
+  const size_t base = static_cast<size_t>(lease.slot) * chunk_size_;
   ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
   int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
   const PipelineOptions& o = source_.pipeline().options();

@@ -31,7 +31,7 @@
 //
 // Thread-safety: fill() from any worker (each position written by one worker), begin() from the
 // producer thread, upload() from the producer's one upload thread (one stream, one decoder, one
-// decode buffer). Ownership: created after the ServerCore (it borrows its ArenaSet) and
+// decode buffer). Ownership: created after the StreamHost (it borrows its ArenaSet) and
 // destroyed before it; it borrows the ImageSource (dataset + pipeline options), which outlives
 // it. Compiled only with nvJPEG (BATCHCAST_HAVE_NVJPEG).
 #pragma once
@@ -58,7 +58,7 @@ namespace batchcast {
 class NvjpegStage : public ChunkStage {
  public:
   // cpu_first: `--decoder mixed` (above).
-  NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t batch_size,
+  NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t chunk_size,
               OnErrorPolicy on_error, bool cpu_first);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
@@ -94,18 +94,18 @@ class NvjpegStage : public ChunkStage {
   const ArenaSet& arenas_;
   const DeviceArena& arena_;  // the primary: chunks are written there
   const ImageSource& source_;
-  uint32_t batch_size_;
+  uint32_t chunk_size_;
   OnErrorPolicy on_error_;
   std::vector<SampleTensor> tensors_;  // #0 images, #1 labels
   SlotLayout layout_;
-  std::vector<PreparedSample> samples_;  // slot_count * batch_size
-  PinnedBuffer labels_;                  // slot_count * batch_size int64
-  PinnedBuffer jobs_;                    // slot_count * batch_size ResizeJob
+  std::vector<PreparedSample> samples_;  // slot_count * chunk_size
+  PinnedBuffer labels_;                  // slot_count * chunk_size int64
+  PinnedBuffer jobs_;                    // slot_count * chunk_size ResizeJob
   // Set up by the constructor, then used by upload() only (one thread); skipped() reads skipped_
   // from others:
   NvjpegDecoder decoder_;
   CudaStream stream_;
-  DeviceBuffer device_jobs_;  // batch_size ResizeJob, reused in stream order
+  DeviceBuffer device_jobs_;  // chunk_size ResizeJob, reused in stream order
   DeviceBuffer table_;        // normalisation table (float outputs), identity (planar uint8)
   int element_bytes_ = 0;     // of table_'s entries
   DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
@@ -115,8 +115,8 @@ class NvjpegStage : public ChunkStage {
   std::vector<uint8_t> cpu_chunk_;              // per slot: its chunk is decoded on the CPU
   std::optional<ImagePipeline> crop_pipeline_;  // the source's options, uint8 HWC output
   size_t crop_bytes_ = 0;                       // one uint8 square
-  PinnedBuffer crops_;                          // slot_count * batch_size squares
-  DeviceBuffer device_crops_;                   // batch_size squares, reused in stream order
+  PinnedBuffer crops_;                          // slot_count * chunk_size squares
+  DeviceBuffer device_crops_;                   // chunk_size squares, reused in stream order
   std::atomic<uint64_t> cpu_samples_{0}, engine_samples_{0};  // logged when the stage ends
 };
 

@@ -63,17 +63,17 @@ class TaskQueue {
 
 }  // namespace
 
-SampleProducer::SampleProducer(ServerCore& core, const SampleSource& source, const StreamPlan& plan,
+SampleProducer::SampleProducer(StreamHost& core, const SampleSource& source, const StreamPlan& plan,
                                SampleProducerOptions options)
     : core_(core),
       source_(source),
       plan_(plan),
       options_(options),
       tensors_(source.tensors()),
-      layout_(SlotLayout::plan(tensors_, options.batch_size)),
+      layout_(SlotLayout::plan(tensors_, options.chunk_size)),
       slot_tensors_(options.stage ? options.stage->slot_tensors() : tensors_),
-      slot_layout_(SlotLayout::plan(slot_tensors_, options.batch_size)) {
-  if (options_.batch_size == 0) throw Error("batch size must be >= 1");
+      slot_layout_(SlotLayout::plan(slot_tensors_, options.chunk_size)) {
+  if (options_.chunk_size == 0) throw Error("batch size must be >= 1");
   if (slot_layout_.bytes > core_.memory().pool().slot_bytes())
     throw Error("a chunk needs " + std::to_string(slot_layout_.bytes) + " bytes but slots hold " +
                 std::to_string(core_.memory().pool().slot_bytes()));
@@ -150,16 +150,16 @@ bool SampleProducer::run() {
   }
 
   const uint64_t epoch_samples = plan_.epoch_samples();
-  const uint64_t chunks = (epoch_samples + options_.batch_size - 1) / options_.batch_size;
+  const uint64_t chunks = (epoch_samples + options_.chunk_size - 1) / options_.chunk_size;
   // Queues the samples of chunk `c` of epoch `e` (in `order`) for the workers to fill into the
   // leased slot. False if the stage refused the slot (the stream failed).
   auto position_of = [&](uint64_t e, uint64_t c) {
     protocol::ChunkPosition pos;
     pos.epoch = e;
     pos.index_in_epoch = c;
-    pos.sample_start = c * options_.batch_size;
+    pos.sample_start = c * options_.chunk_size;
     pos.sample_count = static_cast<uint32_t>(
-        std::min<uint64_t>(options_.batch_size, epoch_samples - pos.sample_start));
+        std::min<uint64_t>(options_.chunk_size, epoch_samples - pos.sample_start));
     pos.epoch_samples = epoch_samples;
     pos.epoch_end = c + 1 == chunks;
     return pos;

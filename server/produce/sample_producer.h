@@ -1,7 +1,7 @@
-// SampleProducer: drives a ServerCore from a SampleSource. For every epoch of the StreamPlan it
-// cuts the order into chunks of batch_size, acquires a slot per chunk and has W worker threads
+// SampleProducer: drives a StreamHost from a SampleSource. For every epoch of the StreamPlan it
+// cuts the order into chunks of chunk_size, acquires a slot per chunk and has W worker threads
 // decode each sample straight into its place in the slot (no intermediate batch copy); a chunk
-// is published when its last sample is written, and the core publishes in stream order.
+// is published when its last sample is written, and the stream host publishes in stream order.
 //
 // GPU pools: with a ChunkStage (chunk_stage.h) the workers have the stage prepare each sample
 // instead, and a thread of its own has the stage upload each finished chunk into its device
@@ -34,7 +34,7 @@ namespace batchcast {
 enum class OnErrorPolicy { kRaise, kSkip };
 
 struct SampleProducerOptions {
-  uint32_t batch_size = 64;  // samples per chunk (slot)
+  uint32_t chunk_size = 64;  // samples per chunk (slot)
   uint32_t workers = 4;      // decoding threads
   uint64_t epochs = 1;       // 0: until stopped
   uint64_t first_epoch = 0;
@@ -44,9 +44,10 @@ struct SampleProducerOptions {
 
 class SampleProducer {
  public:
-  SampleProducer(ServerCore& core, const SampleSource& source, const StreamPlan& plan,
+  SampleProducer(StreamHost& core, const SampleSource& source, const StreamPlan& plan,
                  SampleProducerOptions options);
-  // Produces every epoch, then finish()es the core. False if the stream failed or was stopped.
+  // Produces every epoch, then finish()es the stream host. False if the stream failed or was
+  // stopped.
   bool run();
   // Bad samples replaced under on_error=skip (the stage's included).
   uint64_t skipped_samples() const {
@@ -54,7 +55,7 @@ class SampleProducer {
   }
 
  private:
-  ServerCore& core_;
+  StreamHost& core_;
   const SampleSource& source_;
   const StreamPlan& plan_;
   SampleProducerOptions options_;

@@ -6,6 +6,7 @@
 // writing only its own sample's memory. Ownership: the producer owns its source.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,6 +26,10 @@ struct SampleTensor {
     return n;
   }
 };
+
+// The wire's name of a sample's tensor `i` ("#0", "#1", ...): a consumer returns tensors so
+// named as a tuple in that order (docs/protocol.md). Every source's tensors are such a tuple.
+inline std::string tuple_tensor_name(size_t i) { return "#" + std::to_string(i); }
 
 class SampleSource {
  public:

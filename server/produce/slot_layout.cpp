@@ -7,12 +7,12 @@ constexpr uint64_t kTensorAlignment = 256;
 
 }  // namespace
 
-SlotLayout SlotLayout::plan(const std::vector<SampleTensor>& tensors, uint32_t batch_size) {
+SlotLayout SlotLayout::plan(const std::vector<SampleTensor>& tensors, uint32_t chunk_size) {
   SlotLayout layout;
   for (const auto& t : tensors) {
     layout.bytes = (layout.bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
     layout.offsets.push_back(layout.bytes);
-    layout.bytes += t.bytes() * batch_size;
+    layout.bytes += t.bytes() * chunk_size;
   }
   return layout;
 }

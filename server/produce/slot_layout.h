@@ -1,6 +1,6 @@
 // SlotLayout: where each tensor of a chunk sits inside a slot of the batch pool. One layout rule
 // for every producer (the native SampleProducer, the GPU chunk stages, batch_publisher.h's
-// host batches and, through the `batch_bytes` binding, the Python Producer): each tensor's
+// host batches and, through the `chunk_bytes` binding, the Python Producer): each tensor's
 // samples are contiguous, one after another, and every tensor starts at a 256-byte aligned
 // offset (the alignment CUDA and vector loads want for a tensor's base).
 //
@@ -20,8 +20,8 @@ namespace batchcast {
 struct SlotLayout {
   std::vector<uint64_t> offsets;  // per tensor, 256-byte aligned
   uint64_t bytes = 0;             // the slot bytes a chunk of this layout needs
-  // The layout of chunks of `batch_size` samples of `tensors`.
-  static SlotLayout plan(const std::vector<SampleTensor>& tensors, uint32_t batch_size);
+  // The layout of chunks of `chunk_size` samples of `tensors`.
+  static SlotLayout plan(const std::vector<SampleTensor>& tensors, uint32_t chunk_size);
   // Where sample `position` of each of `tensors` goes in a chunk laid out from `base`.
   std::vector<uint8_t*> sample_outs(uint8_t* base, const std::vector<SampleTensor>& tensors,
                                     uint32_t position) const;

@@ -18,8 +18,8 @@ class SyntheticSource : public SampleSource {
       : size_(size), sample_bytes_(sample_bytes) {}
   uint64_t size() const override { return size_; }
   std::vector<SampleTensor> tensors() const override {
-    return {{"#0", DType::kUInt8, {static_cast<int64_t>(sample_bytes_)}},
-            {"#1", DType::kInt64, {}}};
+    return {{tuple_tensor_name(0), DType::kUInt8, {static_cast<int64_t>(sample_bytes_)}},
+            {tuple_tensor_name(1), DType::kInt64, {}}};
   }
   void fill(uint64_t index, uint64_t, const std::vector<uint8_t*>& outs) const override {
     for (uint64_t j = 0; j < sample_bytes_; ++j) outs[0][j] = synthetic_byte(index, j);

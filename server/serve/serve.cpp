@@ -41,12 +41,12 @@ std::unique_ptr<SampleSource> make_source(const ServeConfig& c) {
   return std::make_unique<ImageSource>(std::move(dataset), c.pipeline_options());
 }
 
-// The metrics collector's view of the core: the server process and one entry per consumer
+// The metrics collector's view of the stream host: the server process and one entry per consumer
 // process (two Loaders in one process share its CPU: one entry, their samples summed), each
 // named by the first consumer id seen in it. Every consumer counts, attached or gone (a gone one
 // with the final counters of its Goodbye), so that nothing consumed is lost; the collector reads
 // a process's CPU while it lives. While consumers still read, the counts are not final.
-std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, ServerCore& core) {
+std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, StreamHost& core) {
   if (c.metrics_dir.empty()) return nullptr;
   CollectorOptions co;
   co.dir = c.metrics_dir;
@@ -81,8 +81,8 @@ std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, ServerCor
 
 // The slowest attached consumer and how far behind it is; what regeneration cost (the extra
 // decoding for consumers that catch up or were decoupled).
-std::string slowest_and_regenerated(const ServerStats& s) {
-  const ServerStats::Consumer* slowest = nullptr;
+std::string slowest_and_regenerated(const StreamStats& s) {
+  const StreamStats::Consumer* slowest = nullptr;
   for (const auto& c : s.consumers)
     if (c.attached && (!slowest || c.behind > slowest->behind)) slowest = &c;
   std::string out;
@@ -101,7 +101,7 @@ std::string slowest_and_regenerated(const ServerStats& s) {
   return out;
 }
 
-void log_status(const ServerStats& s, const ServerStats& last, double seconds) {
+void log_status(const StreamStats& s, const StreamStats& last, double seconds) {
   spdlog::info(
       "{:.0f} samples/s | {} consumer(s) | ring {}/{} | {} samples published{}{}",
       (s.samples_published - last.samples_published) / seconds, s.consumers_now, s.ring_occupied,
@@ -131,12 +131,12 @@ void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint6
 
 }  // namespace
 
-RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
+ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   source_ = make_source(c);
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
-  core_ = std::make_unique<ServerCore>(c.server_options(*source_, plan_->epoch_samples()));
+  core_ = std::make_unique<StreamHost>(c.server_options(*source_, plan_->epoch_samples()));
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
     stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
@@ -161,19 +161,19 @@ RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   });
 }
 
-RunningServer::~RunningServer() {
+ServeRun::~ServeRun() {
   stop();
   if (producing_.joinable()) producing_.join();
   if (collector_) collector_->stop();
 }
 
-void RunningServer::stop() {
+void ServeRun::stop() {
   stop_ = true;
   core_->stop();
 }
 
-int RunningServer::wait() {
-  ServerCore& core = *core_;
+int ServeRun::wait() {
+  StreamHost& core = *core_;
   auto last = core.stats();
   double last_t = monotonic_seconds();
   while (!stop_) {
@@ -219,10 +219,10 @@ int RunningServer::wait() {
 
 int serve(const ServeConfig& c) {
   SignalWatcher signals;  // before any thread starts: they inherit its signal mask
-  std::vector<std::unique_ptr<RunningServer>> servers;
+  std::vector<std::unique_ptr<ServeRun>> servers;
   for (const ServeConfig& rc : c.every_rank ? c.rank_configs() : std::vector<ServeConfig>{c}) {
     if (c.every_rank) spdlog::info("rank {} of {}: {}", rc.rank, rc.world_size, rc.endpoint);
-    servers.push_back(std::make_unique<RunningServer>(rc));
+    servers.push_back(std::make_unique<ServeRun>(rc));
   }
   signals.watch([&servers](int signo) {
     spdlog::info("received {}: shutting down", signal_name(signo));

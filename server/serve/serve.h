@@ -1,4 +1,4 @@
-// RunningServer: `batchcast serve` for a validated ServeConfig. It builds the sample source, the
+// ServeRun: `batchcast serve` for a validated ServeConfig. It builds the sample source, the
 // core (pool, ring, socket), the GPU stage where the pool is on a GPU, the metrics collector and
 // the producer, and serves until its last epoch was served to every consumer, the stream
 // failed, or stop(). serve() runs one under the signal watcher (signal_watcher.h): the program.
@@ -22,17 +22,17 @@ class ChunkStage;
 class MetricsCollector;
 class SampleSource;
 class SampleProducer;
-class ServerCore;
+class StreamHost;
 class StreamPlan;
 
-class RunningServer {
+class ServeRun {
  public:
   // Binds the endpoint and starts producing. Throws Error when the server cannot start
   // (dataset, endpoint, GPU).
-  explicit RunningServer(const ServeConfig& config);
-  ~RunningServer();  // stop(), then joins the producer and removes the pool and socket
-  RunningServer(const RunningServer&) = delete;
-  RunningServer& operator=(const RunningServer&) = delete;
+  explicit ServeRun(const ServeConfig& config);
+  ~ServeRun();  // stop(), then joins the producer and removes the pool and socket
+  ServeRun(const ServeRun&) = delete;
+  ServeRun& operator=(const ServeRun&) = delete;
 
   // Blocks until the stream is done (every epoch served), failed, or stop() was called; logs a
   // status line every --status-interval seconds, keeps answering with the error for
@@ -42,14 +42,14 @@ class RunningServer {
   // Ends serving: wait() returns and consumers get "server gone". Idempotent.
   void stop();
 
-  const ServerCore& core() const { return *core_; }
+  const StreamHost& core() const { return *core_; }
 
  private:
   ServeConfig config_;
   std::unique_ptr<SampleSource> source_;
   std::unique_ptr<StreamPlan> plan_;
-  std::unique_ptr<ServerCore> core_;
-  std::unique_ptr<ChunkStage> stage_;  // destroyed before the core whose arena it borrows
+  std::unique_ptr<StreamHost> core_;
+  std::unique_ptr<ChunkStage> stage_;  // destroyed before the stream host whose arena it borrows
   std::unique_ptr<MetricsCollector> collector_;
   std::unique_ptr<SampleProducer> producer_;
   std::atomic<bool> stop_{false};
@@ -58,9 +58,9 @@ class RunningServer {
   std::thread producing_;
 };
 
-// The program's `serve`: one RunningServer (with every_rank, one per rank) until its end or
+// The program's `serve`: one ServeRun (with every_rank, one per rank) until its end or
 // SIGINT/SIGTERM/SIGHUP (a clean stop). Call it once per process from the main thread (it
-// installs the signal handlers). Returns RunningServer::wait()'s code (the worst of them).
+// installs the signal handlers). Returns ServeRun::wait()'s code (the worst of them).
 int serve(const ServeConfig& config);
 
 }  // namespace batchcast

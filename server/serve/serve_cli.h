@@ -2,7 +2,7 @@
 // (CLI11; each option checked on its own, with validators; --help's text) bound straight to the
 // config's fields, and serve_command_line(), the way back: the arguments that make the program
 // build a given config (what batchcast.serve() runs in another process). In-process callers
-// (the Python module's RunningServer) build a ServeConfig directly and use neither.
+// (the Python module's ServeRun) build a ServeConfig directly and use neither.
 //
 // Thread-safety: add_serve_options() binds the options to `c` (which must outlive the parse);
 // serve_command_line() is a pure function of its argument.

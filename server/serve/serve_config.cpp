@@ -119,9 +119,9 @@ std::vector<ServeConfig> ServeConfig::rank_configs() const {
   return out;
 }
 
-ServerOptions ServeConfig::server_options(const SampleSource& source,
-                                          uint64_t epoch_samples) const {
-  ServerOptions so;
+StreamHostOptions ServeConfig::server_options(const SampleSource& source,
+                                              uint64_t epoch_samples) const {
+  StreamHostOptions so;
   so.endpoint = endpoint;
   so.allow_remote = listen_all;
   so.ring_slots = ring;
@@ -132,7 +132,7 @@ ServerOptions ServeConfig::server_options(const SampleSource& source,
 #else
   so.slot_bytes = SlotLayout::plan(source.tensors(), batch_size).bytes;
 #endif
-  so.batch_size = batch_size;
+  so.chunk_size = batch_size;
   so.epoch_samples = epoch_samples;
   so.epochs = epochs;
   so.min_consumers = min_consumers;
@@ -144,7 +144,7 @@ ServerOptions ServeConfig::server_options(const SampleSource& source,
 
 SampleProducerOptions ServeConfig::producer_options() const {
   SampleProducerOptions po;
-  po.batch_size = batch_size;
+  po.chunk_size = batch_size;
   po.workers = workers;
   po.epochs = epochs;
   po.on_error = on_error;

@@ -5,7 +5,7 @@
 // bind_serve.cpp), which builds it directly, with no argument strings. validate() then checks
 // the settings against each other, once, and settles what they imply (the GPU of the pool,
 // whether it decodes there). The rest of the server reads the settled values through the
-// *_options() builders, the one place where settings become the core's options (slot bytes
+// *_options() builders, the one place where settings become the stream host's options (slot bytes
 // included).
 //
 // Thread-safety: a plain value; fill and validate() on one thread, then read it from any.
@@ -100,8 +100,9 @@ struct ServeConfig {
 #endif
   // After validate(), with every_rank: one validated config per rank, as described above.
   std::vector<ServeConfig> rank_configs() const;
-  // The core's options for serving `source` (slot bytes: its tensors as the pool holds them).
-  ServerOptions server_options(const SampleSource& source, uint64_t epoch_samples) const;
+  // The stream host's options for serving `source` (slot bytes: its tensors as the pool holds
+  // them).
+  StreamHostOptions server_options(const SampleSource& source, uint64_t epoch_samples) const;
   SampleProducerOptions producer_options() const;  // without a stage
 
  private:

@@ -4,7 +4,7 @@
 // A consumer's cursor `next_seq` is the next chunk it will be sent. While it is active, every
 // chunk at or after its cursor is pinned in the ring (stall_policy "wait"); a consumer that has
 // asked for nothing for stall_timeout no longer pins under "skip", nor does one waiting for a
-// sought chunk (`seek`), reading regenerated chunks for good, or decoupled after holding the
+// sought chunk (`seek`), reading private chunks for good, or decoupled after holding the
 // stream back under "decouple" (StreamState's PrivateStreams).
 // Records are created on Hello and erased on Goodbye or death; nothing here outlives the server.
 // Thread-safety: none; the owner (StreamState) serialises access.

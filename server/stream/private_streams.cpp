@@ -70,7 +70,7 @@ void PrivateStreams::take_request(uint64_t seq) {
   ++next_seq_;
 }
 
-bool PrivateStreams::filled(uint64_t seq, protocol::BatchDescriptor descriptor) {
+bool PrivateStreams::filled(uint64_t seq, protocol::ChunkDescriptor descriptor) {
   auto owner = owners_.find(seq);
   if (owner == owners_.end()) return false;
   const Request& r = owner->second;

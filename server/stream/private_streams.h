@@ -1,4 +1,4 @@
-// PrivateStreams: the regenerated chunks of consumers that asked for positions the shared ring
+// PrivateStreams: the private chunks of consumers that asked for positions the shared ring
 // no longer holds (docs/stream.md, "Seek and catch-up"). Chunk content is a function of (seed,
 // epoch, chunk index) on producers that can regenerate, so a consumer behind the ring (a late
 // joiner, a resumed trainer) gets the chunks it missed produced again for it alone, in its
@@ -47,7 +47,7 @@ class PrivateStreams {
     uint64_t decoupled_at = 0;     // the stream's next chunk number when it was decoupled
     uint64_t stream_position = 0;  // reported in its next descriptor
     uint32_t requested = 0;        // asked of the producer, not yet filled
-    std::map<ChunkAddress, protocol::BatchDescriptor> ready;  // filled, waiting for their turn
+    std::map<ChunkAddress, protocol::ChunkDescriptor> ready;  // filled, waiting for their turn
   };
   struct Request {
     uint64_t consumer = 0;
@@ -76,7 +76,7 @@ class PrivateStreams {
   std::optional<Request> next_request();
   void take_request(uint64_t seq);  // the front request is being filled as chunk `seq`
   // Chunk `seq` was filled; false if nobody wants it any more (its slot may be reused at once).
-  bool filled(uint64_t seq, protocol::BatchDescriptor descriptor);
+  bool filled(uint64_t seq, protocol::ChunkDescriptor descriptor);
   // The consumer a private chunk in the ring was made for; nullopt once nobody wants it.
   std::optional<uint64_t> owner(uint64_t seq) const;
   void forget(uint64_t seq) { owners_.erase(seq); }  // its slot was reused

@@ -10,7 +10,7 @@
 
 namespace batchcast {
 
-using protocol::BatchDescriptor;
+using protocol::ChunkDescriptor;
 
 namespace {
 bool before(const protocol::ChunkPosition& p, const protocol::Seek& t) {
@@ -68,7 +68,7 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
     return;  // answered once its chunk is published
   }
   if (chunks_per_epoch()) {
-    const uint64_t chunk = rules_.welcome.server_batch_size;
+    const uint64_t chunk = rules_.welcome.chunk_size;
     const ChunkAddress from{target.epoch, target.sample / chunk};
     std::optional<ChunkAddress> until;
     uint64_t position = stream_position_;
@@ -114,7 +114,7 @@ bool StreamState::deliver_private(ConsumerRecord& c) {
     ChunkAddress at = p->next_send;
     abandon(private_.stop(c.id));
     if (c.next_seq < next_publish_seq_ && !ring_.find_published(c.next_seq))
-      on_seek(c, {at.epoch, at.index * rules_.welcome.server_batch_size}, false);  // left behind
+      on_seek(c, {at.epoch, at.index * rules_.welcome.chunk_size}, false);  // left behind
     return false;
   }
   if (end_epoch() && !(p->next_send.epoch < end_epoch())) {
@@ -126,7 +126,7 @@ bool StreamState::deliver_private(ConsumerRecord& c) {
   if (c.credits == 0) return true;
   auto it = p->ready.find(p->next_send);
   if (it == p->ready.end()) return true;
-  BatchDescriptor d = it->second;
+  ChunkDescriptor d = it->second;
   d.position.stream_position = p->stream_position;
   if (!send_(c.identity, d)) return true;
   ring_.add_holder(d.slot, c.id);

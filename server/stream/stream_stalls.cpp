@@ -1,5 +1,5 @@
 // StreamState's stalls (stream_state.h): who holds the stream back, decoupling such a consumer
-// onto regenerated chunks and merging it back, the stall log and what each consumer is told it
+// onto private chunks and merging it back, the stall log and what each consumer is told it
 // waits for. The rest of the state machine is in stream_state.cpp and stream_seek.cpp.
 #include <spdlog/spdlog.h>
 
@@ -65,7 +65,7 @@ std::string StreamState::label(const ConsumerRecord& c, bool detail) const {
   s += ": holds " + std::to_string(ring_.held_by(c.id)) + " chunk(s), " +
        std::to_string(samples_behind(c)) + " samples behind the newest";
   if (const auto* p = private_.find(c.id))
-    s += ", reads regenerated chunks from epoch " + std::to_string(p->next_send.epoch) + " chunk " +
+    s += ", reads private chunks from epoch " + std::to_string(p->next_send.epoch) + " chunk " +
          std::to_string(p->next_send.index);
   else if (const auto* next = next_shared_position(c))
     s += ", next at epoch " + std::to_string(next->epoch) + " sample " +
@@ -92,7 +92,7 @@ void StreamState::decouple(ConsumerRecord& c) {
   counters_.decouplings++;
   spdlog::warn(
       "{} held the stream back for {:.1f} s, {} samples behind: decoupled; it reads what it "
-      "missed in regenerated chunks and merges back when it catches up",
+      "missed in private chunks and merges back when it catches up",
       label(c, false), held_for, behind);
 }
 
@@ -107,7 +107,7 @@ bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
   const uint64_t tail = tail_begin();
   std::optional<uint64_t> seq;
   const protocol::Seek next = stream_next();
-  if (p.next_send == ChunkAddress{next.epoch, next.sample / rules_.welcome.server_batch_size}) {
+  if (p.next_send == ChunkAddress{next.epoch, next.sample / rules_.welcome.chunk_size}) {
     seq = next_publish_seq_;  // level with the stream's head
   } else if (tail < next_publish_seq_ && per_epoch) {
     const auto& t = descriptors_.at(tail).position;

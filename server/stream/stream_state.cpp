@@ -6,7 +6,7 @@
 
 namespace batchcast {
 
-using protocol::BatchDescriptor;
+using protocol::ChunkDescriptor;
 using protocol::Message;
 
 namespace {
@@ -33,7 +33,7 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   // reserve at all times, so that a catch-up starts at once even while the other consumers do
   // not read (they pin every chunk they have not read: two loaders of one process would wait
   // for each other for ever); smaller rings only while someone catches up (their consumers may
-  // hold all but one slot, max_held). And a regenerated chunk asked for goes first: the stream
+  // hold all but one slot, max_held). And a private chunk asked for goes first: the stream
   // leaves it the last reusable slot.
   const bool keep_reserve = rules_.regenerates && chunks_per_epoch() &&
                             (rules_.slot_count >= 8 || private_.catching_up());
@@ -109,7 +109,7 @@ protocol::Seek StreamState::stream_next() const {
 }
 
 uint64_t StreamState::chunks_per_epoch() const {
-  uint64_t chunk = rules_.welcome.server_batch_size;
+  uint64_t chunk = rules_.welcome.chunk_size;
   if (!rules_.regenerates || chunk == 0 || rules_.epoch_samples == 0) return 0;
   return (rules_.epoch_samples + chunk - 1) / chunk;
 }
@@ -117,7 +117,7 @@ uint64_t StreamState::chunks_per_epoch() const {
 void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
                           std::vector<protocol::TensorSpec> tensors) {
   if (protocol::is_private_seq(seq)) {
-    BatchDescriptor d;
+    ChunkDescriptor d;
     d.seq = seq;
     d.position = position;
     if (!d.position.epoch_samples) d.position.epoch_samples = rules_.epoch_samples;
@@ -156,7 +156,7 @@ void StreamState::publish_ready() {
       ++next_publish_seq_;
       continue;
     }
-    BatchDescriptor d;
+    ChunkDescriptor d;
     d.seq = it->first;
     d.position = f.position;
     if (!d.position.epoch_samples) d.position.epoch_samples = rules_.epoch_samples;
@@ -197,8 +197,8 @@ bool StreamState::all_ended() const {
   return true;
 }
 
-ServerStats StreamState::stats() const {
-  ServerStats s = counters_;
+StreamStats StreamState::stats() const {
+  StreamStats s = counters_;
   s.consumers_now = consumers_.size();
   s.consumers_ever = consumers_.ever();
   s.ring_occupied = ring_.occupied();

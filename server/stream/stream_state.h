@@ -7,7 +7,7 @@
 // any monotonic clock), events come in as calls, and the two things it needs from the world are
 // injected: `send` (a refused send stops delivery to that consumer until the next tick) and
 // `alive` (is this local pid still running). Its only other output is the spdlog lines that
-// name attaches, departures and dropped messages. ServerCore is the I/O shell around it; tests
+// name attaches, departures and dropped messages. StreamHost is the I/O shell around it; tests
 // drive it directly with their own clock, liveness and outbox.
 //
 // Rules (each is unit-tested in tests/cpp/server/stream_state_test.cpp):
@@ -19,7 +19,7 @@
 // - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
 //   stream back (the producer waits for a slot, another consumer was sent every published chunk,
 //   and it pins published chunks it was not sent yet) for its stall bound stops pinning: it
-//   reads from its position on in regenerated chunks (nothing lost) and merges back once it has
+//   reads from its position on in private chunks (nothing lost) and merges back once it has
 //   caught up: the stream went on a ring's worth without it, and it reached a chunk the stream
 //   still holds within half the room the stream has ahead of its slowest reader. Without
 //   regeneration it waits, as under stall_policy=wait, and says so once.
@@ -81,14 +81,14 @@ struct StreamRules {
   uint64_t epochs = 0;               // announced in End
   uint64_t epoch_samples = 0;        // for chunks whose producer did not say
   // The producer can fill any chunk (epoch, index) again, byte for byte (try_acquire_private);
-  // chunks then hold welcome.server_batch_size samples, an epoch's last one fewer.
+  // chunks then hold welcome.chunk_size samples, an epoch's last one fewer.
   bool regenerates = false;
   // Sent (with consumer_id and epoch_samples filled in) in answer to every Hello; its boot_id
   // tells which consumers are local.
   protocol::Welcome welcome;
 };
 
-struct ServerStats {
+struct StreamStats {
   uint64_t chunks_published = 0;
   uint64_t chunks_regenerated = 0;  // private chunks filled for consumers catching up
   uint64_t chunks_skipped = 0;      // not filled: no attached consumer wanted them
@@ -111,7 +111,7 @@ struct ServerStats {
     bool attached;           // false: it left or died (kept so metrics can still count its CPU)
     uint64_t behind = 0;     // samples between its next one and the stream's newest
     uint32_t held = 0;       // chunks it was sent and has not released
-    bool decoupled = false;  // reads regenerated chunks after holding the stream back
+    bool decoupled = false;  // reads private chunks after holding the stream back
     double holding_s = 0;    // how long it has held the stream back, now
   };
   std::vector<Consumer> consumers;  // every consumer of this server, the last 1000 departed ones
@@ -164,7 +164,7 @@ class StreamState {
   const std::string& failure() const { return failure_; }  // empty unless failed()
   // finish() was called, min_consumers attached, and every consumer was sent End (or left).
   bool all_ended() const;
-  ServerStats stats() const;
+  StreamStats stats() const;
   // Producer time blocked up to `now`, a block still going on included (stats() adds a block
   // when it ends: a rate taken over a tick would put a whole long block into one tick).
   double producer_blocked_s(double now) const {
@@ -244,7 +244,7 @@ class StreamState {
     bool skipped;  // skip(): no slot, no descriptor
   };
   std::map<uint64_t, Filled> ready_;                           // waiting for their turn
-  std::map<uint64_t, protocol::BatchDescriptor> descriptors_;  // by seq, for retained chunks
+  std::map<uint64_t, protocol::ChunkDescriptor> descriptors_;  // by seq, for retained chunks
   std::optional<protocol::ChunkPosition> newest_;              // of the last chunk published
   PrivateStreams private_;
   bool started_ = false;  // min_consumers reached
@@ -258,8 +258,8 @@ class StreamState {
   std::vector<uint64_t> holding_;        // holding the stream back, as of the last tick
   std::string waiting_for_;              // told the others in heartbeats (watch_stalls)
   double next_liveness_ = 0, next_heartbeat_ = 0;
-  ServerStats counters_;
-  std::vector<ServerStats::Consumer> departed_;
+  StreamStats counters_;
+  std::vector<StreamStats::Consumer> departed_;
 };
 
 }  // namespace batchcast

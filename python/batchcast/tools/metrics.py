@@ -20,6 +20,7 @@ reaped children, sampled by a native thread that never takes the GIL. See metric
 from __future__ import annotations
 
 import atexit
+import csv
 import json
 import os
 import time
@@ -243,6 +244,23 @@ def run_dirs(dir: "os.PathLike[str] | str") -> List[str]:
             f"{dir} holds {len(groups)} runs that did not run at the same time, and some share "
             f"a folder ({', '.join(names)}): move each run into a folder of its own")
     return names
+
+
+def read_csv(path: str) -> List[Dict[str, str]]:
+    """The rows of one of a run's CSV files (processes.csv, system.csv, server.csv); [] when the
+    run has no such file."""
+    if not os.path.isfile(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def csv_number(v: Optional[str]) -> Optional[float]:
+    """A CSV cell as a number; None for an empty cell (a figure the run could not measure)."""
+    try:
+        return float(v) if v not in (None, "") else None
+    except ValueError:
+        return None
 
 
 def _load(path: str) -> Dict[str, Any]:

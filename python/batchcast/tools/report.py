@@ -28,17 +28,8 @@ __all__ = ["load_run", "render", "main"]
 
 
 def _float(v: Optional[str]) -> float:
-    try:
-        return float(v) if v not in (None, "") else math.nan
-    except ValueError:
-        return math.nan
-
-
-def _read_csv(path: str) -> List[Dict[str, str]]:
-    if not os.path.isfile(path):
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    n = metrics.csv_number(v)
+    return math.nan if n is None else n
 
 
 class Run:
@@ -62,18 +53,18 @@ class Run:
             part = os.path.normpath(os.path.join(self.dir, rel))
             s = metrics._load(part)
             offset = s.get("start_unix_s", start) - start
-            for row in _read_csv(os.path.join(part, "processes.csv")):
+            for row in metrics.read_csv(os.path.join(part, "processes.csv")):
                 key = (rel, row["role"], row["id"], row["pid"])
                 series = self.processes.setdefault(key, {})
                 series.setdefault("t", []).append(_float(row["time_s"]) + offset)
                 for col in ("cpu_s", "cpu_percent", "rss_mb", "tree_rss_mb", "samples",
                             "samples_per_s", "wait_s", "run_queue_wait_s"):
                     series.setdefault(col, []).append(_float(row.get(col)))
-            rows = _read_csv(os.path.join(part, "server.csv"))
+            rows = metrics.read_csv(os.path.join(part, "server.csv"))
             if rows and any(_float(r.get("ring_size")) > 0 for r in rows):
                 self.server.append(_columns(rows, offset))
             if s.get("duration_s", 0.0) > longest:
-                rows = _read_csv(os.path.join(part, "system.csv"))
+                rows = metrics.read_csv(os.path.join(part, "system.csv"))
                 if rows:
                     self.system = _columns(rows, offset)
                     longest = s.get("duration_s", 0.0)

@@ -90,22 +90,6 @@ def _run_name(command: Sequence[str]) -> str:
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def _csv_rows(path: str) -> List[Dict[str, str]]:
-    import csv
-
-    if not os.path.isfile(path):
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _number(v: Optional[str]) -> Optional[float]:
-    try:
-        return float(v) if v not in (None, "") else None
-    except ValueError:
-        return None
-
-
 def log_run_dir(run: RunWriter, run_dir: str) -> Dict[str, Any]:
     """Logs batchcast run directory ``run_dir`` into MLflow run ``run``: every system.csv column
     (already ``system/`` keys), the tracked command's processes.csv series under ``process/``,
@@ -115,16 +99,16 @@ def log_run_dir(run: RunWriter, run_dir: str) -> Dict[str, Any]:
         part = os.path.normpath(os.path.join(run_dir, rel))
         start = metrics._load(part).get("start_unix_s", 0.0)
         ms = lambda row: int((start + float(row["time_s"])) * 1000)  # noqa: E731
-        system = _csv_rows(os.path.join(part, "system.csv"))
+        system = metrics.read_csv(os.path.join(part, "system.csv"))
         if rel == metrics.TRACK_PART:
             for col in (system[0].keys() if system else []):
                 if col.startswith("system/"):
-                    run.log_metric(col, [(ms(r), _number(r[col]), i) for i, r in enumerate(system)])
+                    run.log_metric(col, [(ms(r), metrics.csv_number(r[col]), i) for i, r in enumerate(system)])
         by_series: Dict[str, list] = {}
-        for r in _csv_rows(os.path.join(part, "processes.csv")):
+        for r in metrics.read_csv(os.path.join(part, "processes.csv")):
             prefix = "" if r["role"] == "command" else f"{r['role']}_{r['id'] or r['pid']}/"
             for col, key in _PROCESS_SERIES.items():
-                by_series.setdefault(prefix + key, []).append((ms(r), _number(r.get(col))))
+                by_series.setdefault(prefix + key, []).append((ms(r), metrics.csv_number(r.get(col))))
         for key, points in by_series.items():
             run.log_metric(key, [(t, v, i) for i, (t, v) in enumerate(points)])
     end = int((summary["start_unix_s"] + summary["duration_s"]) * 1000)

@@ -11,8 +11,8 @@
 namespace batchcast::protocol {
 namespace {
 
-BatchDescriptor sample_descriptor() {
-  BatchDescriptor d;
+ChunkDescriptor sample_descriptor() {
+  ChunkDescriptor d;
   d.seq = 42;
   d.position = {3, 5, 320, 64, 1000, true};
   d.position.stream_position = 3320;

@@ -6,7 +6,7 @@
 namespace batchcast {
 namespace {
 
-// The server's rule for chunks nobody received is tested in ServerCore; here: delivered only.
+// The server's rule for chunks nobody received is tested in StreamHost; here: delivered only.
 const auto kDeliveredOnly = [](uint64_t, bool delivered) { return delivered; };
 
 TEST(SlotRing, FreeSlotsFirstThenOldestReleasedChunk) {

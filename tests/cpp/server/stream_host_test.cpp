@@ -1,4 +1,4 @@
-// ServerCore against hostile and careless peers: malformed frames, messages before hello,
+// StreamHost against hostile and careless peers: malformed frames, messages before hello,
 // forged releases and multi-frame messages are dropped and counted, and never disturb a real
 // consumer. Also: endpoints are private (ipc 0600, tcp on loopback).
 #include "server/host/stream_host.h"
@@ -20,19 +20,19 @@ std::string test_endpoint(const char* tag) {
   return "ipc:///tmp/bctest-core-" + std::to_string(::getpid()) + "-" + tag + ".sock";
 }
 
-ServerOptions small_server(const std::string& ep) {
-  ServerOptions o;
+StreamHostOptions small_server(const std::string& ep) {
+  StreamHostOptions o;
   o.endpoint = ep;
   o.ring_slots = 4;
   o.slot_bytes = 4096;
-  o.batch_size = 4;
+  o.chunk_size = 4;
   o.epoch_samples = 8;
   o.epochs = 1;
   return o;
 }
 
 // Publishes `chunks` chunks of 4 int64 samples whose values are their epoch positions.
-void produce(ServerCore& core, int chunks) {
+void produce(StreamHost& core, int chunks) {
   for (int c = 0; c < chunks; ++c) {
     auto lease = core.acquire();
     ASSERT_TRUE(lease);
@@ -53,15 +53,15 @@ void send_raw(zmq::socket_t& s, const std::string& bytes) {
   s.send(zmq::buffer(bytes), zmq::send_flags::none);
 }
 
-uint64_t wait_dropped(ServerCore& core, uint64_t at_least) {
+uint64_t wait_dropped(StreamHost& core, uint64_t at_least) {
   for (int i = 0; i < 200 && core.stats().messages_dropped < at_least; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return core.stats().messages_dropped;
 }
 
-TEST(ServerCore, HostileMessagesAreDroppedAndCountedAndNobodyIsDisturbed) {
+TEST(StreamHost, HostileMessagesAreDroppedAndCountedAndNobodyIsDisturbed) {
   auto ep = test_endpoint("hostile");
-  ServerCore core(small_server(ep));
+  StreamHost core(small_server(ep));
   zmq::context_t ctx;
   zmq::socket_t evil(ctx, zmq::socket_type::dealer);
   evil.connect(ep);
@@ -105,21 +105,21 @@ TEST(ServerCore, HostileMessagesAreDroppedAndCountedAndNobodyIsDisturbed) {
   EXPECT_TRUE(core.wait_finished(10));
 }
 
-TEST(ServerCore, IpcSocketIsOwnerOnlyAndTcpBindsLoopback) {
+TEST(StreamHost, IpcSocketIsOwnerOnlyAndTcpBindsLoopback) {
   auto ep = test_endpoint("mode");
   {
-    ServerCore core(small_server(ep));
+    StreamHost core(small_server(ep));
     struct stat st {};
     ASSERT_EQ(::stat(ep.substr(6).c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
   }
   EXPECT_NE(::access(ep.substr(6).c_str(), F_OK), 0) << "socket file removed on exit";
   auto o = small_server("tcp://*:*");
-  ServerCore tcp(o);
+  StreamHost tcp(o);
   EXPECT_EQ(tcp.endpoint().rfind("tcp://127.0.0.1:", 0), 0u) << tcp.endpoint();
 }
 
-TEST(ServerCore, ConsumerWithoutServerFailsWithAClearMessage) {
+TEST(StreamHost, ConsumerWithoutServerFailsWithAClearMessage) {
   ConsumerOptions co;
   co.endpoint = test_endpoint("nobody");
   co.timeout_s = 0.5;
@@ -131,9 +131,9 @@ TEST(ServerCore, ConsumerWithoutServerFailsWithAClearMessage) {
   }
 }
 
-TEST(ServerCore, BadEndpointsAreRefusedWithTheFix) {
-  EXPECT_THROW(ServerCore(small_server("http://x")), Error);
-  EXPECT_THROW(ServerCore(small_server("tcp://127.0.0.1")), Error);
+TEST(StreamHost, BadEndpointsAreRefusedWithTheFix) {
+  EXPECT_THROW(StreamHost(small_server("http://x")), Error);
+  EXPECT_THROW(StreamHost(small_server("tcp://127.0.0.1")), Error);
 }
 
 }  // namespace
