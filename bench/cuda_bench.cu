@@ -302,6 +302,56 @@ void decode() {
   std::printf(
       "| CPU decoder (TurboJPEG full decode, 1024x768 q90 4:2:0), 1 core | %.0f images/s |\n", cpu);
 #ifdef BATCHCAST_HAVE_NVJPEG
+  NvjpegDecoder dec(0);
+  auto stream = CudaStream::create();
+  for (int batch : {1, 32, 128}) {
+    std::vector<JpegBytes> in(batch, JpegBytes{jpeg.data(), jpeg.size(), "bench.jpg"});
+    std::vector<DeviceBuffer> bufs;
+    std::vector<uint8_t*> outs;
+    for (int i = 0; i < batch; ++i) {
+      bufs.push_back(DeviceBuffer::allocate(1024 * 768 * 3));
+      outs.push_back(bufs.back().data());
+    }
+    dec.decode_batch(in, outs, stream.get());
+    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
+    int rounds = std::max(2, 1200 / batch);
+    auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) dec.decode_batch(in, outs, stream.get());
+    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
+    double gpu = rounds * batch / seconds_since(t1);
+    std::printf("| nvJPEG (%s backend), batch %d | %.0f images/s (%.1fx one CPU core) |\n",
+                dec.backend(), batch, gpu, gpu / cpu);
+  }
+#else
+  std::printf("| nvJPEG | not built (no nvjpeg.h) |\n");
+#endif
+}
+
+// The decoders' own rates on real files (the collocated benchmark's data): TurboJPEG
+// on one core versus nvJPEG in batches of 128, each over the same files in memory (no disk).
+void decode_files(const std::string& dir) {
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    std::string ext = entry.path().extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+    if (!entry.is_regular_file() || (ext != ".jpg" && ext != ".jpeg")) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    files.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    names.push_back(entry.path().string());
+    if (files.size() == 1024) break;  // enough to average over; fits any GPU's memory
+  }
+  if (files.empty()) throw Error(dir + ": no .jpg files; give --decode an image folder");
+  size_t done = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  while (seconds_since(t0) < 3.0 || done < files.size()) {
+    size_t i = done++ % files.size();
+    decode_jpeg_full_turbo(files[i].data(), files[i].size(), names[i], ScalingFactor{});
+  }
+  double cpu = done / seconds_since(t0);
+  std::printf("| CPU decoder (TurboJPEG full decode), 1 core, %zu files of %s | %.0f images/s |\n",
+              files.size(), dir.c_str(), cpu);
+#ifdef BATCHCAST_HAVE_NVJPEG
   // Each thread decodes every file with its own decoder and stream, as a server per trainer
   // would: with several, every NVJPG engine is kept busy (the engines' own ceiling).
   for (unsigned threads : {1u, 2u, 4u, 8u}) {
@@ -349,68 +399,6 @@ void decode() {
         "images/s (%.1fx one CPU core) |\n",
         backend, threads, gpu, gpu / cpu);
   }
-#else
-  std::printf("| nvJPEG | not built (no nvjpeg.h) |\n");
-#endif
-}
-
-// The decoders' own rates on real files (the collocated benchmark's data): TurboJPEG
-// on one core versus nvJPEG in batches of 128, each over the same files in memory (no disk).
-void decode_files(const std::string& dir) {
-  std::vector<std::vector<uint8_t>> files;
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
-    std::string ext = entry.path().extension().string();
-    std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
-    if (!entry.is_regular_file() || (ext != ".jpg" && ext != ".jpeg")) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    files.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    names.push_back(entry.path().string());
-    if (files.size() == 1024) break;  // enough to average over; fits any GPU's memory
-  }
-  if (files.empty()) throw Error(dir + ": no .jpg files; give --decode an image folder");
-  size_t done = 0;
-  auto t0 = std::chrono::steady_clock::now();
-  while (seconds_since(t0) < 3.0 || done < files.size()) {
-    size_t i = done++ % files.size();
-    decode_jpeg_full_turbo(files[i].data(), files[i].size(), names[i], ScalingFactor{});
-  }
-  double cpu = done / seconds_since(t0);
-  std::printf("| CPU decoder (TurboJPEG full decode), 1 core, %zu files of %s | %.0f images/s |\n",
-              files.size(), dir.c_str(), cpu);
-#ifdef BATCHCAST_HAVE_NVJPEG
-  NvjpegDecoder dec(0);
-  auto stream = CudaStream::create();
-  std::vector<JpegBytes> in;
-  std::vector<DeviceBuffer> bufs;
-  std::vector<uint8_t*> outs;
-  for (size_t i = 0; i < files.size(); ++i) {
-    in.push_back(JpegBytes{files[i].data(), files[i].size(), names[i]});
-    int w = 0, h = 0;
-    dec.dimensions(in.back(), &w, &h);
-    bufs.push_back(DeviceBuffer::allocate(static_cast<size_t>(w) * h * 3));
-    outs.push_back(bufs.back().data());
-  }
-  const size_t batch = 128;
-  auto all = [&] {
-    for (size_t b = 0; b < in.size(); b += batch) {
-      size_t e = std::min(in.size(), b + batch);
-      dec.decode_batch(std::vector<JpegBytes>(in.begin() + b, in.begin() + e),
-                       std::vector<uint8_t*>(outs.begin() + b, outs.begin() + e), stream.get());
-    }
-    cuda_check(cudaStreamSynchronize(stream.get()), "sync");
-  };
-  all();
-  int rounds = 0;
-  auto t1 = std::chrono::steady_clock::now();
-  while (seconds_since(t1) < 3.0) {
-    all();
-    ++rounds;
-  }
-  double gpu = rounds * in.size() / seconds_since(t1);
-  std::printf(
-      "| nvJPEG (%s backend), batch %zu, same files | %.0f images/s (%.1fx one CPU core) |\n",
-      dec.backend(), batch, gpu, gpu / cpu);
 #else
   std::printf("| nvJPEG | not built (no nvjpeg.h) |\n");
 #endif

@@ -130,10 +130,23 @@ def trainer_cmd(args: argparse.Namespace, key: str, sleep: float, stop: Optional
     return cmd
 
 
+def share_log(key: str) -> str:
+    """The share producer's log, once it has exited (and removed its state file)."""
+    from batchcast.dataloader import share_paths
+
+    paths = share_paths(key)
+    deadline = time.monotonic() + 120
+    while os.path.exists(paths["state"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with open(paths["log"]) as f:
+        text = f.read()
+    os.unlink(paths["log"])
+    return text
+
+
 def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float],
         pause: float = 0.0) -> Dict[str, Any]:
     from batchcast.tools import metrics
-    from batchcast.dataloader import share_paths
 
     out = os.path.abspath(os.path.join(args.out, name))
     shutil.rmtree(out, ignore_errors=True)
@@ -145,14 +158,7 @@ def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float],
     if slow_sleep is not None:
         cmds.append(trainer_cmd(args, key, slow_sleep, done, None, args.slow_stall_timeout, pause))
     results = run_trainers(cmds, env)
-    state = share_paths(key)["state"]
-    deadline = time.monotonic() + 120
-    while os.path.exists(state) and time.monotonic() < deadline:  # the producer's exit
-        time.sleep(0.2)
-    log = share_paths(key)["log"]
-    with open(log) as f:
-        text = f.read()
-    os.unlink(log)
+    text = share_log(key)
     if "native pipeline" not in text:
         raise RuntimeError(f"the share did not run natively; its log:\n{text}")
     chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", text)
@@ -190,8 +196,15 @@ def run_models(args: argparse.Namespace, name: str, models: List[str], shared: b
         cmds.append(trainer_cmd(a, key, 0.0, done if i else None, None if i else done,
                                 model=model))
     results = run_trainers(cmds, dict(os.environ))
+    log = share_log(key) if key else ""
+    chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", log)
     return [{"run": name, "model": m, "samples_s": r["samples"] / r["wall_s"],
-             "half_samples_s": r["half_samples"] / r["half_s"]} for m, r in zip(models, results)]
+             "half_samples_s": r["half_samples"] / r["half_s"],
+             "chunks_published": int(chunks.group(1)) if chunks else None,
+             "chunks_regenerated": int(chunks.group(2)) if chunks else None,
+             "decouplings": int(chunks.group(3)) if chunks else None,
+             "share_log_warnings": [ln for ln in log.splitlines() if "WARN" in ln.upper()][:5]}
+            for m, r in zip(models, results)]
 
 
 def main_models(args: argparse.Namespace) -> None:
@@ -205,11 +218,13 @@ def main_models(args: argparse.Namespace) -> None:
     alone = {r["model"]: r["samples_s"] for r in rows if r["run"].endswith("alone")}
     print(f"batch {args.batch_size}, image {args.image_size}, {os.cpu_count()} cores, "
           f"{args.seconds:g} s; share producer workers {args.workers}\n")
-    print("| run | model | samples/s | share of alone | 2nd half samples/s |")
-    print("|---|---|---|---|---|")
+    print("| run | model | samples/s | share of alone | 2nd half samples/s | decouplings | "
+          "chunks regenerated / published |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['run']} | {r['model']} | {r['samples_s']:.0f} | "
-              f"{r['samples_s'] / alone[r['model']]:.2f} | {r['half_samples_s']:.0f} |")
+              f"{r['samples_s'] / alone[r['model']]:.2f} | {r['half_samples_s']:.0f} | "
+              f"{r['decouplings']} | {r['chunks_regenerated']} / {r['chunks_published']} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
