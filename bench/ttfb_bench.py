@@ -3,14 +3,18 @@
 Every case runs in a fresh process that has already imported torch, torchvision and batchcast
 and built the dataset (as a trainer has before it makes its loader): ImageFolder +
 RandomResizedCrop(S) + RandomHorizontalFlip + ToTensor + Normalize. It then times loader
-construction, ``iter(loader)`` and the first ``next()``:
+construction, ``iter(loader)`` and the first ``next()`` (with --cuda: pin_memory=True and until
+the batch is on cuda:0, where the share and the Loader case decode with nvJPEG):
 
 - ``torch-0``, ``torch-W``: ``torch.utils.data.DataLoader`` with 0 and --workers workers;
 - ``share-cold``: ``batchcast.DataLoader(share=KEY)``, the first trainer of a fresh key (the
   share producer must start: native pipeline, --workers decoding threads); ``share-cold-gap``
   the same with --gap seconds between construction and ``iter`` (a trainer building its model);
 - ``share-warm``: a second trainer joining the key while a first one holds it;
-- ``loader``: ``batchcast.Loader`` against a ``batchcast serve`` of the same pipeline, running.
+- ``loader``: ``batchcast.Loader`` against a ``batchcast serve`` of the same pipeline, running
+  (its ring filled while the case process started); ``loader-late``: a second one, after the
+  first left (late join: the epoch replayed from its start, chunks the ring no longer holds
+  decoded again).
 
 "construct -> first" is the time from the loader's constructor to its first batch (with no
 gap); "iter -> first" from ``iter(loader)``. The cold share is broken down from its DEBUG log
@@ -50,7 +54,8 @@ def dataset(args: argparse.Namespace) -> Any:
 
 
 def loader_args(args: argparse.Namespace, workers: int) -> Dict[str, Any]:
-    return dict(batch_size=args.batch_size, shuffle=True, drop_last=True, num_workers=workers)
+    return dict(batch_size=args.batch_size, shuffle=True, drop_last=True, num_workers=workers,
+                pin_memory=args.cuda)
 
 
 class _Steps:
@@ -74,13 +79,16 @@ def case(args: argparse.Namespace) -> None:
     import batchcast
 
     torch.set_num_threads(1)
+    if args.cuda:
+        torch.zeros(1, device="cuda")  # the trainer's CUDA context exists before its loader
     steps = _Steps()
     data = dataset(args)
     t0 = time.time()
     if args.case.startswith("torch"):
         loader: Any = torch.utils.data.DataLoader(data, **loader_args(args, args.workers))
     elif args.case == "loader":
-        loader = batchcast.Loader(args.key, batch_size=args.batch_size, drop_last=True)
+        loader = batchcast.Loader(args.key, batch_size=args.batch_size, drop_last=True,
+                                  device="cuda:0" if args.cuda else None)
     else:
         loader = batchcast.DataLoader(data, share=args.key, **loader_args(args, args.workers))
     t1 = time.time()
@@ -89,6 +97,9 @@ def case(args: argparse.Namespace) -> None:
     t2 = time.time()
     batches = iter(loader)
     images, _ = next(batches)
+    if args.cuda:  # as a training step would; a no-op for batches nvJPEG put there
+        images = images.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
     t3 = time.time()
     assert images.shape == (args.batch_size, 3, args.image_size, args.image_size), images.shape
     out = {"construct_s": t1 - t0, "iter_to_first_s": t3 - t2,
@@ -106,7 +117,8 @@ def case_cmd(args: argparse.Namespace, name: str, key: str, workers: int, gap: f
              ) -> List[str]:
     return [sys.executable, os.path.abspath(__file__), "--role", "case", "--case", name,
             "--data", args.data, "--batch-size", str(args.batch_size), "--image-size",
-            str(args.image_size), "--workers", str(workers), "--key", key, "--gap", str(gap)]
+            str(args.image_size), "--workers", str(workers), "--key", key, "--gap", str(gap)
+            ] + (["--cuda"] if args.cuda else [])
 
 
 def run_case(cmd: List[str]) -> Dict[str, Any]:
@@ -161,15 +173,17 @@ def cases(args: argparse.Namespace, rep: int) -> Dict[str, Dict[str, Any]]:
     endpoint = f"ipc://{tempfile.gettempdir()}/{tag}-serve.sock"
     config = native_config(args)
     with batchcast.serve(endpoint=endpoint, epochs=None, config=config, workers=args.workers):
-        run_case(case_cmd(args, "loader", endpoint, args.workers))  # the server's first chunks
         got["loader"] = run_case(case_cmd(args, "loader", endpoint, args.workers))
+        got["loader-late"] = run_case(case_cmd(args, "loader", endpoint, args.workers))
     return got
 
 
 def native_config(args: argparse.Namespace) -> Any:
     from batchcast import torchvision_plan
 
-    plan = torchvision_plan.plan(dataset(args), dict(loader_args(args, 0)), seed=0)
+    device = "cuda:0" if args.cuda else None
+    plan = torchvision_plan.plan(dataset(args), dict(loader_args(args, 0)), seed=0,
+                                 device=device, nvjpeg=args.cuda)
     assert isinstance(plan, torchvision_plan.NativePlan), plan
     return plan.serve_config()
 
@@ -219,7 +233,8 @@ def anatomy(args: argparse.Namespace) -> Dict[str, float]:
     server = _batchcast.RunningServer(config)
     out["native server start (scan, pool, socket)"] = time.time() - t
     t = time.time()
-    with batchcast.Loader(config.endpoint, batch_size=args.batch_size) as reader:
+    device = "cuda:0" if args.cuda else None
+    with batchcast.Loader(config.endpoint, batch_size=args.batch_size, device=device) as reader:
         next(iter(reader))
         out["its first chunk to a Loader"] = time.time() - t
     server.stop()
@@ -236,6 +251,9 @@ def main() -> None:
     p.add_argument("--gap", type=float, default=2.0,
                    help="seconds between construction and iter in share-cold-gap")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cuda", action="store_true",
+                   help="pin_memory=True and batches moved to cuda:0 (the share and the Loader "
+                        "case then decode with nvJPEG into a GPU pool)")
     p.add_argument("--json", help="also write the raw results here")
     p.add_argument("--role", choices=["main", "case"], default="main")
     p.add_argument("--case", help=argparse.SUPPRESS)
@@ -260,7 +278,8 @@ def main() -> None:
 def report(args: argparse.Namespace, runs: List[Dict[str, Any]], parts: Dict[str, float]
            ) -> None:
     print(f"batch {args.batch_size}, {args.image_size} px, {args.workers} workers, "
-          f"{os.cpu_count()} cores, median of {len(runs)} runs, seconds\n")
+          f"{os.cpu_count()} cores{', batches to cuda:0' if args.cuda else ''}, median of "
+          f"{len(runs)} runs, seconds\n")
     print("| case | construct -> first | iter -> first | vs torch-W (iter -> first) |")
     print("|---|---|---|---|")
     torch_w = statistics.median(r[f"torch-{args.workers}"]["iter_to_first_s"] for r in runs)
