@@ -179,7 +179,7 @@ def cases(args: argparse.Namespace, rep: int) -> Dict[str, Dict[str, Any]]:
 
 
 def native_config(args: argparse.Namespace) -> Any:
-    from batchcast import torchvision_plan
+    from batchcast import _torchvision_plan as torchvision_plan
 
     device = "cuda:0" if args.cuda else None
     plan = torchvision_plan.plan(dataset(args), dict(loader_args(args, 0)), seed=0,
@@ -230,7 +230,7 @@ def anatomy(args: argparse.Namespace) -> Dict[str, float]:
     config.endpoint = f"ipc://{tempfile.gettempdir()}/ttfb-{os.getpid()}-anatomy.sock"
     config.epochs, config.workers = 0, args.workers
     t = time.time()
-    server = _batchcast.RunningServer(config)
+    server = _batchcast.ServeRun(config)
     out["native server start (scan, pool, socket)"] = time.time() - t
     t = time.time()
     device = "cuda:0" if args.cuda else None

@@ -18,15 +18,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[0] if args else None
     if command == "report":
-        from .report import main as report
+        from .tools.report import main as report
 
         return report(args[1:])
     if command == "track":
-        from .track import main as track
+        from .tools.track import main as track
 
         return track(args[1:])
     if command == "bench":
-        from .bench.collocated import main as bench
+        from .tools.bench.collocated import main as bench
 
         bench(args[1:])
         return 0

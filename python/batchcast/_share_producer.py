@@ -3,9 +3,9 @@
 Started by the first process that uses KEY as ``python -m batchcast._share_producer SPEC
 ENDPOINT CLAIM`` (ENDPOINT only shows in ps which share it serves; CLAIM is the inherited
 descriptor of the claim's pipe): SPEC is a temp file holding a pickled header (key, file paths,
-the trainer's sys.path, cwd and main script, the launch time) followed by the pickled pipeline (``_share.SharedStream``): for a
-recognised torchvision pipeline only its native plan, otherwise the dataset, sampler and loader
-arguments (``_share.pipeline_of``). It serves unbounded epochs and exits once the last Loader has
+the trainer's sys.path, cwd and main script, the launch time) followed by the pickled pipeline
+(``_share.SharedStream``): for a recognised torchvision pipeline only its native plan, otherwise
+the dataset, sampler and loader arguments (``_share.pipeline_of``). It serves unbounded epochs and exits once the last Loader has
 left (after at least one attached) for GRACE_S seconds; before any Loader attached, once the
 claim is released (every process holding the pipe's write end, the starting trainer, closed it
 or exited: a DataLoader made and dropped without iterating) or after STARTUP_TIMEOUT_S; or on
@@ -16,8 +16,8 @@ and files are gone, so a process attaching at that moment either is counted or s
 producer. Output goes to the share's log, with the start-up's steps timed from the launch.
 
 What serves (:func:`make_producer`): when the trainer's pipeline has a native plan
-(``torchvision_plan``: a recognised torchvision ImageFolder pipeline), the native server runs
-in this process (``_batchcast.RunningServer``, the CPU decoder or nvJPEG into a GPU pool), with
+(``_torchvision_plan``: a recognised torchvision ImageFolder pipeline), the native server runs
+in this process (``_batchcast.ServeRun``, the CPU decoder or nvJPEG into a GPU pool), with
 its own shuffle and augmentation draws from the plan's seed; the process then never imports
 torch nor reads the dataset object (its start-up is the interpreter, the folder scan and the
 pool). Otherwise the pipeline runs in Python (``_share_stream.make_stream``), through a
@@ -46,7 +46,7 @@ import time
 import types
 from typing import Any, Dict, List, Optional
 
-from batchcast import _batchcast
+from . import _batchcast
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
@@ -58,7 +58,7 @@ class _NativeProducer:
     """The native server of a recognised pipeline, with the surface the watcher uses."""
 
     def __init__(self, config: _batchcast.ServeConfig) -> None:
-        self._server = _batchcast.RunningServer(config)
+        self._server = _batchcast.ServeRun(config)
 
     def run(self, epochs: Optional[int] = None) -> None:
         self._server.wait()
@@ -100,8 +100,8 @@ def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = ""
         print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "
               f"{plan.device}): batchcast serve {' '.join(config.command_line())}", flush=True)
         return _NativeProducer(config)
-    from batchcast._share_stream import make_stream  # torch: the Python pipeline only
-    from batchcast.producer import Producer
+    from ._share_stream import make_stream  # torch: the Python pipeline only
+    from .producer import Producer
 
     stream, regenerate = make_stream(pipeline)
     return Producer(stream, endpoint=endpoint, min_consumers=1, regenerate=regenerate)
@@ -257,7 +257,7 @@ def main(argv: list) -> int:
     steps["server"] = time.time() - entered - steps["spec"]
     tracker = None
     if metrics_dir and pipeline.get("native") is None:
-        from batchcast import metrics
+        from .tools import metrics
 
         tracker = metrics.track(metrics_dir, role="server")
     held: Dict[str, int] = {}
