@@ -16,7 +16,8 @@ the batch is on cuda:0, where the share and the Loader case decode with nvJPEG):
   first left (late join: the epoch replayed from its start, chunks the ring no longer holds
   decoded again).
 
-"construct -> first" is the time from the loader's constructor to its first batch (with no
+``--before DIR`` runs the share cases also with the batchcast package in DIR (an earlier
+version's install, copied), in the same run. "construct -> first" is the time from the loader's constructor to its first batch (with no
 gap); "iter -> first" from ``iter(loader)``. The cold share is broken down from its DEBUG log
 lines (logger ``batchcast``) and the producer's log (the steps it names, in seconds after the
 trainer launched it). The anatomy rows time each step of a cold start alone: a Python process,
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -121,8 +122,8 @@ def case_cmd(args: argparse.Namespace, name: str, key: str, workers: int, gap: f
             ] + (["--cuda"] if args.cuda else [])
 
 
-def run_case(cmd: List[str]) -> Dict[str, Any]:
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_case(cmd: List[str], env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -157,19 +158,24 @@ def cases(args: argparse.Namespace, rep: int) -> Dict[str, Dict[str, Any]]:
     got: Dict[str, Dict[str, Any]] = {}
     got["torch-0"] = run_case(case_cmd(args, "torch", tag, 0))
     got[f"torch-{args.workers}"] = run_case(case_cmd(args, "torch", tag, args.workers))
-    for name, gap in (("share-cold", 0.0), ("share-cold-gap", args.gap)):
-        got[name] = run_case(case_cmd(args, "share", f"{tag}-{name}", args.workers, gap))
-        got[name]["producer"] = producer_steps(wait_gone(f"{tag}-{name}"))
-    # A first trainer holds the key while the second one joins.
-    key = f"{tag}-warm"
-    holder = subprocess.Popen(case_cmd(args, "holder", key, args.workers), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdin is not None
-    holder.stdout.readline()
-    got["share-warm"] = run_case(case_cmd(args, "share", key, args.workers))
-    holder.stdin.close()
-    holder.wait()
-    wait_gone(key)
+    versions = [("", None)]
+    if args.before:  # the same share cases with another batchcast package, interleaved
+        versions.append((" (before)", dict(os.environ, PYTHONPATH=args.before)))
+    for suffix, env in versions:
+        for name, gap in (("share-cold", 0.0), ("share-cold-gap", args.gap)):
+            key = f"{tag}-{name}{suffix.strip(' ()')}"
+            got[name + suffix] = run_case(case_cmd(args, "share", key, args.workers, gap), env)
+            got[name + suffix]["producer"] = producer_steps(wait_gone(key))
+        # A first trainer holds the key while the second one joins.
+        key = f"{tag}-warm{suffix.strip(' ()')}"
+        holder = subprocess.Popen(case_cmd(args, "holder", key, args.workers), env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdin is not None
+        holder.stdout.readline()
+        got["share-warm" + suffix] = run_case(case_cmd(args, "share", key, args.workers), env)
+        holder.stdin.close()
+        holder.wait()
+        wait_gone(key)
     endpoint = f"ipc://{tempfile.gettempdir()}/{tag}-serve.sock"
     config = native_config(args)
     with batchcast.serve(endpoint=endpoint, epochs=None, config=config, workers=args.workers):
@@ -255,6 +261,9 @@ def main() -> None:
                    help="pin_memory=True and batches moved to cuda:0 (the share and the Loader "
                         "case then decode with nvJPEG into a GPU pool)")
     p.add_argument("--json", help="also write the raw results here")
+    p.add_argument("--before", metavar="DIR",
+                   help="a folder holding another batchcast package (a copy of an earlier "
+                        "install): the share cases also run with it, interleaved")
     p.add_argument("--role", choices=["main", "case"], default="main")
     p.add_argument("--case", help=argparse.SUPPRESS)
     p.add_argument("--key", help=argparse.SUPPRESS)

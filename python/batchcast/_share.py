@@ -34,10 +34,7 @@ import logging
 import os
 import pickle
 import re
-import shlex
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -45,7 +42,7 @@ import torch
 import torch.utils.data
 
 from . import _batchcast, _torchvision_plan
-from ._share_producer import _lock
+from ._share_producer import _lock, launch
 from .loader import Loader
 
 __all__ = ["SharedStream", "distributed_rank", "fingerprint", "native_plan", "share_paths"]
@@ -350,41 +347,10 @@ class SharedStream:
                 f"arguments for its producer process, which failed: {e}; define datasets, "
                 "collate_fn and worker_init_fn at module level (no lambdas or local classes)"
             ) from e
-        spec["launched"] = time.time()
-        fd, spec_path = tempfile.mkstemp(prefix="batchcast-share-", suffix=".pkl")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.write(payload)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
-        # Double fork through sh: the producer is reparented to init (nobody's zombie), runs
-        # in its own session (a Ctrl-C on the first trainer's terminal does not reach it) and
-        # outlives the first trainer.
-        # The endpoint on the command line says which share a process serves (ps, tests).
         self._release_claim()  # of a producer this stream started before, now gone
-        claim, self._claim = os.pipe()
-        command = " ".join(
-            shlex.quote(a)
-            for a in [sys.executable, "-m", "batchcast._share_producer", spec_path,
-                      self.paths["endpoint"], str(claim)]  # the same number there (pass_fds)
-        )
-        log = shlex.quote(self.paths["log"])
-        try:
-            launcher = subprocess.run(
-                ["/bin/sh", "-c", f"{command} </dev/null >>{log} 2>&1 & echo $!"],
-                stdout=subprocess.PIPE,
-                start_new_session=True,
-                env=env,
-                check=True,
-                pass_fds=(claim,),
-            )
-        finally:
-            os.close(claim)  # the producer's copy is the read end now
+        pid, self._claim = launch(spec, payload)
         state = {
-            "pid": int(launcher.stdout.decode().strip()),
+            "pid": pid,
             "started_by": os.getpid(),
             "fingerprint": self._fingerprint,
             "regenerates": self._pipeline["sampler"] is not None,

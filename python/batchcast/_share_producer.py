@@ -38,13 +38,16 @@ import os
 import pickle
 import runpy
 import select
+import shlex
 import signal
 import stat
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _batchcast
 
@@ -133,6 +136,48 @@ def _read_spec(path: str) -> tuple:
     return header, payload
 
 
+def launch(spec: Dict[str, Any], payload: bytes) -> Tuple[int, int]:
+    """Starts a producer for ``spec`` (the header: key, paths, sys_path, cwd, main_path) and
+    ``payload`` (the pickled pipeline): (its pid, the write end of its claim, which the caller
+    closes once a Loader of it attached or it gives up)."""
+    spec = dict(spec, launched=time.time())
+    fd, spec_path = tempfile.mkstemp(prefix="batchcast-share-", suffix=".pkl")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(payload)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    # Double fork through sh: the producer is reparented to init (nobody's zombie), runs in its
+    # own session (a Ctrl-C on the first trainer's terminal does not reach it) and outlives the
+    # first trainer. The endpoint on the command line says which share a process serves (ps,
+    # tests); the claim's read end keeps its number there (pass_fds).
+    claim, keep = os.pipe()
+    command = " ".join(
+        shlex.quote(a)
+        for a in [sys.executable, "-m", "batchcast._share_producer", spec_path,
+                  spec["paths"]["endpoint"], str(claim)]
+    )
+    log = shlex.quote(spec["paths"]["log"])
+    try:
+        launcher = subprocess.run(
+            ["/bin/sh", "-c", f"{command} </dev/null >>{log} 2>&1 & echo $!"],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            check=True,
+            pass_fds=(claim,),
+        )
+    except BaseException:
+        os.close(keep)
+        raise
+    finally:
+        os.close(claim)
+    return int(launcher.stdout.decode().strip()), keep
+
+
 def _lock(path: str) -> int:
     """Takes the share's lock (the same inode trainers lock; see _share.SharedStream._attach)."""
     while True:
@@ -176,16 +221,17 @@ def _watch(
     or, before any attached, once the ``claim`` pipe is released; takes the lock to decide."""
     started = time.monotonic()
     empty_since = None
+    released = False  # no claim handed down: only the start-up timeout
     watched: List[int] = [signals] if claim is None else [signals, claim]
     while True:
         if done.is_set():  # run() ended by itself (an error in the dataset)
             held["lock"] = _lock(paths["lock"])
             break
         ready = select.select(watched, [], [], _POLL_S)[0]
-        if claim in ready and _released(claim):
+        if claim is not None and claim in ready and _released(claim):
             watched.remove(claim)
             os.close(claim)
-            claim = None
+            claim, released = None, True
         if signals in ready:
             signo = os.read(signals, 1)[0]
             if signo in _STOPPING_SIGNALS:  # not e.g. torch's SIGCHLD handler for its workers
@@ -197,7 +243,7 @@ def _watch(
         # segment may then be unlinked; the user's mapping of it stays valid (POSIX shm).
         ever, now = producer.consumers_ever, producer.consumers_reading
         if ever == 0:
-            if claim is None and _exit_unattached(
+            if released and _exit_unattached(
                     producer, paths, held, "the trainer that started it left before reading"):
                 break
             if time.monotonic() - started > STARTUP_TIMEOUT_S and _exit_unattached(

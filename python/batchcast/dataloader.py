@@ -37,11 +37,11 @@ within the pipeline's documented tolerance, and its own seeded shuffle and augme
 With ``pin_memory=True`` on a machine with a GPU and a build with nvJPEG, it decodes on that GPU
 (``pin_memory_device``, default the current device) and batches arrive as CUDA tensors there.
 Anything else runs in Python, and one log line (logger ``batchcast.torchvision_plan``) names the
-step that prevented the native path. A native share's producer starts when the loader is made
-(unless the key's is running), so that it has its first chunks ready by the first iteration;
-one that no loader reads exits when the loader that started it is closed or collected. ``native=False`` always runs the dataset's own code. Which
+step that prevented the native path. ``native=False`` always runs the dataset's own code. Which
 one runs is logged once at INFO (logger ``batchcast``) and is the loader's ``decoding`` (and
-``native``, a bool).
+``native``, a bool). A native share's producer starts when the loader is made (unless the key's
+is running), so that its first chunks are ready by the first iteration; one that no loader read
+exits as soon as the loader that started it is closed or collected.
 
 Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
 DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
