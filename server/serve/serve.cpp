@@ -136,7 +136,13 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
-  core_ = std::make_unique<StreamHost>(c.server_options(*source_, plan_->epoch_samples()));
+  const StreamHostOptions so = c.server_options(*source_, plan_->epoch_samples());
+  core_ = std::make_unique<StreamHost>(so);
+  spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
+               so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
+               so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
+                                    std::to_string(so.ring_slots - so.lead_chunks) + " chunks"
+                              : "");
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
     stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
