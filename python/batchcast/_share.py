@@ -11,12 +11,17 @@ process is owned by nobody: it exits once no Loader reads its stream (``_share_p
 
 Protocol (files ``/tmp/batchcast-<uid>-<effective key>.{sock,lock,json,log}``): under an fcntl
 lock on ``.lock`` a trainer reads ``.json`` (the producer's pid, the pipeline's fingerprint);
-with no live producer it pickles the pipeline (dataset, sampler, loader arguments, plus its
-sys.path, cwd and main script) and starts ``python -m batchcast._share_producer`` through
-``sh -c '... &'`` (reparented to init, own session, output appended to ``.log``); still under
-the lock it waits for the socket and attaches, so the producer, which decides to exit under
-the same lock, counts it. The effective key is KEY, plus ``-rank<r>of<w>`` when the trainer is
-one of w > 1 distributed ranks: rank r of every job shares one stream.
+with no live producer it pickles the pipeline (a native plan alone, else the dataset, sampler,
+loader arguments, plus its sys.path, cwd and main script) and starts ``python -m
+batchcast._share_producer`` through ``sh -c '... &'`` (reparented to init, own session, output
+appended to ``.log``), handing it the read end of a pipe, the claim: the producer does not exit
+for want of Loaders while the starting trainer holds the write end (until it attached, closed,
+or died). A native plan's producer starts when the DataLoader is made (:meth:`start`), so its
+start-up overlaps the trainer's own; any other at the first iteration (the dataset is pickled
+then, as torch's workers would see it). At the first iteration, under the lock, the trainer
+waits for the socket and attaches, so the producer, which decides to exit under the same lock,
+counts it. The effective key is KEY, plus ``-rank<r>of<w>`` when the trainer is one of w > 1
+distributed ranks: rank r of every job shares one stream.
 """
 
 from __future__ import annotations
@@ -29,10 +34,7 @@ import logging
 import os
 import pickle
 import re
-import shlex
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -40,7 +42,7 @@ import torch
 import torch.utils.data
 
 from . import _batchcast, _torchvision_plan
-from ._share_producer import _lock
+from ._share_producer import _lock, launch
 from .loader import Loader
 
 __all__ = ["SharedStream", "distributed_rank", "fingerprint", "native_plan", "share_paths"]
@@ -187,6 +189,12 @@ class SharedStream:
         self._loader: Optional[Loader] = None
         self._resume: Optional[Tuple[int, int]] = None
         self._private = False
+        self._claim: Optional[int] = None  # write end of the claim of a producer we started
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_claim"] = None  # a descriptor of this process only
+        return state
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -245,11 +253,27 @@ class SharedStream:
         return self._loader.stats if self._loader is not None else None
 
     def close(self) -> None:
+        self._release_claim()
         loader, self._loader = self._loader, None
         if loader is not None:
             loader.close()
 
     # -- share protocol ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the key's producer now unless one is running (one that serves another
+        pipeline is told at the first iteration, as without start)."""
+        fd = _lock(self.paths["lock"])
+        try:
+            if self._running_producer() is None:
+                self._start_producer()
+        finally:
+            os.close(fd)
+
+    def _release_claim(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            os.close(claim)
 
     def _attach(self) -> Loader:
         fd = _lock(self.paths["lock"])
@@ -260,6 +284,7 @@ class SharedStream:
             else:
                 self._check_fingerprint(state.get("fingerprint", {}))
             self._wait_socket(int(state["pid"]))
+            _log.debug("DataLoader(share=%r): producer %s serving", self.key, state["pid"])
             # Attach while holding the lock: the producer decides to exit under it, so it
             # counts this Loader before deciding. A producer that regenerates gives a late
             # joiner whole epochs from its first batch; one that cannot, the next whole epoch.
@@ -271,6 +296,8 @@ class SharedStream:
                 name=f"share:{self.effective_key}:{os.getpid()}",
                 **self._loader_args,
             )
+            self._release_claim()  # counted: the producer no longer needs it
+            _log.debug("DataLoader(share=%r): attached", self.key)
             return self._loader
         finally:
             os.close(fd)  # releases the lock
@@ -307,42 +334,23 @@ class SharedStream:
             "cwd": os.getcwd(),
             "main_path": os.path.abspath(main_file) if main_file else None,
         }
+        native = self._pipeline.get("native")
+        # A native plan is all its producer needs: no dataset to pickle, nor torch to load it.
+        carried = self._pipeline if native is None else {
+            "native": native, "decoding": {"num_workers": self._pipeline["decoding"]["num_workers"]}
+        }
         try:
-            payload = pickle.dumps(self._pipeline, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps(carried, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
             raise TypeError(
                 f"DataLoader(share={self.key!r}) must pickle the dataset, sampler and loader "
                 f"arguments for its producer process, which failed: {e}; define datasets, "
                 "collate_fn and worker_init_fn at module level (no lambdas or local classes)"
             ) from e
-        fd, spec_path = tempfile.mkstemp(prefix="batchcast-share-", suffix=".pkl")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.write(payload)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
-        # Double fork through sh: the producer is reparented to init (nobody's zombie), runs
-        # in its own session (a Ctrl-C on the first trainer's terminal does not reach it) and
-        # outlives the first trainer.
-        # The endpoint on the command line says which share a process serves (ps, tests).
-        command = " ".join(
-            shlex.quote(a)
-            for a in [sys.executable, "-m", "batchcast._share_producer", spec_path,
-                      self.paths["endpoint"]]
-        )
-        log = shlex.quote(self.paths["log"])
-        launcher = subprocess.run(
-            ["/bin/sh", "-c", f"{command} </dev/null >>{log} 2>&1 & echo $!"],
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-            env=env,
-            check=True,
-        )
+        self._release_claim()  # of a producer this stream started before, now gone
+        pid, self._claim = launch(spec, payload)
         state = {
-            "pid": int(launcher.stdout.decode().strip()),
+            "pid": pid,
             "started_by": os.getpid(),
             "fingerprint": self._fingerprint,
             "regenerates": self._pipeline["sampler"] is not None,
@@ -350,11 +358,14 @@ class SharedStream:
         with open(self.paths["state"] + ".tmp", "w") as f:
             json.dump(state, f)
         os.replace(self.paths["state"] + ".tmp", self.paths["state"])
+        _log.debug("DataLoader(share=%r): started its producer (pid %d, log %s)", self.key,
+                   state["pid"], self.paths["log"])
         return state
 
     def _wait_socket(self, pid: int) -> None:
         """Waits while the producer starts (its first batch may need a worker pool); torch's
-        ``timeout`` bounds it when > 0, the producer's death always does."""
+        ``timeout`` bounds it when > 0, the producer's death always does. Polled often: the
+        socket appears as soon as the producer serves."""
         timeout = float(self._loader_args.get("timeout") or 0)
         deadline = time.monotonic() + timeout if timeout > 0 else None
         while not os.path.exists(self.paths["socket"]):

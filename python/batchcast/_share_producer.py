@@ -1,27 +1,28 @@
 """The detached producer process of ``batchcast.DataLoader(share=KEY)``.
 
 Started by the first process that uses KEY as ``python -m batchcast._share_producer SPEC
-ENDPOINT`` (ENDPOINT only shows in ps which share it serves):
-SPEC is a temp file holding a pickled header (key, file paths, the trainer's sys.path, cwd and
-main script) followed by the pickled pipeline (``_share.pipeline_of``). It serves unbounded
-epochs of what :func:`make_stream` builds through a :class:`batchcast.Producer` and exits once
-the last Loader has left (after at least one attached) for GRACE_S seconds, or when no Loader
-attached within STARTUP_TIMEOUT_S, or on SIGTERM/SIGINT/SIGHUP (each removes the pool, the
-socket and the share's files; after SIGKILL the next producer of the key, or the stale-segment
-sweep of any batchcast server, removes them). It decides to exit while holding the
-share's lock file, and keeps it until its endpoint and files are gone, so a process attaching
-at that moment either is counted or starts a fresh producer. Output goes to the share's log.
+ENDPOINT CLAIM`` (ENDPOINT only shows in ps which share it serves; CLAIM is the inherited
+descriptor of the claim's pipe): SPEC is a temp file holding a pickled header (key, file paths,
+the trainer's sys.path, cwd and main script, the launch time) followed by the pickled pipeline
+(``_share.SharedStream``): for a recognised torchvision pipeline only its native plan, otherwise
+the dataset, sampler and loader arguments (``_share.pipeline_of``). It serves unbounded epochs and exits once the last Loader has
+left (after at least one attached) for GRACE_S seconds; before any Loader attached, once the
+claim is released (every process holding the pipe's write end, the starting trainer, closed it
+or exited: a DataLoader made and dropped without iterating) or after STARTUP_TIMEOUT_S; or on
+SIGTERM/SIGINT/SIGHUP (each removes the pool, the socket and the share's files; after SIGKILL
+the next producer of the key, or the stale-segment sweep of any batchcast server, removes
+them). It decides to exit while holding the share's lock file, and keeps it until its endpoint
+and files are gone, so a process attaching at that moment either is counted or starts a fresh
+producer. Output goes to the share's log, with the start-up's steps timed from the launch.
 
 What serves (:func:`make_producer`): when the trainer's pipeline has a native plan
 (``_torchvision_plan``: a recognised torchvision ImageFolder pipeline), the native server runs
 in this process (``_batchcast.ServeRun``, the CPU decoder or nvJPEG into a GPU pool), with
-its own shuffle and augmentation draws from the plan's seed. Otherwise the pipeline runs in
-Python: epoch e of the stream is the pipeline's sampler after ``sampler.set_epoch(e)`` (a
-DistributedSampler), or a RandomSampler drawn from ``seed + e``: any epoch's order can be
-rebuilt, so a map-style dataset also gives ``regenerate(epoch, index)``, which decodes chunk
-``index`` of epoch ``epoch`` again (in this process, not in the workers) for Loaders that
-join late or resume. An IterableDataset cannot: its late joiners wait for the next epoch.
-Both regenerate for late joiners.
+its own shuffle and augmentation draws from the plan's seed; the process then never imports
+torch nor reads the dataset object (its start-up is the interpreter, the folder scan and the
+pool). Otherwise the pipeline runs in Python (``_share_stream.make_stream``), through a
+:class:`batchcast.Producer`. Both regenerate for late joiners (an IterableDataset's wait for the
+next epoch instead).
 
 Signals: SIGINT/SIGTERM/SIGHUP get a handler that only records them (Python's C-level handler
 writes the number to a wakeup pipe, on whichever thread the signal lands: CUDA's threads
@@ -31,87 +32,29 @@ Thread-safety: single process; the watcher thread only stops the producer and ta
 
 from __future__ import annotations
 
-import copy
 import fcntl
 import json
 import os
 import pickle
 import runpy
 import select
+import shlex
 import signal
+import stat
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
-
-import torch
-import torch.utils.data
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _batchcast
-from .producer import Producer
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
 _POLL_S = 0.1
 _STOPPING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-
-
-def order_epoch(sampler: Any, epoch: int, seed: Optional[int]) -> None:
-    """Makes ``sampler`` yield the order of stream epoch ``epoch``."""
-    if hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)
-    elif isinstance(sampler, torch.utils.data.RandomSampler) and seed is not None:
-        sampler.generator = torch.Generator().manual_seed((seed + epoch) % (1 << 63))
-
-
-class _EpochLoader(torch.utils.data.DataLoader):
-    """A torch DataLoader whose pass e yields stream epoch e (order_epoch before each pass)."""
-
-    def __init__(self, *args: Any, seed: Optional[int], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.seed = seed
-        self.next_epoch = 0
-
-    def __iter__(self) -> Any:
-        order_epoch(self.sampler, self.next_epoch, self.seed)
-        self.next_epoch += 1
-        return super().__iter__()
-
-
-def make_stream(pipeline: Dict[str, Any]) -> Tuple[Iterable[Any], Optional[Callable]]:
-    """What produces a share's stream: (a re-iterable, one pass per epoch; ``regenerate(epoch,
-    index) -> batch``, or None where the order cannot be rebuilt). The one place where another
-    way of producing the same batches (the native pipeline) plugs in."""
-    dataset, sampler, seed = pipeline["dataset"], pipeline["sampler"], pipeline["seed"]
-    batch_size, drop_last = pipeline["batch_size"], pipeline["drop_last"]
-    collate = pipeline["collate_fn"] or torch.utils.data.default_collate
-    stream = _EpochLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=drop_last,
-        collate_fn=collate,
-        seed=seed,
-        **pipeline["decoding"],
-    )
-    if sampler is None:  # an IterableDataset
-        return stream, None
-    ordering = copy.copy(sampler)  # regenerate's own: the stream's sampler is in use
-    orders: Dict[int, list] = {}
-
-    def regenerate(epoch: int, index: int) -> Any:
-        order = orders.get(epoch)
-        if order is None:
-            order_epoch(ordering, epoch, seed)
-            orders.clear()  # one epoch at a time: late joiners and resumes cluster
-            order = orders[epoch] = list(ordering)
-        chunk = order[index * batch_size : (index + 1) * batch_size]
-        if not chunk or (drop_last and len(chunk) < batch_size):
-            raise IndexError(f"epoch {epoch} has no chunk {index} ({len(order)} samples)")
-        return collate([dataset[i] for i in chunk])
-
-    return stream, regenerate
 
 
 class _NativeProducer:
@@ -144,7 +87,7 @@ class _NativeProducer:
 
 def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = "") -> Any:
     """What serves the share: the native server for a native plan (its collector writing to
-    ``metrics_dir`` unless empty), else a Producer of :func:`make_stream`. Either has
+    ``metrics_dir`` unless empty), else a Producer of ``_share_stream.make_stream``. Either has
     run(epochs), stop(), close(), consumers_ever and consumers_reading."""
     plan = pipeline.get("native")
     if plan is not None:
@@ -160,6 +103,9 @@ def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = ""
         print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "
               f"{plan.device}): batchcast serve {' '.join(config.command_line())}", flush=True)
         return _NativeProducer(config)
+    from ._share_stream import make_stream  # torch: the Python pipeline only
+    from .producer import Producer
+
     stream, regenerate = make_stream(pipeline)
     return Producer(stream, endpoint=endpoint, min_consumers=1, regenerate=regenerate)
 
@@ -190,6 +136,48 @@ def _read_spec(path: str) -> tuple:
     return header, payload
 
 
+def launch(spec: Dict[str, Any], payload: bytes) -> Tuple[int, int]:
+    """Starts a producer for ``spec`` (the header: key, paths, sys_path, cwd, main_path) and
+    ``payload`` (the pickled pipeline): (its pid, the write end of its claim, which the caller
+    closes once a Loader of it attached or it gives up)."""
+    spec = dict(spec, launched=time.time())
+    fd, spec_path = tempfile.mkstemp(prefix="batchcast-share-", suffix=".pkl")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(payload)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    # Double fork through sh: the producer is reparented to init (nobody's zombie), runs in its
+    # own session (a Ctrl-C on the first trainer's terminal does not reach it) and outlives the
+    # first trainer. The endpoint on the command line says which share a process serves (ps,
+    # tests); the claim's read end keeps its number there (pass_fds).
+    claim, keep = os.pipe()
+    command = " ".join(
+        shlex.quote(a)
+        for a in [sys.executable, "-m", "batchcast._share_producer", spec_path,
+                  spec["paths"]["endpoint"], str(claim)]
+    )
+    log = shlex.quote(spec["paths"]["log"])
+    try:
+        launcher = subprocess.run(
+            ["/bin/sh", "-c", f"{command} </dev/null >>{log} 2>&1 & echo $!"],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            check=True,
+            pass_fds=(claim,),
+        )
+    except BaseException:
+        os.close(keep)
+        raise
+    finally:
+        os.close(claim)
+    return int(launcher.stdout.decode().strip()), keep
+
+
 def _lock(path: str) -> int:
     """Takes the share's lock (the same inode trainers lock; see _share.SharedStream._attach)."""
     while True:
@@ -203,36 +191,63 @@ def _lock(path: str) -> int:
         os.close(fd)
 
 
+def _released(claim: int) -> bool:
+    """True once the claim's pipe reports end of file: no process holds its write end."""
+    return not os.read(claim, 64)
+
+
+def _exit_unattached(producer: Any, paths: Dict[str, str], held: Dict[str, int], why: str
+                     ) -> bool:
+    """Takes the lock and exits (True, keeping it) if still no Loader attached: one attaching
+    holds the lock until welcomed, so it is counted first."""
+    fd = _lock(paths["lock"])
+    if producer.consumers_ever:
+        os.close(fd)
+        return False
+    held["lock"] = fd
+    print(f"batchcast share producer: {why}, exiting", flush=True)
+    return True
+
+
 def _watch(
     producer: Any,
     paths: Dict[str, str],
     held: Dict[str, int],
     done: threading.Event,
     signals: int,
+    claim: Optional[int],
 ) -> None:
-    """Stops the producer on a signal (a byte on the ``signals`` pipe) or once no Loader
-    remains; takes the lock to decide."""
+    """Stops the producer on a signal (a byte on the ``signals`` pipe), once no Loader remains,
+    or, before any attached, once the ``claim`` pipe is released; takes the lock to decide."""
     started = time.monotonic()
     empty_since = None
+    released = False  # no claim handed down: only the start-up timeout
+    watched: List[int] = [signals] if claim is None else [signals, claim]
     while True:
         if done.is_set():  # run() ended by itself (an error in the dataset)
             held["lock"] = _lock(paths["lock"])
             break
-        if select.select([signals], [], [], _POLL_S)[0]:
+        ready = select.select(watched, [], [], _POLL_S)[0]
+        if claim is not None and claim in ready and _released(claim):
+            watched.remove(claim)
+            os.close(claim)
+            claim, released = None, True
+        if signals in ready:
             signo = os.read(signals, 1)[0]
-            if signo not in _STOPPING_SIGNALS:  # e.g. torch's SIGCHLD handler for its workers
-                continue
-            print(f"batchcast share producer: signal {signo}, stopping", flush=True)
-            held["lock"] = _lock(paths["lock"])
-            break
+            if signo in _STOPPING_SIGNALS:  # not e.g. torch's SIGCHLD handler for its workers
+                print(f"batchcast share producer: signal {signo}, stopping", flush=True)
+                held["lock"] = _lock(paths["lock"])
+                break
         # A Loader that closed while its user still holds batches stays attached (its slots
         # stay pinned) but reads no more: it does not keep the producer. The host pool's
         # segment may then be unlinked; the user's mapping of it stays valid (POSIX shm).
         ever, now = producer.consumers_ever, producer.consumers_reading
         if ever == 0:
-            if time.monotonic() - started > STARTUP_TIMEOUT_S:
-                held["lock"] = _lock(paths["lock"])
-                print("batchcast share producer: no Loader attached, exiting", flush=True)
+            if released and _exit_unattached(
+                    producer, paths, held, "the trainer that started it left before reading"):
+                break
+            if time.monotonic() - started > STARTUP_TIMEOUT_S and _exit_unattached(
+                    producer, paths, held, "no Loader attached"):
                 break
             continue
         if now > 0:
@@ -263,16 +278,29 @@ def _record_signals() -> int:
     return read_end
 
 
+def _claim_of(arg: str) -> Optional[int]:
+    """The claim's descriptor if it is the pipe the trainer handed down (else None: no claim)."""
+    try:
+        return int(arg) if stat.S_ISFIFO(os.fstat(int(arg)).st_mode) else None
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv: list) -> int:
+    entered = time.time()
+    claim = _claim_of(argv[3])  # before this process opens any descriptor of its own
     signals = _record_signals()
     header, pipeline = _read_spec(argv[1])
     paths = header["paths"]
+    steps = {"interpreter": entered - header["launched"]}
+    steps["spec"] = time.time() - entered
     # Metrics: the share's decoding runs here, outside the trainers' process trees. Under
     # BATCHCAST_METRICS_DIR (batchcast track, or set by hand) the native server's collector
     # records itself and its consumers (as --metrics-dir would); a Python pipeline records
     # this process and its DataLoader workers as role "server".
     metrics_dir = os.environ.get("BATCHCAST_METRICS_DIR", "")
     producer = make_producer(pipeline, paths["endpoint"], metrics_dir)
+    steps["server"] = time.time() - entered - steps["spec"]
     tracker = None
     if metrics_dir and pipeline.get("native") is None:
         from .tools import metrics
@@ -281,11 +309,14 @@ def main(argv: list) -> int:
     held: Dict[str, int] = {}
     done = threading.Event()
     watcher = threading.Thread(
-        target=_watch, args=(producer, paths, held, done, signals), daemon=True
+        target=_watch, args=(producer, paths, held, done, signals, claim),
+        daemon=True,
     )
     watcher.start()
+    timed = ", ".join(f"{step} {seconds:.3f} s" for step, seconds in steps.items())
     print(f"batchcast share producer {os.getpid()}: serving {header['key']!r} on "
-          f"{paths['endpoint']}", flush=True)
+          f"{paths['endpoint']} {time.time() - header['launched']:.3f} s after launch ({timed}"
+          f"; torch {'imported' if 'torch' in sys.modules else 'not imported'})", flush=True)
     try:
         producer.run(epochs=None)
     finally:

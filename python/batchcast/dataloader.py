@@ -39,7 +39,9 @@ With ``pin_memory=True`` on a machine with a GPU and a build with nvJPEG, it dec
 Anything else runs in Python, and one log line (logger ``batchcast.torchvision_plan``) names the
 step that prevented the native path. ``native=False`` always runs the dataset's own code. Which
 one runs is logged once at INFO (logger ``batchcast``) and is the loader's ``decoding`` (and
-``native``, a bool).
+``native``, a bool). A native share's producer starts when the loader is made (unless the key's
+is running), so that its first chunks are ready by the first iteration; one that no loader read
+exits as soon as the loader that started it is closed or collected.
 
 Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
 DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
@@ -136,6 +138,8 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         logging.getLogger("batchcast").info(
             "DataLoader(share=%r): samples decoded by the %s", share,
             self._decoding if self.native else "dataset's own Python code (torch workers)")
+        if pipeline["native"] is not None:
+            self._stream.start()  # its start-up overlaps the trainer's own (model, optimiser)
 
     # -- iteration ---------------------------------------------------------------------------
 

@@ -214,7 +214,7 @@ def test_the_producer_regenerates_any_chunk_of_any_epoch(sampler):
     from torch.utils.data import DistributedSampler
 
     from batchcast._share import pipeline_of
-    from batchcast._share_producer import make_stream
+    from batchcast._share_stream import make_stream
 
     if sampler == "shuffle":
         loader = batchcast.DataLoader(Numbers(), batch_size=6, shuffle=True, share="unused")
