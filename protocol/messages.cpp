@@ -87,6 +87,7 @@ void write_body(Writer& w, const Hello& m) {
   w.put(static_cast<uint8_t>(m.late_join));
   w.put(m.device_index);
   w.put(m.stall_timeout_s);
+  w.put_string(m.view);
 }
 void read_body(Reader& r, Hello& m) {
   m.pid = r.get<uint32_t>();
@@ -98,6 +99,7 @@ void read_body(Reader& r, Hello& m) {
   m.device_index = r.get<uint32_t>();
   m.stall_timeout_s = r.get<double>();
   if (!(m.stall_timeout_s >= 0 && m.stall_timeout_s < 1e9)) r.fail("stall_timeout_s out of range");
+  m.view = r.get_string();
 }
 
 void write_body(Writer& w, const Welcome& m) {
@@ -164,8 +166,8 @@ void read_body(Reader& r, Welcome& m) {
     r.fail(on_gpu ? "a CUDA pool without arenas" : "a host pool with CUDA arenas");
   for (const auto& a : m.cuda_arenas)
     if (r.ok() && a.event_handles.size() != m.slot_count)
-      r.fail("welcome has " + std::to_string(a.event_handles.size()) +
-             " CUDA event handles for " + std::to_string(m.slot_count) + " device slots");
+      r.fail("welcome has " + std::to_string(a.event_handles.size()) + " CUDA event handles for " +
+             std::to_string(m.slot_count) + " device slots");
 }
 
 void write_body(Writer& w, const BatchDescriptor& m) {

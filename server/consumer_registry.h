@@ -34,17 +34,18 @@ struct ConsumerRecord {
   uint32_t credits = 0;
   bool end_sent = false;
   bool error_sent = false;
-  bool closing = false;      // said Goodbye; kept until its last hold is released
-  double last_seen = 0;      // any message
-  double last_activity = 0;  // last credit or release: "has taken something"
+  bool closing = false;        // said Goodbye; kept until its last hold is released
+  double last_seen = 0;        // any message
+  double last_activity = 0;    // last credit or release: "has taken something"
   double stall_timeout_s = 0;  // its own stall bound (Hello); 0: the server's
+  uint32_t view = 0;           // the view it reads (StreamState::add_view); 0: the first
   // Seconds it has held the stream back (the producer waited for a slot, another consumer had
   // been sent every published chunk, and this one pinned published chunks it was not sent
   // yet), less the seconds it has not since: a consumer that holds the stream back most of
   // the time (a slow one, whose ring lag is small, frees a slot now and then) adds up; one
   // that does so now and then drains back to zero.
   double held_back_s = 0;
-  uint64_t samples = 0;      // reported by its heartbeats
+  uint64_t samples = 0;  // reported by its heartbeats
   double wait_s = 0;
 };
 

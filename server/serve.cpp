@@ -12,7 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "common/process.h"
+#include "decoders/view_spec.h"
 #include "metrics/collector.h"
 #include "server/chunk_stage.h"
 #include "server/image_source.h"
@@ -129,6 +131,24 @@ void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint6
   }
 }
 
+// A consumer's (or --view's) view text -> a view of `source` (decoders/view_spec.h's
+// resolve_view over view 0's options): a view it has, or a new one.
+ServerOptions::ViewAnswer answer_view(ImageSource& source, const std::string& text) {
+  ServerOptions::ViewAnswer answer;
+  try {
+    const PipelineOptions view = resolve_view(text, source.pipeline().options());
+    if (auto known = source.find_view(view)) {
+      answer.view = *known;
+      return answer;
+    }
+    answer.view = source.add_view(view);
+    answer.tensors = source.view_tensors(answer.view);
+  } catch (const Error& e) {
+    answer.error = e.what();
+  }
+  return answer;
+}
+
 }  // namespace
 
 RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
@@ -136,12 +156,21 @@ RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
-  core_ = std::make_unique<ServerCore>(c.server_options(*source_, plan_->epoch_samples()));
+  ServerOptions so = c.server_options(*source_, plan_->epoch_samples());
+  auto* images = c.synthetic || c.on_gpu() ? nullptr : static_cast<ImageSource*>(source_.get());
+  if (images)
+    so.find_view = [images](const std::string& text) { return answer_view(*images, text); };
+  core_ = std::make_unique<ServerCore>(std::move(so));
+  for (const auto& text : c.views) {
+    ServerOptions::ViewAnswer view = answer_view(*images, text);
+    if (!view.error.empty()) throw Error("--view " + view.error);
+    if (view.view == core_->view_count()) core_->add_view(std::move(view.tensors));
+  }
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
-    stage_ = std::make_unique<NvjpegStage>(
-        *core_->memory().arenas(), static_cast<const ImageSource&>(*source_), c.batch_size,
-        po.on_error, c.decoder == DecoderKind::kMixed);
+    stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
+                                           static_cast<const ImageSource&>(*source_), c.batch_size,
+                                           po.on_error, c.decoder == DecoderKind::kMixed);
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
   if (c.on_gpu() && !stage_)
@@ -199,11 +228,13 @@ int RunningServer::wait() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!failed && config_.on_gpu())
-    wait_for_consumers(stop_, [&core] { return core.consumers_now(); },
-                       "to release their batches and leave: they are reading the GPU pool");
+    wait_for_consumers(
+        stop_, [&core] { return core.consumers_now(); },
+        "to release their batches and leave: they are reading the GPU pool");
   else if (!failed && collector_)
-    wait_for_consumers(stop_, [&core] { return core.consumers_reading(); },
-                       "to finish and leave: their samples are counted until then");
+    wait_for_consumers(
+        stop_, [&core] { return core.consumers_reading(); },
+        "to finish and leave: their samples are counted until then");
   core.stop();
   if (producing_.joinable()) producing_.join();
   auto s = core.stats();

@@ -17,12 +17,27 @@ constexpr uint64_t kLoggedDrops = 20;
 
 }  // namespace
 
-StreamState::StreamState(StreamRules rules, Send send, Alive alive)
+StreamState::StreamState(StreamRules rules, Send send, Alive alive, ResolveView resolve_view)
     : rules_(std::move(rules)),
       send_(std::move(send)),
       alive_(std::move(alive)),
+      resolve_view_(std::move(resolve_view)),
       ring_(rules_.slot_count) {
   counters_.ring_slots = rules_.slot_count;
+}
+
+uint32_t StreamState::add_view(protocol::Welcome welcome, std::vector<SampleTensor> tensors) {
+  SlotLayout layout = SlotLayout::plan(tensors, rules_.welcome.server_batch_size);
+  views_.push_back({std::move(welcome), std::move(tensors), std::move(layout), next_acquire_seq_});
+  return static_cast<uint32_t>(views_.size());
+}
+
+bool StreamState::send_chunk(const ConsumerRecord& c, const BatchDescriptor& d) {
+  if (c.view == 0) return send_(c.identity, d);
+  const View& v = views_[c.view - 1];
+  BatchDescriptor mine = d;
+  mine.tensors = v.layout.specs(v.tensors, d.position.sample_count);
+  return send_(c.identity, mine);
 }
 
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
@@ -205,8 +220,7 @@ ServerStats StreamState::stats() const {
   for (const auto& [id, c] : consumers_.all())
     s.consumers.push_back({id, c.pid, c.name, c.samples, c.wait_s, true, samples_behind(c),
                            static_cast<uint32_t>(ring_.held_by(id)),
-                           private_.find(id) && private_.find(id)->rejoin,
-                           c.held_back_s});
+                           private_.find(id) && private_.find(id)->rejoin, c.held_back_s});
   s.consumers.insert(s.consumers.end(), departed_.begin(), departed_.end());
   return s;
 }
@@ -279,7 +293,21 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
 }
 
 void StreamState::on_hello(const std::string& identity, const protocol::Hello& hello, double now) {
+  ViewChoice choice;
+  if (resolve_view_)
+    choice = resolve_view_(hello.view);
+  else if (!hello.view.empty())
+    choice.error =
+        "this server serves one view, its own (views of an image folder are served by batchcast "
+        "serve from a host pool); ask for none";
+  if (!choice.error.empty()) {  // refused: it is told why and never attached
+    spdlog::warn("refused a consumer (pid {}{}): {}", hello.pid,
+                 hello.name.empty() ? "" : ", " + hello.name, choice.error);
+    send_(identity, protocol::ErrorMessage{choice.error.substr(0, protocol::kMaxString)});
+    return;
+  }
   ConsumerRecord r;
+  r.view = choice.view;
   r.identity = identity;
   r.pid = static_cast<pid_t>(hello.pid);
   r.local = !hello.boot_id.empty() && hello.boot_id == rules_.welcome.boot_id;
@@ -293,7 +321,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   // published. next_epoch joiners then skip forward to an epoch start.
   std::optional<uint64_t> start;
   const auto& retained = ring_.published();
-  for (auto it = retained.lower_bound(tail_begin());
+  for (auto it = retained.lower_bound(tail_for(r));
        it != retained.end() && !protocol::is_private_seq(it->first); ++it) {
     if (!start) start = it->first;
     if (descriptors_.at(it->first).position.index_in_epoch == 0) {
@@ -301,17 +329,18 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
       break;
     }
   }
-  r.next_seq = start.value_or(next_publish_seq_);
+  r.next_seq = start.value_or(std::max(next_publish_seq_, view_since(r)));
   r.waiting_epoch_start = hello.late_join == protocol::LateJoin::kNextEpoch;
   auto& added = consumers_.add(std::move(r));
 
-  protocol::Welcome w = rules_.welcome;
+  protocol::Welcome w = added.view ? views_[added.view - 1].welcome : rules_.welcome;
   w.consumer_id = added.id;
   w.epoch_samples = rules_.epoch_samples;
   send_(identity, w);
-  spdlog::info("consumer {} attached ({}pid {}{}, starts at chunk {})", added.id,
+  spdlog::info("consumer {} attached ({}pid {}{}{}, starts at chunk {})", added.id,
                added.name.empty() ? "" : added.name + ", ", added.pid,
-               added.local ? "" : ", remote", added.next_seq);
+               added.local ? "" : ", remote",
+               added.view ? ", view " + std::to_string(added.view) : "", added.next_seq);
   // A replay joiner that would start mid-epoch gets that epoch whole when the producer can
   // regenerate what the ring no longer holds (the sweep case: nobody waits for a boundary).
   if (hello.late_join != protocol::LateJoin::kReplay || !chunks_per_epoch()) return;
@@ -372,8 +401,10 @@ void StreamState::deliver() {
       }
       if (c.credits == 0 || c.next_seq >= next_publish_seq_) break;
       auto slot = ring_.find_published(c.next_seq);
-      if (!slot) {  // reused before this consumer was sent it (late join, or left behind)
-        auto oldest = ring_.oldest_published_from(c.next_seq);
+      if (!slot || c.next_seq < view_since(c)) {
+        // Reused before this consumer was sent it (late join, or left behind), or acquired
+        // before its view existed.
+        auto oldest = ring_.oldest_published_from(std::max(c.next_seq, view_since(c)));
         c.next_seq = oldest && !protocol::is_private_seq(*oldest) ? *oldest : next_publish_seq_;
         continue;
       }
@@ -388,7 +419,7 @@ void StreamState::deliver() {
         }
         c.waiting_epoch_start = false;
       }
-      if (!send_(c.identity, d)) break;
+      if (!send_chunk(c, d)) break;
       ring_.add_holder(*slot, c.id);
       --c.credits;
       ++c.next_seq;
