@@ -35,12 +35,12 @@ std::string choices(const std::map<std::string, T>& names) {
   return out;
 }
 
-// "%g" of a double without locale: enough digits to read back the same value.
-std::string number_text(double v) {
-  std::ostringstream out;
-  out.precision(17);
-  out << v;
-  return out.str();
+// The shortest text that reads back as the same value (floats as floats: 0.485, not the
+// double nearest to the float), without locale.
+template <typename T>
+std::string number_text(T v) {
+  char buffer[64];
+  return std::string(buffer, std::to_chars(buffer, buffer + sizeof(buffer), v).ptr);
 }
 
 }  // namespace
@@ -114,8 +114,11 @@ ViewSpec parse_view_spec(const std::string& text, const PipelineOptions& base) {
         auto& target = field == "mean" ? o.mean : o.std;
         for (int c = 0; c < 3; ++c) target[c] = static_cast<float>(v[c]);
       } else if (field == "seed") {
-        spec.seed = static_cast<uint64_t>(integer(field, value, 0, INT64_MAX));
-        o.seed = *spec.seed;
+        uint64_t seed = 0;
+        auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seed);
+        if (ec != std::errc() || end != value.data() + value.size())
+          fail(field, "must be a whole number 0..2^64-1 (got '" + value + "')");
+        spec.seed = o.seed = seed;
       } else {
         fail("'" + field + "'",
              "is not a view field (fields: size, crop, scale, ratio, flip, "

@@ -132,11 +132,13 @@ void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint6
 }
 
 // A consumer's (or --view's) view text -> a view of `source` (decoders/view_spec.h's
-// resolve_view over view 0's options): a view it has, or a new one.
-ServerOptions::ViewAnswer answer_view(ImageSource& source, const std::string& text) {
+// resolve_view over the transform as configured: a field it derives, such as eval's resize
+// size, is derived again for the view's own size): a view it has, or a new one.
+ServerOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOptions& transform,
+                                      const std::string& text) {
   ServerOptions::ViewAnswer answer;
   try {
-    const PipelineOptions view = resolve_view(text, source.pipeline().options());
+    const PipelineOptions view = resolve_view(text, transform);
     if (auto known = source.find_view(view)) {
       answer.view = *known;
       return answer;
@@ -159,10 +161,12 @@ RunningServer::RunningServer(const ServeConfig& c) : config_(c) {
   ServerOptions so = c.server_options(*source_, plan_->epoch_samples());
   auto* images = c.synthetic || c.on_gpu() ? nullptr : static_cast<ImageSource*>(source_.get());
   if (images)
-    so.find_view = [images](const std::string& text) { return answer_view(*images, text); };
+    so.find_view = [images, transform = c.pipeline_options()](const std::string& text) {
+      return answer_view(*images, transform, text);
+    };
   core_ = std::make_unique<ServerCore>(std::move(so));
   for (const auto& text : c.views) {
-    ServerOptions::ViewAnswer view = answer_view(*images, text);
+    ServerOptions::ViewAnswer view = answer_view(*images, c.pipeline_options(), text);
     if (!view.error.empty()) throw Error("--view " + view.error);
     if (view.view == core_->view_count()) core_->add_view(std::move(view.tensors));
   }

@@ -77,14 +77,9 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
       // Its view's first chunk is not published yet: merge there, that many chunks ahead of
       // the stream's next (stream chunks are numbered consecutively, skipped ones too).
       c.next_seq = view_since(c);
-      ChunkAddress at{next.epoch, next.sample / chunk};
-      const uint64_t per_epoch = chunks_per_epoch();
-      for (uint64_t k = next_publish_seq_; k < c.next_seq; ++k) {
-        position += std::min<uint64_t>(chunk, rules_.epoch_samples - at.index * chunk);
-        at = at.index + 1 == per_epoch ? ChunkAddress{at.epoch + 1, 0}
-                                       : ChunkAddress{at.epoch, at.index + 1};
-      }
+      const auto [at, before] = address_ahead(c.next_seq);
       until = at;
+      position = before;
       const uint64_t missed =
           (at.epoch - from.epoch) * rules_.epoch_samples + at.index * chunk - from.index * chunk;
       position = position > missed ? position - missed : 0;
@@ -120,6 +115,20 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
                     ") and its producer cannot regenerate chunks; seek to a retained position, "
                     "or serve with a producer that regenerates (batchcast serve, or "
                     "Producer(regenerate=...))");
+}
+
+std::pair<ChunkAddress, uint64_t> StreamState::address_ahead(uint64_t seq) const {
+  const uint64_t chunk = rules_.welcome.server_batch_size;
+  const uint64_t per_epoch = chunks_per_epoch();
+  const protocol::Seek next = stream_next();
+  ChunkAddress at{next.epoch, next.sample / chunk};
+  uint64_t position = stream_position_;
+  for (uint64_t k = next_publish_seq_; k < seq; ++k) {
+    position += std::min<uint64_t>(chunk, rules_.epoch_samples - at.index * chunk);
+    at = at.index + 1 == per_epoch ? ChunkAddress{at.epoch + 1, 0}
+                                   : ChunkAddress{at.epoch, at.index + 1};
+  }
+  return {at, position};
 }
 
 bool StreamState::deliver_private(ConsumerRecord& c) {

@@ -321,7 +321,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   // published. next_epoch joiners then skip forward to an epoch start.
   std::optional<uint64_t> start;
   const auto& retained = ring_.published();
-  for (auto it = retained.lower_bound(tail_for(r));
+  for (auto it = retained.lower_bound(tail_begin());
        it != retained.end() && !protocol::is_private_seq(it->first); ++it) {
     if (!start) start = it->first;
     if (descriptors_.at(it->first).position.index_in_epoch == 0) {
@@ -329,7 +329,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
       break;
     }
   }
-  r.next_seq = start.value_or(std::max(next_publish_seq_, view_since(r)));
+  r.next_seq = start.value_or(next_publish_seq_);
   r.waiting_epoch_start = hello.late_join == protocol::LateJoin::kNextEpoch;
   auto& added = consumers_.add(std::move(r));
 
@@ -344,12 +344,17 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   // A replay joiner that would start mid-epoch gets that epoch whole when the producer can
   // regenerate what the ring no longer holds (the sweep case: nobody waits for a boundary).
   if (hello.late_join != protocol::LateJoin::kReplay || !chunks_per_epoch()) return;
+  // A consumer of a view added by its Hello starts where any other would; the chunks made before
+  // its view existed are regenerated for it.
+  const bool before_view = added.next_seq < view_since(added);
   auto first = descriptors_.find(added.next_seq);
   if (first != descriptors_.end()) {
-    if (first->second.position.index_in_epoch != 0)
+    if (first->second.position.index_in_epoch != 0 || before_view)
       on_seek(added, {first->second.position.epoch, 0}, false);
   } else if (newest_ && !newest_->epoch_end) {
     on_seek(added, {newest_->epoch, 0}, false);
+  } else if (before_view) {
+    on_seek(added, stream_next(), false);  // an epoch start, made before its view existed
   }
 }
 

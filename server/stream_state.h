@@ -250,7 +250,11 @@ class StreamState {
   // Where the stream's next chunk will sit: after the newest published one.
   protocol::Seek stream_next() const;
   uint64_t chunks_per_epoch() const;  // 0 unless the producer regenerates and both are known
-  uint64_t end_epoch() const {        // first epoch not served (0: unbounded)
+  // Where stream chunk `seq` (not published yet) will sit, and the samples before it in the
+  // stream: counted on from stream_next() (stream chunks are numbered consecutively, skipped
+  // ones too). Needs chunks_per_epoch().
+  std::pair<ChunkAddress, uint64_t> address_ahead(uint64_t seq) const;
+  uint64_t end_epoch() const {  // first epoch not served (0: unbounded)
     return rules_.epochs ? rules_.welcome.first_epoch + rules_.epochs : 0;
   }
   // Private chunks nobody will be sent: their slots may be reused.

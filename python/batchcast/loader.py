@@ -207,7 +207,7 @@ class Loader(Closeable):
             interpolation, output, layout, mean, std, seed). Loaders of one view share its
             slots (identical bytes); a view the server does not serve yet is added, and its
             first epoch regenerated for this Loader. None: the server's own. A view the
-            pipeline cannot make raises ValueError naming the field.
+            pipeline cannot make raises batchcast.BatchcastError naming the field.
         rank: with a server of every rank (``serve --every-rank``, one node-wide server for
             DDP jobs), read this rank's shard (its stream at ``rank_endpoint(endpoint, rank)``).
     """
