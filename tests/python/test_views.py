@@ -20,7 +20,9 @@ import torch
 
 import batchcast
 from batchcast import _batchcast
+from batchcast.dataloader import share_paths
 from conftest import photo_like, segment_of, watch_endpoint
+from test_dataloader import new_key  # noqa: F401 (a fixture)
 
 CLASSES, PER_CLASS, CHUNK = 3, 7, 5  # 21 samples: 5 chunks an epoch, the last of 1
 
@@ -194,3 +196,88 @@ def test_a_view_added_at_attach_gets_whole_epochs(folder, endpoint):
         check_view(folder, "size=24,crop=center", results["late"])
         own.close()
         late.close()
+
+
+def train_epochs(loader, size: int, epochs: int, classes: int) -> List[List[int]]:
+    """A real training loop (a small CNN, SGD) over `epochs` epochs; each epoch's labels."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(8, classes))
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen = []
+    for epoch in range(epochs):
+        loader.load_state_dict({"epoch": epoch, "sample": 0})
+        labels: List[int] = []
+        for x, y in loader:
+            assert x.shape[1:] == (3, size, size) and x.dtype == torch.float32
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            assert torch.isfinite(loss)
+            labels += y.tolist()
+        seen.append(labels)
+    return seen
+
+
+def test_dataloaders_of_one_key_with_other_crop_sizes_share_one_stream(folder, new_key):
+    """Two trainers' torchvision ImageFolder pipelines differing only in RandomResizedCrop's
+    size: the second joins the first's stream as a view (no ValueError), each trains on whole
+    shuffled epochs of its own size, in the same order (one stream), decoded by one producer."""
+    import torchvision
+    import torchvision.transforms as T
+
+    def dataset(size):
+        return torchvision.datasets.ImageFolder(folder, T.Compose([
+            T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
+            T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]))
+
+    key = new_key()
+    big = batchcast.DataLoader(dataset(64), batch_size=CHUNK, shuffle=True, share=key)
+    small = batchcast.DataLoader(dataset(40), batch_size=CHUNK, shuffle=True, share=key)
+    assert big.native and small.native
+    results: Dict[str, List] = {}
+    errors: List[BaseException] = []
+
+    def run(name, loader, size):
+        try:
+            results[name] = train_epochs(loader, size, 2, CLASSES)
+        except BaseException as e:  # re-raised in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=a)
+               for a in (("big", big, 64), ("small", small, 40))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    if errors:
+        raise errors[0]
+    targets = sorted(dataset(40).targets)
+    for name in ("big", "small"):
+        assert [sorted(e) for e in results[name]] == [targets, targets], name
+    assert results["big"] == results["small"], "one stream: the same order for both views"
+    assert results["big"][0] != results["big"][1]
+    log = open(share_paths(key)["log"]).read()
+    assert "view 1:" in log, log[-2000:]
+    big.close()
+    small.close()
+
+
+def test_a_share_key_refuses_another_stream_naming_the_stream_field(folder, new_key):
+    import torchvision
+    import torchvision.transforms as T
+
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.RandomResizedCrop(32),
+                                                             T.ToTensor()]))
+    key = new_key()
+    first = batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, share=key)
+    it = iter(first)
+    next(it)
+    other = batchcast.DataLoader(ds, batch_size=CHUNK + 1, shuffle=True, share=key)
+    with pytest.raises(ValueError, match=r"batch_size: running 5, this process 6") as e:
+        iter(other)
+    assert "transform" not in str(e.value).split(". ")[0]
+    other.close()
+    first.close()
