@@ -1,7 +1,7 @@
 // cuda_bench: the GPU pool's numbers, printed as Markdown rows for bench/RESULTS.md.
 //   1. host-to-device GB/s: plain pinned cudaMemcpyAsync versus the pool path (CudaStage::upload:
 //      pinned staging -> device slot, raw and with the uint8 -> float32 normalisation);
-//   2. publish-to-tensor latency p50/p99: an in-process ServerCore on cuda:0 publishes paced
+//   2. publish-to-tensor latency p50/p99: an in-process StreamHost on cuda:0 publishes paced
 //      chunks whose label holds the CLOCK_MONOTONIC time the CPU finished the chunk; a consumer
 //      process (this program, --consumer) stops the clock once its stream has the batch;
 //   3. JPEG decode images/s: nvJPEG (batched) versus the CPU decoder (TurboJPEG) on one core.
@@ -28,10 +28,11 @@
 #include <vector>
 
 #include "client/consumer.h"
+#include "common/cuda_check.h"
 #include "common/error.h"
 #include "decoders/jpeg_decode.h"
-#include "server/cuda_stage.h"
-#include "server/server_core.h"
+#include "server/host/stream_host.h"
+#include "server/produce/cuda_stage.h"
 #include "shm/cuda_pool.h"
 #ifdef BATCHCAST_HAVE_NVJPEG
 #include "decoders/nvjpeg_decode.h"
@@ -220,15 +221,15 @@ void latency(const char* self, bool normalise) {
   auto slot_tensors = CudaStage::converted(image_tensors(), conv);
   auto slot_layout = SlotLayout::plan(slot_tensors, kBatch);
   const uint32_t chunks = 1000;
-  ServerOptions so;
+  StreamHostOptions so;
   so.endpoint = "ipc:///tmp/bc-cuda-bench-" + std::to_string(::getpid()) + ".sock";
   so.ring_slots = 4;
   so.slot_bytes = slot_layout.bytes;
-  so.batch_size = kBatch;
+  so.chunk_size = kBatch;
   so.epoch_samples = uint64_t{chunks} * kBatch;
   so.epochs = 1;
   so.cuda_devices = {0};
-  ServerCore core(so);
+  StreamHost core(so);
   StampSource source;
   CudaStage stage(*core.memory().arenas(), source, conv, kBatch);
   std::string ep = core.endpoint();

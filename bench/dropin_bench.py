@@ -8,10 +8,10 @@ Every trainer builds the same dataset: ImageFolder + RandomResizedCrop(S) + Rand
 - ``python``: ``batchcast.DataLoader(..., share=KEY, native=False)``: the share's producer runs
   the dataset's own code in a torch DataLoader (N x --workers workers, capped at the cores);
 - ``native``: ``batchcast.DataLoader(..., share=KEY)``: the share's producer recognises the
-  pipeline (``batchcast.torchvision_plan``) and runs the native server (same worker budget).
+  pipeline (``batchcast._torchvision_plan``) and runs the native server (same worker budget).
 
 The trainer script is the same for both share modes but for ``native=``. CPU is the built-in
-collector's (``data_side_cpu``): every trainer tracks itself (``batchcast.metrics.track``) and
+collector's (``data_side_cpu``): every trainer tracks itself (``batchcast.tools.metrics.track``) and
 the share producer records itself under BATCHCAST_METRICS_DIR (the Python one with its workers,
 the native one's collector its own process). Divided by the samples the trainers consumed.
 
@@ -61,7 +61,7 @@ def trainer(args: argparse.Namespace) -> None:
         loader = batchcast.DataLoader(dataset(args), share=args.endpoint,
                                       native=args.mode == "native",
                                       **loader_args(args, args.workers))
-    tracker = batchcast.metrics.track(args.out, role="trainer")
+    tracker = batchcast.tools.metrics.track(args.out, role="trainer")
     samples, start = 0, time.time()
     for _ in range(args.epochs):
         for images, _labels in loader:
@@ -101,7 +101,7 @@ def data_side_cpu(out: str) -> float:
     its track() to its end), plus the share producer's. The native server's collector (the
     part at ``out`` itself) also lists its consumers, counted from when it first saw them:
     only its own process is taken from it, the trainers' records cover them whole."""
-    from batchcast import metrics
+    from batchcast.tools import metrics
 
     total = 0.0
     for part in metrics.find_parts(out):

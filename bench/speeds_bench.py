@@ -94,7 +94,7 @@ def trainer_cmd(args: argparse.Namespace, key: str, sleep: float, stop: Optional
 
 
 def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float]) -> Dict[str, Any]:
-    from batchcast import metrics
+    from batchcast.tools import metrics
     from batchcast.dataloader import share_paths
 
     out = os.path.abspath(os.path.join(args.out, name))

@@ -18,7 +18,7 @@
 
 #include "client/consumer.h"
 #include "common/process.h"
-#include "server/server_core.h"
+#include "server/host/stream_host.h"
 
 using namespace batchcast;
 
@@ -57,7 +57,7 @@ int consume(const std::string& ep, bool latency) {
   return 0;
 }
 
-void produce(ServerCore& core, uint64_t chunks, bool paced) {
+void produce(StreamHost& core, uint64_t chunks, bool paced) {
   for (uint64_t c = 0; c < chunks; ++c) {
     auto lease = core.acquire();
     if (!lease) return;
@@ -73,7 +73,8 @@ void produce(ServerCore& core, uint64_t chunks, bool paced) {
     std::memcpy(lease->data, &stamp, sizeof(stamp));
     core.publish(*lease, position, std::move(tensors));
     if (paced) {  // wait until the consumer released it: one chunk in flight
-      while (core.stats().ring_occupied > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      while (core.stats().ring_occupied > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
   core.finish();
@@ -81,14 +82,14 @@ void produce(ServerCore& core, uint64_t chunks, bool paced) {
 
 int run(bool latency, uint64_t chunks) {
   std::string ep = "ipc:///tmp/batchcast-bench-" + std::to_string(::getpid()) + ".sock";
-  ServerOptions o;
+  StreamHostOptions o;
   o.endpoint = ep;
   o.ring_slots = latency ? 2 : 16;
   o.slot_bytes = 4096;
-  o.batch_size = 1;
+  o.chunk_size = 1;
   o.epoch_samples = chunks;
   o.epochs = 1;
-  ServerCore core(o);
+  StreamHost core(o);
   pid_t child = ::fork();
   if (child == 0) {
     int rc = consume(ep, latency);

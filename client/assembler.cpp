@@ -49,7 +49,7 @@ TensorView contiguous_view(const protocol::TensorSpec& t, uint32_t rows) {
   return v;
 }
 
-void check_stackable(const protocol::BatchDescriptor& first, const protocol::BatchDescriptor& other,
+void check_stackable(const protocol::ChunkDescriptor& first, const protocol::ChunkDescriptor& other,
                      bool contiguous) {
   auto chunks = "chunks " + std::to_string(first.seq) + " and " + std::to_string(other.seq);
   const char* fix = "; use the producer's batch size to avoid mixing them";

@@ -76,7 +76,7 @@ std::vector<TensorView> views_in_place(const Piece& piece);
 TensorView contiguous_view(const protocol::TensorSpec& t, uint32_t rows);
 // Throws Error naming both chunks unless the rows of `other` can be stacked under those of
 // `first`: the same tensors, dtypes and sample shapes (contiguous: also C-contiguous layouts).
-void check_stackable(const protocol::BatchDescriptor& first, const protocol::BatchDescriptor& other,
+void check_stackable(const protocol::ChunkDescriptor& first, const protocol::ChunkDescriptor& other,
                      bool contiguous);
 
 }  // namespace batchcast

@@ -27,7 +27,7 @@ class HostChunkCopier : public ChunkCopier {
  public:
   explicit HostChunkCopier(const SlotMemory& memory) : memory_(memory) {}
 
-  Copied copy(const protocol::BatchDescriptor& d) override {
+  Copied copy(const protocol::ChunkDescriptor& d) override {
     const size_t bytes = chunk_bytes(d);
     auto copy = std::make_shared<HostChunkCopy>(bytes);
     std::memcpy(copy->bytes(), memory_.slot_data(d.slot), bytes);
@@ -47,7 +47,7 @@ std::unique_ptr<ChunkCopier> ChunkCopier::create(const SlotMemory& memory) {
   return std::make_unique<HostChunkCopier>(memory);
 }
 
-uint64_t chunk_bytes(const protocol::BatchDescriptor& d) {
+uint64_t chunk_bytes(const protocol::ChunkDescriptor& d) {
   uint64_t end = 0;
   for (const auto& t : d.tensors)
     end = std::max(end, t.offset + protocol::tensor_extent_bytes(t).value_or(0));

@@ -7,7 +7,7 @@
 // did not read (several loaders read in lockstep by one thread), a few of them could take every
 // slot the server reserves for catching up and leave none a next one: the stream stalled. Copied
 // on arrival, a private chunk occupies a slot only while it is filled and in transit, whatever
-// the users do. The price is one copy of each regenerated chunk, the batches cut from it being
+// the users do. The price is one copy of each private chunk, the batches cut from it being
 // views of that copy (Batch::copied).
 //
 // The copy holds the slot's bytes [0, end of its last tensor), so the descriptor's offsets and
@@ -54,10 +54,10 @@ class ChunkCopier {
   };
   // Copies the tensors of a validated descriptor out of its slot. Throws Error when it cannot
   // (out of memory); the chunk then stays in its slot.
-  virtual Copied copy(const protocol::BatchDescriptor& d) = 0;
+  virtual Copied copy(const protocol::ChunkDescriptor& d) = 0;
 };
 
 // Bytes of a slot that hold a validated descriptor's tensors: up to the end of the last one.
-uint64_t chunk_bytes(const protocol::BatchDescriptor& d);
+uint64_t chunk_bytes(const protocol::ChunkDescriptor& d);
 
 }  // namespace batchcast

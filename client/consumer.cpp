@@ -13,24 +13,23 @@ namespace {
 // Slots one batch pins while it is assembled: 1 on host pools (a batch spanning chunks is
 // copied piece by piece); on GPU pools every chunk it spans, all held at once.
 uint64_t slots_per_batch(const protocol::Welcome& w, uint32_t batch_size) {
-  if (w.device != protocol::DeviceKind::kCuda || w.server_batch_size == 0) return 1;
+  if (w.device != protocol::DeviceKind::kCuda || w.chunk_size == 0) return 1;
   // A multiple of the chunk size always starts at a chunk start (a GPU pool's chunks come from
   // the native server: all full but an epoch's last, which ends the batch too).
-  const uint64_t chunk = w.server_batch_size;
+  const uint64_t chunk = w.chunk_size;
   uint64_t spans =
       batch_size % chunk == 0 ? batch_size / chunk : (batch_size - 1 + chunk - 1) / chunk + 1;
   if (spans >= w.slot_count)
     throw Error("batch_size " + std::to_string(batch_size) + " spans up to " +
-                std::to_string(spans) + " chunks of the server's " +
-                std::to_string(w.server_batch_size) + ", too many for its ring of " +
-                std::to_string(w.slot_count) +
+                std::to_string(spans) + " chunks of the server's " + std::to_string(w.chunk_size) +
+                ", too many for its ring of " + std::to_string(w.slot_count) +
                 " GPU slots; start the server with a larger "
                 "--ring or --batch-size");
   return spans;
 }
 
 uint32_t batch_size_of(const ConsumerOptions& o, const Session& s) {
-  uint32_t b = o.batch_size ? o.batch_size : s.welcome().server_batch_size;
+  uint32_t b = o.batch_size ? o.batch_size : s.welcome().chunk_size;
   if (b == 0) throw Error("batch_size must be >= 1 (the server announced none)");
   return b;
 }

@@ -87,7 +87,7 @@ struct ConsumerOptions {
   // leaves batches pageable (Batch::pinned says which).
   bool pin_memory = false;
   // Seconds this consumer may hold the stream back before the server frees the others from it
-  // (stall policy decouple: it then reads what it missed as regenerated chunks); 0: the
+  // (stall policy decouple: it then reads what it missed as private chunks); 0: the
   // server's --stall-timeout.
   double stall_timeout_s = 0;
   // The view it reads (docs/views.md): a view text over the server's transform, e.g.

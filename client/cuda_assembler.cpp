@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "common/cuda_check.h"
 #include "common/error.h"
 
 namespace batchcast {
@@ -93,7 +94,7 @@ class CudaChunkCopy : public ChunkCopy {
       // Its readers are done (their fences passed), and the copy is ordered before on stream_.
       (void)cudaFreeAsync(const_cast<uint8_t*>(data_), stream_->get());
     } catch (const std::exception& e) {
-      spdlog::warn("freeing a regenerated chunk's copy: {}", e.what());
+      spdlog::warn("freeing a private chunk's copy: {}", e.what());
     }
   }
   cudaEvent_t ready() const { return done->get(); }
@@ -119,7 +120,7 @@ CudaChunkCopier::CudaChunkCopier(const SlotMemory& memory)
   stream_ = std::make_shared<CudaStream>(CudaStream::create());
 }
 
-ChunkCopier::Copied CudaChunkCopier::copy(const protocol::BatchDescriptor& d) {
+ChunkCopier::Copied CudaChunkCopier::copy(const protocol::ChunkDescriptor& d) {
   (void)cudaSetDevice(device_);  // the I/O thread stays there (EventFence says why)
   cudaStream_t s = stream_->get();
   const size_t bytes = chunk_bytes(d);
@@ -128,10 +129,10 @@ ChunkCopier::Copied CudaChunkCopier::copy(const protocol::BatchDescriptor& d) {
   void* buffer = nullptr;
   cuda_check(cudaMallocAsync(&buffer, std::max<size_t>(bytes, 1), s),
              "allocating a " + std::to_string(bytes) +
-                 "-byte copy of a regenerated chunk on the GPU (free GPU memory)");
+                 "-byte copy of a private chunk on the GPU (free GPU memory)");
   auto copy = std::make_shared<CudaChunkCopy>(device_, stream_, buffer);  // frees it on a throw
   cuda_check(cudaMemcpyAsync(buffer, memory_.slot_data(d.slot), bytes, cudaMemcpyDeviceToDevice, s),
-             "copying a regenerated chunk on the GPU");
+             "copying a private chunk on the GPU");
   copy->done = record_fence(device_, s, "recording a chunk copy's event");
   return {copy, {copy->done}};
 }

@@ -70,7 +70,7 @@ class PinnedHostAssembler : public HostAssembler {
 class CudaChunkCopier : public ChunkCopier {
  public:
   explicit CudaChunkCopier(const SlotMemory& memory);  // the session's, which owns the copier
-  Copied copy(const protocol::BatchDescriptor& d) override;
+  Copied copy(const protocol::ChunkDescriptor& d) override;
 
  private:
   const SlotMemory& memory_;

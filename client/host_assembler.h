@@ -33,7 +33,7 @@ class HostAssembler : public Assembler {
 
   uint32_t capacity_;                               // rows of a batch
   std::vector<Piece> pieces_;                       // not yet staged
-  std::optional<protocol::BatchDescriptor> first_;  // the first staged piece's chunk
+  std::optional<protocol::ChunkDescriptor> first_;  // the first staged piece's chunk
   std::vector<std::unique_ptr<uint8_t[]>> staged_;  // one per tensor, capacity_ rows
   uint32_t staged_rows_ = 0;
 };

@@ -9,6 +9,7 @@
 #include "client/chunk_copy.h"
 #include "common/error.h"
 #include "common/process.h"
+#include "protocol/endpoint.h"
 
 namespace batchcast {
 
@@ -189,7 +190,7 @@ void Session::seek(protocol::Seek target) {
   wake();
 }
 
-void Session::let_go(const protocol::BatchDescriptor& d, bool copied, bool credit_back) {
+void Session::let_go(const protocol::ChunkDescriptor& d, bool copied, bool credit_back) {
   if (!copied) outbox_.push_back(protocol::Release{d.seq, d.slot});
   if (credit_back) outbox_.push_back(protocol::Credit{1});
 }
@@ -267,7 +268,7 @@ void Session::on_message(const void* data, size_t size, double now) {
     return;
   }
   last_heard_ = now;
-  if (auto* d = std::get_if<protocol::BatchDescriptor>(&*r.message))
+  if (auto* d = std::get_if<protocol::ChunkDescriptor>(&*r.message))
     return on_descriptor(std::move(*d));
   std::lock_guard lk(mu_);
   if (std::holds_alternative<protocol::End>(*r.message)) {
@@ -285,7 +286,7 @@ void Session::on_message(const void* data, size_t size, double now) {
   ready_.notify_all();
 }
 
-void Session::on_descriptor(protocol::BatchDescriptor d) {
+void Session::on_descriptor(protocol::ChunkDescriptor d) {
   {
     std::lock_guard lk(mu_);
     if (seeks_unanswered_) return let_go(d, false, true);  // sent for the cursor before the seek
@@ -314,7 +315,7 @@ void Session::on_descriptor(protocol::BatchDescriptor d) {
   } catch (const std::exception& e) {
     if (!copy_failed_)
       spdlog::warn(
-          "could not copy a regenerated chunk out of its slot ({}); such chunks stay in their "
+          "could not copy a private chunk out of its slot ({}); such chunks stay in their "
           "slots until read, which can stall several consumers catching up at once",
           e.what());
     copy_failed_ = true;

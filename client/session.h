@@ -54,7 +54,7 @@ class ChunkCopier;
 
 // A descriptor popped from the session, with the copy of its rows if it is a private chunk.
 struct ReceivedChunk {
-  protocol::BatchDescriptor desc;
+  protocol::ChunkDescriptor desc;
   std::shared_ptr<ChunkCopy> copy;  // private chunks: their slot was released on arrival
 };
 
@@ -107,13 +107,13 @@ class Session {
   void loop();
   void on_message(const void* data, size_t size, double now);
   // A valid descriptor that arrived (I/O thread): queued, private chunks copied first.
-  void on_descriptor(protocol::BatchDescriptor d);
+  void on_descriptor(protocol::ChunkDescriptor d);
   bool server_gone(double now);
   void wake();
   // With mu_ held: gives back a chunk that is never handed out (dropped, sent before a seek,
   // arriving while leaving): its slot, unless it was copied and released on arrival;
   // `credit_back` asks for another in its place.
-  void let_go(const protocol::BatchDescriptor& d, bool copied, bool credit_back);
+  void let_go(const protocol::ChunkDescriptor& d, bool copied, bool credit_back);
 
   std::string endpoint_;
   zmq::context_t context_{1};
@@ -148,7 +148,7 @@ class Session {
 // for a private chunk, frees its copy).
 struct ChunkRef {
   std::shared_ptr<Session> session;
-  protocol::BatchDescriptor desc;
+  protocol::ChunkDescriptor desc;
   std::shared_ptr<ChunkCopy> copy;  // private chunks: their rows, copied on arrival
   const uint8_t* base = nullptr;    // the rows' memory (host or device): the slot's, or the copy's
 

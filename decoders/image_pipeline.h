@@ -88,8 +88,8 @@ struct PipelineOptions {
 };
 
 // Where a sample's output pixels come from: a pure function of the header's size, the options and
-// (seed, epoch, index). Shared by the CPU pipeline and the GPU decode path (server/nvjpeg_stage.h)
-// so that both draw the same crops and flips.
+// (seed, epoch, index). Shared by the CPU pipeline and the GPU decode path
+// (server/produce/nvjpeg_stage.h) so that both draw the same crops and flips.
 struct SampleGeometry {
   PixelRect crop;        // source rectangle in full-resolution pixels
   ScalingFactor factor;  // DCT-domain reduction the CPU decodes `crop` with (JPEG only)

@@ -1,10 +1,11 @@
 // The checks a sample's bytes pass before any pixel is decoded, in one order for every decoder:
-// the CPU pipeline (image_pipeline.cpp) and the GPU decode path (server/nvjpeg_stage.cpp), so a
-// bad file is refused with the same SampleError whichever decodes it (on_error=skip then replaces
-// it the usual way). The sequence: not empty; file signature; header parse; decompression-bomb
-// guard on the header's claimed size; for JPEG, the end-of-image marker (rows below a crop are
-// never decoded, and nvJPEG does not report truncation, so this is where truncation is caught).
-// The sample's geometry (ImagePipeline::geometry) comes after, from the returned size.
+// the CPU pipeline (image_pipeline.cpp) and the GPU decode path (server/produce/nvjpeg_stage.cpp),
+// so a bad file is refused with the same SampleError whichever decodes it (on_error=skip then
+// replaces it the usual way). The sequence: not empty; file signature; header parse;
+// decompression-bomb guard on the header's claimed size; for JPEG, the end-of-image marker (rows
+// below a crop are never decoded, and nvJPEG does not report truncation, so this is where
+// truncation is caught). The sample's geometry (ImagePipeline::geometry) comes after, from the
+// returned size.
 //
 // Contract: free functions over caller-owned bytes, which they only read; thread-safe (header
 // parsing uses jpeg_decode.h's thread_local TurboJPEG handle). Bad samples throw

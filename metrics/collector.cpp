@@ -50,8 +50,10 @@ double per(double num, double den) { return den > 0 ? num / den : 0.0; }
 
 class MetricsCollector::Impl {
  public:
-  Impl(CollectorOptions options, std::function<MetricsSnapshot()> source)
-      : opt_(std::move(options)), source_(std::move(source)) {
+  Impl(CollectorOptions options, std::function<MetricsSnapshot()> source, CollectorEnv env)
+      : opt_(std::move(options)), source_(std::move(source)), env_(std::move(env)) {
+    if (!env_.now) env_.now = monotonic_seconds;
+    if (!env_.scan_processes) env_.scan_processes = metrics::ProcessTable::scan;
     if (opt_.dir.empty()) throw Error("metrics: CollectorOptions::dir is empty; name a directory");
     if (!(opt_.interval_s > 0)) {
       throw Error("metrics: interval_s must be > 0 (got " + std::to_string(opt_.interval_s) +
@@ -101,6 +103,11 @@ class MetricsCollector::Impl {
       throw Error("metrics: the collector for " + opt_.dir +
                   " was stopped; a run cannot be resumed, create a new collector");
     }
+    if (!env_.sampler_thread) {
+      begin();
+      state_ = State::kRunning;
+      return;
+    }
     std::unique_lock lk(wake_mu_);
     stop_requested_ = false;
     first_tick_done_ = false;
@@ -115,12 +122,16 @@ class MetricsCollector::Impl {
       state_ = State::kStopped;
       return;
     }
-    {
-      std::lock_guard lk(wake_mu_);
-      stop_requested_ = true;
+    if (env_.sampler_thread) {
+      {
+        std::lock_guard lk(wake_mu_);
+        stop_requested_ = true;
+      }
+      wake_cv_.notify_all();
+      thread_.join();
+    } else {
+      take(true);
     }
-    wake_cv_.notify_all();
-    thread_.join();
     state_ = State::kStopped;
     std::string err;
     {
@@ -128,6 +139,16 @@ class MetricsCollector::Impl {
       err = write_error_;
     }
     if (!err.empty()) throw Error("metrics: " + err);
+  }
+
+  void tick() {
+    std::lock_guard control(control_mu_);
+    if (env_.sampler_thread || state_ != State::kRunning) {
+      throw Error("metrics: tick() for " + opt_.dir +
+                  " needs a running collector without a sampler thread "
+                  "(CollectorEnv::sampler_thread false)");
+    }
+    take(false);
   }
 
   json summary() const {
@@ -142,23 +163,27 @@ class MetricsCollector::Impl {
  private:
   enum class State { kIdle, kRunning, kStopped };
 
-  // The sampler thread.
-  void run() {
-    t0_ = monotonic_seconds();
+  // The baseline: time zero and the first tick.
+  void begin() {
+    t0_ = env_.now();
     {
       std::lock_guard lk(data_mu_);
       start_unix_ =
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
               .count();
     }
-    thread_cpu0_ = metrics::thread_cpu_seconds();
-    tick(false);
+    take(false);
+  }
+
+  // The sampler thread. Its schedule is the steady clock's: env_.now only stamps the rows.
+  void run() {
+    begin();
     {
       std::lock_guard lk(wake_mu_);
       first_tick_done_ = true;
     }
     wake_cv_.notify_all();
-    double next = t0_;
+    double next = monotonic_seconds();
     for (;;) {
       // Deadlines on a fixed grid (no drift); a tick that overran skips the missed slots.
       next += opt_.interval_s;
@@ -170,13 +195,14 @@ class MetricsCollector::Impl {
               std::chrono::duration<double>(next)));
       if (wake_cv_.wait_until(lk, deadline, [this] { return stop_requested_; })) break;
       lk.unlock();
-      tick(false);
+      take(false);
     }
-    tick(true);
+    take(true);
   }
 
   // One sample: the owner's snapshot, /proc, NVML; rows to the CSVs; summary refresh.
-  void tick(bool final_tick) {
+  void take(bool final_tick) {
+    const double cpu0 = metrics::thread_cpu_seconds();
     // The source runs without our locks held (it may take the GIL, and a thread holding the GIL
     // may be waiting in summary()).
     MetricsSnapshot snap;
@@ -193,9 +219,10 @@ class MetricsCollector::Impl {
     }
     metrics::ProcessTable table;
     if (have_snap ? !snap.processes.empty() : !last_snap_.processes.empty())
-      table = metrics::ProcessTable::scan();
-    system_->read();
-    const double t = monotonic_seconds() - t0_;
+      table = env_.scan_processes();
+    const double now = env_.now();
+    system_->read(now);
+    const double t = now - t0_;
 
     std::lock_guard lk(data_mu_);
     if (have_snap) last_snap_ = std::move(snap);
@@ -242,7 +269,7 @@ class MetricsCollector::Impl {
 
     last_t_ = t;
     ++ticks_;
-    sampler_cpu_s_ = metrics::thread_cpu_seconds() - thread_cpu0_;
+    sampler_cpu_s_ += metrics::thread_cpu_seconds() - cpu0;
     for (const CsvFile* f : {&*processes_csv_, &*system_csv_, &*server_csv_})
       if (write_error_.empty() && !f->error().empty()) write_error_ = f->error();
     if (final_tick || (opt_.summary_every_ticks > 0 && ticks_ % opt_.summary_every_ticks == 0))
@@ -278,9 +305,8 @@ class MetricsCollector::Impl {
         {"format_version", 2},
         {"run_name", opt_.run_name},
         {"complete", complete_},
-        {"incomplete_reason", complete_ || last_snap_.incomplete.empty()
-                                  ? json(nullptr)
-                                  : json(last_snap_.incomplete)},
+        {"incomplete_reason",
+         complete_ || last_snap_.incomplete.empty() ? json(nullptr) : json(last_snap_.incomplete)},
         {"collocation", system_->collocation()},
         {"start_unix_s", start_unix_},
         {"duration_s", last_t_},
@@ -337,6 +363,7 @@ class MetricsCollector::Impl {
 
   CollectorOptions opt_;
   std::function<MetricsSnapshot()> source_;
+  CollectorEnv env_;
   std::optional<metrics::SystemSeries> system_;
   std::optional<CsvFile> processes_csv_, system_csv_, server_csv_;
 
@@ -350,9 +377,8 @@ class MetricsCollector::Impl {
   bool stop_requested_ = false;
   bool first_tick_done_ = false;
 
-  // Sampler-thread-only state.
+  // State of the ticking thread (the sampler, or the owner without one).
   bool source_error_logged_ = false;
-  double thread_cpu0_ = 0;
   double t0_ = 0;
 
   // Everything below is guarded by data_mu_ (written by the sampler, read by summary()).
@@ -372,11 +398,12 @@ class MetricsCollector::Impl {
 };
 
 MetricsCollector::MetricsCollector(CollectorOptions options,
-                                   std::function<MetricsSnapshot()> source)
-    : impl_(std::make_unique<Impl>(std::move(options), std::move(source))) {}
+                                   std::function<MetricsSnapshot()> source, CollectorEnv env)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(source), std::move(env))) {}
 MetricsCollector::~MetricsCollector() = default;
 void MetricsCollector::start() { impl_->start(); }
 void MetricsCollector::stop() { impl_->stop(); }
+void MetricsCollector::tick() { impl_->tick(); }
 nlohmann::json MetricsCollector::summary() const { return impl_->summary(); }
 bool MetricsCollector::has_gpu() const { return impl_->has_gpu(); }
 const std::string& MetricsCollector::collocation() const { return impl_->collocation(); }

@@ -13,10 +13,15 @@
 // does). Run-queue wait (schedstat), GPU SM % and GPU memory are summed over the same tree.
 //
 // Thread-safety: start(), stop() and summary() may be called from any thread, concurrently.
-// The `source` callback is called on the sampler thread only (once per tick, first at start(),
-// last during stop()), never while an internal lock is held, so it may take other locks (e.g.
-// the Python GIL). Lifetime: the collector owns its thread, its files and the NVML handle; the
-// destructor stops it. `source` must stay callable until stop() returns.
+// The `source` callback is called on the ticking thread only (the sampler thread, or the caller
+// of start(), tick() and stop() without one; once per tick, first at start(), last at stop()),
+// never while an internal lock is held, so it may take other locks (e.g. the Python GIL). Lifetime:
+// the collector owns its thread, its files and the NVML handle; the destructor stops it. `source`
+// must stay callable until stop() returns.
+//
+// The seam (CollectorEnv), as StreamState's injected clock: the clock that stamps rows, the
+// /proc process scan, and who drives the ticks. Production uses the defaults (the monotonic
+// clock, /proc, a sampler thread); tests drive ticks with tick() on a clock of their own.
 #pragma once
 
 #include <sys/types.h>
@@ -28,6 +33,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "metrics/proc_stats.h"
 
 namespace batchcast {
 
@@ -84,11 +91,23 @@ struct CollectorOptions {
   int summary_every_ticks = 10;
 };
 
+// What the collector reads of the world besides the owner's snapshot and the system series.
+struct CollectorEnv {
+  // Seconds on a monotonic clock; rows are stamped with now() minus its value at start().
+  std::function<double()> now;  // empty: common/process.h monotonic_seconds
+  // The machine's processes at this tick (CPU and RSS of each watched tree).
+  std::function<metrics::ProcessTable()> scan_processes;  // empty: ProcessTable::scan
+  // True: a sampler thread ticks every interval_s. False: no thread; start() and stop() take
+  // their ticks on the caller's thread, and the owner takes the others with tick().
+  bool sampler_thread = true;
+};
+
 class MetricsCollector {
  public:
   // Creates `dir`, opens the CSV files and writes their headers, and loads NVML. Throws
   // batchcast::Error naming the directory or file (and what to do) if it cannot.
-  MetricsCollector(CollectorOptions options, std::function<MetricsSnapshot()> source);
+  MetricsCollector(CollectorOptions options, std::function<MetricsSnapshot()> source,
+                   CollectorEnv env = {});
   ~MetricsCollector();  // stop(), errors logged
   MetricsCollector(const MetricsCollector&) = delete;
   MetricsCollector& operator=(const MetricsCollector&) = delete;
@@ -99,6 +118,9 @@ class MetricsCollector {
   // Takes a final tick, joins the thread, writes summary.json. Idempotent; no-op before start().
   // Throws batchcast::Error if summary.json (or a CSV) could not be written.
   void stop();
+  // Takes one tick now, on the caller's thread. Only without a sampler thread
+  // (CollectorEnv::sampler_thread false) and while running; throws batchcast::Error otherwise.
+  void tick();
   // The totals summary.json holds (current ones while running). See metrics/README.md.
   nlohmann::json summary() const;
   // True when NVML was loaded and reports at least one GPU.

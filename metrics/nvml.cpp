@@ -1,7 +1,6 @@
 #include "metrics/nvml.h"
 
 #include <dlfcn.h>
-#include <time.h>
 
 #include <map>
 
@@ -105,12 +104,6 @@ struct DlCloser {
   }
 };
 
-double monotonic_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
 }  // namespace
 
 struct Nvml::Impl {
@@ -201,9 +194,8 @@ struct Nvml::Impl {
           "nvmlDeviceGetProcessUtilization");
   }
 
-  void read_gpm(Device& d, GpuReading& r) {
+  void read_gpm(Device& d, GpuReading& r, double now) {
     if (d.gpm_prev == nullptr) return;
-    const double now = monotonic_s();
     if (d.gpm_prev_t >= 0 && now - d.gpm_prev_t < kGpmMinSpanS) return;
     if (gpm_get(d.handle, d.gpm_next) != 0) return;
     if (d.gpm_prev_t >= 0) {
@@ -327,7 +319,7 @@ const std::vector<std::string>& Nvml::device_names() const { return impl_->names
 const NvmlCapabilities& Nvml::capabilities() const { return impl_->caps; }
 const std::vector<std::string>& Nvml::missing() const { return impl_->missing; }
 
-std::vector<GpuReading> Nvml::read() {
+std::vector<GpuReading> Nvml::read(double now) {
   std::vector<GpuReading> out(impl_->devices.size());
   for (size_t i = 0; i < out.size(); ++i) {
     Impl::Device& d = impl_->devices[i];
@@ -349,7 +341,7 @@ std::vector<GpuReading> Nvml::read() {
     }
     unsigned long long mj = 0;
     if (d.energy && impl_->get_energy(dev, &mj) == 0) r.energy_mj = static_cast<double>(mj);
-    impl_->read_gpm(d, r);
+    impl_->read_gpm(d, r, now);
   }
   return out;
 }

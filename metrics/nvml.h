@@ -70,8 +70,9 @@ class Nvml {
   // One sentence per optional reading this machine cannot give, with the reason.
   const std::vector<std::string>& missing() const;
   // One reading per device, index i = NVML device i. Not const: GPM keeps the previous sample
-  // and process utilisation the last timestamp seen.
-  std::vector<GpuReading> read();
+  // and process utilisation the last timestamp seen. `now`: seconds on the caller's monotonic
+  // clock, which spaces the GPM samples.
+  std::vector<GpuReading> read(double now);
   // Processes on any GPU now (empty without the process-list entry points).
   std::vector<GpuProcess> processes();
 

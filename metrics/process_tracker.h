@@ -2,7 +2,7 @@
 // collector's tree walk, its live children such as DataLoader workers) under one role, with
 // counters the process feeds itself. It is what a training process that runs its own DataLoader
 // uses to record a baseline in the same format as the server's collector (Python:
-// batchcast.metrics.track()).
+// batchcast.tools.metrics.track()).
 //
 // Thread-safety: add_samples()/add_wait() are lock-free (atomics) and may be called from any
 // thread at any rate; start()/stop()/summary() as MetricsCollector. Lifetime: owns its collector;

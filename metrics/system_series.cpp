@@ -37,13 +37,13 @@ SystemSeries::SystemSeries(const SystemSeriesOptions& options) {
   collocation_ = detect_collocation(nvml_ ? &*nvml_ : nullptr);
 }
 
-void SystemSeries::read() {
+void SystemSeries::read(double now) {
   cpu_now_ = read_system_cpu();
   mem_now_ = read_system_memory();
   if (rapl_) cpu_energy_read_ = rapl_->joules();
   gpu_by_pid_.clear();
   if (!nvml_) return;
-  gpus_now_ = nvml_->read();
+  gpus_now_ = nvml_->read(now);
   for (const GpuProcess& p : nvml_->processes()) {
     PidGpuUse& u = gpu_by_pid_[static_cast<pid_t>(p.pid)];
     if (p.sm_percent) u.sm_percent = u.sm_percent.value_or(0) + *p.sm_percent;

@@ -42,8 +42,8 @@ class SystemSeries {
   const std::vector<std::string>& missing() const { return missing_; }
   const std::string& collocation() const { return collocation_; }
 
-  // Reads the machine (no lock needed): call first in a tick.
-  void read();
+  // Reads the machine (no lock needed): call first in a tick. `now`: the collector's clock.
+  void read(double now);
   // GPU use per pid from the last read(), summed over GPUs.
   const std::map<pid_t, PidGpuUse>& gpu_by_pid() const { return gpu_by_pid_; }
   // Folds the last read() into the statistics and returns the system.csv row at `t`.

@@ -1,7 +1,5 @@
 #include "protocol/messages.h"
 
-#include <unistd.h>
-
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -111,7 +109,7 @@ void write_body(Writer& w, const Welcome& m) {
   w.put(m.slot_count);
   w.put(m.slot_bytes);
   w.put(m.slots_offset);
-  w.put(m.server_batch_size);
+  w.put(m.chunk_size);
   w.put(m.epoch_samples);
   w.put(m.epochs);
   w.put(m.first_epoch);
@@ -135,7 +133,7 @@ void read_body(Reader& r, Welcome& m) {
   m.slot_count = r.get<uint32_t>();
   m.slot_bytes = r.get<uint64_t>();
   m.slots_offset = r.get<uint64_t>();
-  m.server_batch_size = r.get<uint32_t>();
+  m.chunk_size = r.get<uint32_t>();
   m.epoch_samples = r.get<uint64_t>();
   m.epochs = r.get<uint64_t>();
   m.first_epoch = r.get<uint64_t>();
@@ -170,7 +168,7 @@ void read_body(Reader& r, Welcome& m) {
              std::to_string(m.slot_count) + " device slots");
 }
 
-void write_body(Writer& w, const BatchDescriptor& m) {
+void write_body(Writer& w, const ChunkDescriptor& m) {
   w.put(m.seq);
   w.put(m.position.epoch);
   w.put(m.position.index_in_epoch);
@@ -190,7 +188,7 @@ void write_body(Writer& w, const BatchDescriptor& m) {
     w.put(t.offset);
   }
 }
-void read_body(Reader& r, BatchDescriptor& m) {
+void read_body(Reader& r, ChunkDescriptor& m) {
   m.seq = r.get<uint64_t>();
   m.position.epoch = r.get<uint64_t>();
   m.position.index_in_epoch = r.get<uint64_t>();
@@ -339,33 +337,6 @@ DecodeResult decode(const void* data, size_t size) {
   return result;
 }
 
-std::string default_endpoint() {
-  return "ipc:///tmp/batchcast-" + std::to_string(::getuid()) + ".sock";
-}
-
-std::string rank_endpoint(const std::string& endpoint, uint32_t rank) {
-  if (endpoint.rfind("ipc://", 0) == 0) return endpoint + ".rank" + std::to_string(rank);
-  const size_t colon = endpoint.rfind(':');
-  if (endpoint.rfind("tcp://", 0) == 0 && colon > 6 && colon + 1 < endpoint.size() &&
-      endpoint.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
-      endpoint.size() - colon - 1 <= 5) {
-    const unsigned long port = std::stoul(endpoint.substr(colon + 1)) + rank;
-    if (port > 65535)
-      throw Error("endpoint " + endpoint + ": rank " + std::to_string(rank) +
-                  " would listen on port " + std::to_string(port) +
-                  ", past 65535; pick a lower port");
-    return endpoint.substr(0, colon + 1) + std::to_string(port);
-  }
-  throw Error("endpoint " + endpoint +
-              ": a server of every rank needs ipc://PATH or tcp://HOST:PORT (rank r then listens "
-              "on PATH.rank<r> or PORT + r)");
-}
-
-std::string failure_record_path(const std::string& endpoint) {
-  if (endpoint.rfind("ipc://", 0) != 0 || endpoint.size() == 6 || endpoint[6] == '@') return "";
-  return endpoint.substr(6) + ".failed";
-}
-
 std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t) {
   // The view spans [offset, offset + (sum over dims of (shape-1)*stride + 1) * itemsize).
   // Every dimension is checked before an empty one returns 0 (a negative dimension after a zero
@@ -383,7 +354,7 @@ std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t) {
   return static_cast<uint64_t>(bytes);
 }
 
-std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count,
+std::string validate_descriptor(const ChunkDescriptor& d, uint32_t slot_count,
                                 uint64_t slot_bytes) {
   if (d.slot >= slot_count)
     return "slot " + std::to_string(d.slot) + " outside the pool of " + std::to_string(slot_count);

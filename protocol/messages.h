@@ -92,7 +92,7 @@ struct Welcome {
   uint32_t slot_count = 0;
   uint64_t slot_bytes = 0;
   uint64_t slots_offset = 0;  // byte offset of slot 0 in the segment (host pools)
-  uint32_t server_batch_size = 0;
+  uint32_t chunk_size = 0;
   uint64_t epoch_samples = 0;  // samples per epoch; 0 when not known yet
   uint64_t epochs = 0;         // 0: unbounded
   uint64_t first_epoch = 0;
@@ -105,7 +105,7 @@ struct Welcome {
 };
 
 // Where a chunk sits in its epoch. The one name for it from the producer to the consumer: the
-// server's publish(), the Python Producer's batches and BatchDescriptor all carry it.
+// server's publish(), the Python Producer's batches and ChunkDescriptor all carry it.
 struct ChunkPosition {
   uint64_t epoch = 0;
   uint64_t index_in_epoch = 0;  // chunk number inside the epoch
@@ -129,7 +129,7 @@ constexpr uint64_t kPrivateSeqBase = uint64_t{1} << 62;
 inline bool is_private_seq(uint64_t seq) { return seq >= kPrivateSeqBase; }
 
 // server -> consumer: one chunk of the stream, decoded once into one slot.
-struct BatchDescriptor {
+struct ChunkDescriptor {
   uint64_t seq = 0;  // position of the chunk in the stream (0, 1, 2, ...), or a private chunk's
   ChunkPosition position;
   uint32_t slot = 0;
@@ -177,7 +177,7 @@ struct SeekReply {
 };
 
 // The type code on the wire is the index in this variant + 1: append, never reorder.
-using Message = std::variant<Hello, Welcome, BatchDescriptor, Credit, Release, Heartbeat, Goodbye,
+using Message = std::variant<Hello, Welcome, ChunkDescriptor, Credit, Release, Heartbeat, Goodbye,
                              End, ErrorMessage, Seek, SeekReply>;
 
 std::string encode(const Message& message);
@@ -191,19 +191,7 @@ DecodeResult decode(const void* data, size_t size);
 // Checks a descriptor against the pool the consumer mapped: slot id, every tensor inside its
 // slot (offset + extent of the strided view), sample counts matching dimension 0.
 // Returns an empty string when valid, else the reason.
-std::string validate_descriptor(const BatchDescriptor& d, uint32_t slot_count, uint64_t slot_bytes);
-
-// The endpoint used when none is given: ipc:///tmp/batchcast-<uid>.sock.
-std::string default_endpoint();
-
-// The endpoint of rank `rank`'s stream of a server that serves every rank of a job from one
-// process (serve --every-rank): ipc://PATH -> ipc://PATH.rank<rank>, tcp://HOST:PORT ->
-// tcp://HOST:<PORT + rank>. Throws batchcast::Error for other forms or a port past 65535.
-std::string rank_endpoint(const std::string& endpoint, uint32_t rank);
-
-// Where a server at `endpoint` records why its stream failed, for consumers that arrive after
-// it exited: "<socket path>.failed" for ipc://PATH; "" (no record) for tcp and abstract ipc.
-std::string failure_record_path(const std::string& endpoint);
+std::string validate_descriptor(const ChunkDescriptor& d, uint32_t slot_count, uint64_t slot_bytes);
 
 // Bytes spanned by a strided tensor view (0 for an empty one); nullopt on overflow.
 std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t);

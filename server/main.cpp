@@ -14,9 +14,9 @@
 #include <string>
 
 #include "decoders/make_dataset.h"
-#include "server/serve.h"
-#include "server/serve_cli.h"
-#include "server/serve_config.h"
+#include "server/serve/serve.h"
+#include "server/serve/serve_cli.h"
+#include "server/serve/serve_config.h"
 
 namespace batchcast {
 namespace {

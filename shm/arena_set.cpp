@@ -1,5 +1,6 @@
 #include "shm/arena_set.h"
 
+#include "common/cuda_check.h"
 #include "common/error.h"
 
 namespace batchcast {
@@ -50,9 +51,9 @@ void ArenaSet::replicate(uint32_t slot, uint64_t bytes, cudaStream_t written_on)
     const DeviceArena& to = arenas_[k];
     CudaDeviceGuard guard(to.device());
     cudaStream_t s = streams_[k].get();
-    const std::string what = "copying slot " + std::to_string(slot) + " from cuda:" +
-                             std::to_string(from.device()) + " to cuda:" +
-                             std::to_string(to.device());
+    const std::string what = "copying slot " + std::to_string(slot) +
+                             " from cuda:" + std::to_string(from.device()) +
+                             " to cuda:" + std::to_string(to.device());
     cuda_check(cudaStreamWaitEvent(s, written_[slot].get(), 0), what);
     cuda_check(cudaMemcpyPeerAsync(to.slot_data(slot), to.device(), from.slot_data(slot),
                                    from.device(), bytes, s),
@@ -69,8 +70,9 @@ std::string ArenaSet::describe_copies() const {
   std::string out;
   for (size_t k = 1; k < arenas_.size(); ++k) {
     if (!out.empty()) out += ", ";
-    out += "cuda:" + std::to_string(primary().device()) + " -> cuda:" +
-           std::to_string(arenas_[k].device()) + (peer_[k] ? " peer" : " through the host");
+    out += "cuda:" + std::to_string(primary().device()) +
+           " -> cuda:" + std::to_string(arenas_[k].device()) +
+           (peer_[k] ? " peer" : " through the host");
   }
   return out;
 }

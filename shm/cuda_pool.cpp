@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/cuda_check.h"
 #include "common/error.h"
 
 namespace batchcast {
@@ -13,12 +14,6 @@ int cuda_device_count() noexcept {
     return 0;
   }
   return n;
-}
-
-void cuda_check(cudaError_t status, const std::string& what) {
-  if (status == cudaSuccess) return;
-  (void)cudaGetLastError();
-  throw Error(what + ": " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
 }
 
 int require_cuda_device(int device) {

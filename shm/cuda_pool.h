@@ -38,8 +38,6 @@ using IpcHandleBytes = std::array<uint8_t, kIpcHandleBytes>;
 
 // Number of usable CUDA devices; 0 when there is no driver, no GPU, or CUDA fails to start.
 int cuda_device_count() noexcept;
-// Throws Error("<what>: <CUDA's message>") unless `status` is cudaSuccess.
-void cuda_check(cudaError_t status, const std::string& what);
 // Throws Error naming the fix unless `device` is a usable device index; returns it.
 int require_cuda_device(int device);
 // The device's UUID (stable across processes, unlike indices under CUDA_VISIBLE_DEVICES).

@@ -29,7 +29,6 @@ from ._batchcast import (
     TimeoutError,
     rank_endpoint,
 )
-from . import metrics
 from .loader import Loader, LoaderStats
 from .producer import Producer
 from .server import Server, serve
@@ -47,7 +46,6 @@ __all__ = [
     "Server",
     "ServerGoneError",
     "TimeoutError",
-    "metrics",
     "rank_endpoint",
     "serve",
 ]

@@ -18,18 +18,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[0] if args else None
     if command == "report":
-        from .report import main as report
+        from .tools.report import main as report
 
         return report(args[1:])
     if command == "track":
-        from .track import main as track
+        from .tools.track import main as track
 
         return track(args[1:])
     if command == "bench":
         if "--views" in args:  # docs/views.md: a sweep of views against its DataLoaders
-            from .bench.views import main as bench
+            from .tools.bench.views import main as bench
         else:
-            from .bench.collocated import main as bench
+            from .tools.bench.collocated import main as bench
 
         bench(args[1:])
         return 0

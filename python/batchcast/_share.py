@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 import torch.utils.data
 
-from . import _batchcast, torchvision_plan
+from . import _batchcast, _torchvision_plan
 from ._share_producer import _lock
 from .loader import Loader
 
@@ -133,8 +133,8 @@ def native_plan(
     seed: Optional[int],
     pin_memory: bool,
     pin_memory_device: str,
-) -> Optional[torchvision_plan.NativePlan]:
-    """The native plan of the loader's pipeline, or None (torchvision_plan.plan logs why).
+) -> Optional[_torchvision_plan.NativePlan]:
+    """The native plan of the loader's pipeline, or None (_torchvision_plan.plan logs why).
     ``user_args`` are the DataLoader arguments as the user gave them (sampler, collate_fn...).
 
     Where it decodes: pinned batches say the trainer moves them to a GPU, so with
@@ -146,17 +146,17 @@ def native_plan(
         device = pin_memory_device or f"cuda:{torch.cuda.current_device()}"
         nvjpeg = True
     try:
-        found = torchvision_plan.plan(
+        found = _torchvision_plan.plan(
             loader.dataset, user_args, seed=seed or 0, device=device, nvjpeg=nvjpeg
         )
     except Exception as e:  # noqa: BLE001 - a transform that surprises the recogniser
         _log.warning("batchcast: the dataset runs in Python, not natively: recognising its "
                      "pipeline failed (%s: %s)", type(e).__name__, e)
         return None
-    return found if isinstance(found, torchvision_plan.NativePlan) else None
+    return found if isinstance(found, _torchvision_plan.NativePlan) else None
 
 
-def decoding_of(plan: Optional[torchvision_plan.NativePlan]) -> str:
+def decoding_of(plan: Optional[_torchvision_plan.NativePlan]) -> str:
     """How a share's samples are made, as the fingerprint states it: one stream, one way."""
     return "python" if plan is None else f"native {plan.decoder} decoder, pool on {plan.device}"
 
@@ -302,7 +302,7 @@ class SharedStream:
         if set(differ) <= set(VIEW_FIELDS):
             why = ("only the transform differs, and a transform joins a stream as another view "
                    "only when both trainers' pipelines are recognised torchvision ImageFolder "
-                   "pipelines decoded natively into a host pool (batchcast.torchvision_plan; "
+                   "pipelines decoded natively into a host pool (batchcast._torchvision_plan; "
                    "DataLoader(native=True), no pin_memory)")
         else:
             why = ("one key is one stream: use another share key for this one (or the same "

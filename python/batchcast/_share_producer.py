@@ -13,8 +13,8 @@ share's lock file, and keeps it until its endpoint and files are gone, so a proc
 at that moment either is counted or starts a fresh producer. Output goes to the share's log.
 
 What serves (:func:`make_producer`): when the trainer's pipeline has a native plan
-(``torchvision_plan``: a recognised torchvision ImageFolder pipeline), the native server runs
-in this process (``_batchcast.RunningServer``, the CPU decoder or nvJPEG into a GPU pool), with
+(``_torchvision_plan``: a recognised torchvision ImageFolder pipeline), the native server runs
+in this process (``_batchcast.ServeRun``, the CPU decoder or nvJPEG into a GPU pool), with
 its own shuffle and augmentation draws from the plan's seed. Otherwise the pipeline runs in
 Python: epoch e of the stream is the pipeline's sampler after ``sampler.set_epoch(e)`` (a
 DistributedSampler), or a RandomSampler drawn from ``seed + e``: any epoch's order can be
@@ -48,8 +48,8 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 import torch
 import torch.utils.data
 
-from batchcast import _batchcast
-from batchcast.producer import Producer
+from . import _batchcast
+from .producer import Producer
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
@@ -118,7 +118,7 @@ class _NativeProducer:
     """The native server of a recognised pipeline, with the surface the watcher uses."""
 
     def __init__(self, config: _batchcast.ServeConfig) -> None:
-        self._server = _batchcast.RunningServer(config)
+        self._server = _batchcast.ServeRun(config)
 
     def run(self, epochs: Optional[int] = None) -> None:
         self._server.wait()
@@ -275,7 +275,7 @@ def main(argv: list) -> int:
     producer = make_producer(pipeline, paths["endpoint"], metrics_dir)
     tracker = None
     if metrics_dir and pipeline.get("native") is None:
-        from batchcast import metrics
+        from .tools import metrics
 
         tracker = metrics.track(metrics_dir, role="server")
     held: Dict[str, int] = {}

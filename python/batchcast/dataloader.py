@@ -24,12 +24,12 @@ With ``share``, torch's arguments mean:
   is alive (a slow peer or an epoch boundary is no error; a dead producer is).
 - ``stall_timeout`` (share= only): seconds this trainer may hold the shared stream back (a slow
   model, validation, a checkpoint, a debugger) before the others go on without it; it then reads
-  what it missed as regenerated chunks, nothing lost, and merges back when it catches up. None:
+  what it missed as private chunks, nothing lost, and merges back when it catches up. None:
   the producer's default (3 s). A producer over an IterableDataset cannot regenerate: there the
   others wait for it, as torch's DataLoaders of one stream would.
 - refused: ``batch_sampler`` and ``batch_size=None`` (the stream is chunks of one batch size).
 
-Native decoding: a torchvision ``ImageFolder`` pipeline that ``batchcast.torchvision_plan``
+Native decoding: a torchvision ``ImageFolder`` pipeline that ``batchcast._torchvision_plan``
 recognises (RandomResizedCrop + flip, or Resize + CenterCrop, then ToTensor/Normalize or their
 v2 forms; no custom sampler or collate_fn) is served by the native C++ pipeline instead of the
 dataset's Python code: the same labels, class order, transform parameters, dtype and layout,

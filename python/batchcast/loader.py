@@ -43,7 +43,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import _batchcast
+from . import _batchcast, _tensor_names
 from ._views import ViewLike, view_text
 
 __all__ = ["Loader", "LoaderStats"]
@@ -58,7 +58,7 @@ class LoaderStats:
     batches: int  # batches yielded
     samples: int  # samples yielded
     skipped: int  # samples missed (late join into a partial epoch, or left behind by "skip")
-    copies: int  # private copies (spanning chunks, beyond max_held, or of regenerated chunks)
+    copies: int  # private copies (spanning chunks, beyond max_held, or of private chunks)
     wait_s: float  # seconds spent waiting for data
     dropped_messages: int  # malformed messages from the server, dropped
 
@@ -137,10 +137,11 @@ class _DeviceCopy:
 def _structure(names: Sequence[str]) -> Tuple[str, Optional[List[int]]]:
     """How a batch with these tensor names is returned: ("bare", None), ("tuple", order of
     the "#i" names by i) or ("dict", None)."""
-    if len(names) == 1 and names[0] == "#":
+    if len(names) == 1 and names[0] == _tensor_names.BARE:
         return "bare", None
-    if names and all(n.startswith("#") and n[1:].isdigit() for n in names):
-        positions = [int(n[1:]) for n in names]
+    found = [_tensor_names.tuple_position(n) for n in names]
+    if names and all(p is not None for p in found):
+        positions = [p for p in found if p is not None]
         if sorted(positions) == list(range(len(names))):
             return "tuple", sorted(range(len(names)), key=positions.__getitem__)
     return "dict", None
@@ -189,7 +190,7 @@ class Loader(Closeable):
             not met (n of m), a named consumer holding the stream back, or the producer.
         stall_timeout: seconds this Loader may hold the stream back (a slow step, validation,
             a debugger) before the server frees the others from it: under the server's
-            default stall policy ``decouple`` it then reads what it missed as regenerated
+            default stall policy ``decouple`` it then reads what it missed as private
             chunks (nothing lost) and merges back when it catches up. None: the server's
             ``--stall-timeout`` (3 s by default).
         max_held: zero-copy batches alive at once before further ones are private copies

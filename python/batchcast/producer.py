@@ -30,7 +30,7 @@ from collections import abc
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
-from . import _batchcast
+from . import _batchcast, _tensor_names
 from ._exit_guard import ExitGuard
 
 __all__ = ["Producer"]
@@ -93,18 +93,19 @@ def _as_tensor(name: str, value: Any) -> Any:
 def _flatten(batch: Any) -> Tuple[List[str], List[Any]]:
     """Names and contiguous CPU tensors of a batch (the wire's structure encoding)."""
     if isinstance(batch, (tuple, list)):
-        names = [f"#{i}" for i in range(len(batch))]
+        names = [_tensor_names.tuple_name(i) for i in range(len(batch))]
         values = list(batch)
     elif isinstance(batch, Mapping):
         names = list(batch.keys())
         for k in names:
-            if not isinstance(k, str) or not k or k.startswith("#"):
+            if not isinstance(k, str) or not k or k.startswith(_tensor_names.PREFIX):
                 raise TypeError(
-                    f"dict key {k!r}: keys must be non-empty strings not starting with '#'"
+                    f"dict key {k!r}: keys must be non-empty strings not starting with "
+                    f"{_tensor_names.PREFIX!r}"
                 )
         values = list(batch.values())
     else:
-        names, values = ["#"], [batch]
+        names, values = [_tensor_names.BARE], [batch]
     if not names:
         raise ValueError("a batch has no tensors")
     return names, [_as_tensor(n, v) for n, v in zip(names, values)]
@@ -265,7 +266,7 @@ class Producer:
         """Stops and removes the shared pool and the endpoint (idempotent)."""
         self.stop()
         if self._regenerating is not None:
-            # Its frame holds the core: were it still alive at exit, the pool and the socket
+            # Its frame holds the stream host: were it still alive at exit, the pool and the socket
             # would never be removed. stop() ends its acquire_private().
             self._regenerating.join()
             self._regenerating = None
@@ -310,7 +311,7 @@ class Producer:
 
     @property
     def stats(self) -> dict:
-        """The server core's counters (chunks_published, consumers_now, ring_occupied, ...)."""
+        """The stream host's counters (chunks_published, consumers_now, ring_occupied, ...)."""
         return dict(self._core.stats()) if self._core is not None else {}
 
     # -- internals ---------------------------------------------------------------------------
@@ -346,18 +347,18 @@ class Producer:
         epoch_samples: Optional[int],
     ) -> None:
         names, tensors = first
-        need = int(_batchcast.batch_bytes(_describe(names, tensors)))
+        need = int(_batchcast.chunk_bytes(_describe(names, tensors)))
         slot_bytes = self._slot_bytes
         if slot_bytes is None:
             slot_bytes = -(-int(need * _SLOT_HEADROOM) // _SLOT_ROUND) * _SLOT_ROUND
         elif slot_bytes < need:
             raise ValueError(f"slot_bytes={slot_bytes} is smaller than the first batch ({need} B)")
         self._names = names
-        self._core = _batchcast.ServerCore(
+        self._core = _batchcast.StreamHost(
             endpoint=self._endpoint,
             slot_bytes=slot_bytes,
             ring_slots=self._ring,
-            batch_size=int(tensors[0].shape[0]),
+            chunk_size=int(tensors[0].shape[0]),
             epoch_samples=epoch_samples or 0,
             epochs=epochs or 0,
             min_consumers=self._min_consumers,
@@ -428,7 +429,7 @@ class Producer:
                 f"had {self._names}; every batch must have the same structure"
             )
         described = _describe(names, tensors)
-        need = int(_batchcast.batch_bytes(described))
+        need = int(_batchcast.chunk_bytes(described))
         slot_bytes = int(self._core.slot_bytes)
         if need > slot_bytes:
             raise ValueError(
@@ -437,7 +438,7 @@ class Producer:
                 "or more"
             )
         return bool(
-            self._core.publish_batch(
+            self._core.publish_chunk(
                 described, self._epoch, index, position, epoch_samples or 0, epoch_end
             )
         )

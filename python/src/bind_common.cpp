@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include "common/error.h"
+#include "protocol/endpoint.h"
 #include "protocol/messages.h"
 #include "python/src/bindings.h"
 

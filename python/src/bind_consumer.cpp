@@ -131,7 +131,7 @@ struct Snapshot {
   std::optional<uint64_t> batches_per_epoch;
   ConsumerStats stats;
   uint32_t batch_size = 0;
-  uint32_t server_batch_size = 0;
+  uint32_t chunk_size = 0;
   uint64_t epoch_samples = 0;
   uint64_t epochs = 0;
 };
@@ -153,7 +153,7 @@ struct ConsumerState {
     if (!s.batches_per_epoch) s.batches_per_epoch = snapshot.batches_per_epoch;
     s.stats = consumer->stats();
     s.batch_size = consumer->batch_size();
-    s.server_batch_size = consumer->welcome().server_batch_size;
+    s.chunk_size = consumer->welcome().chunk_size;
     s.epoch_samples = consumer->welcome().epoch_samples;
     s.epochs = consumer->welcome().epochs;
     snapshot = s;
@@ -369,8 +369,8 @@ void bind_consumer(py::module_& m) {
                              [](const PyConsumer& c) { return c.snapshot().batches_per_epoch; })
       .def_property_readonly("batch_size",
                              [](const PyConsumer& c) { return c.snapshot().batch_size; })
-      .def_property_readonly("server_batch_size",
-                             [](const PyConsumer& c) { return c.snapshot().server_batch_size; })
+      .def_property_readonly("chunk_size",
+                             [](const PyConsumer& c) { return c.snapshot().chunk_size; })
       .def_property_readonly("epochs", [](const PyConsumer& c) { return c.snapshot().epochs; })
       .def("stats", [](const PyConsumer& c) { return stats_dict(c.snapshot().stats); });
 }

@@ -1,6 +1,6 @@
 // Python bindings of the metrics collector (metrics/collector.h, metrics/process_tracker.h).
 //
-// - ProcessTracker: what batchcast.metrics.track() uses. Its sampler thread never touches
+// - ProcessTracker: what batchcast.tools.metrics.track() uses. Its sampler thread never touches
 //   Python (counters are atomics), so it keeps sampling while Python code holds the GIL.
 // - MetricsCollector: a collector whose snapshot comes from a Python callable returning a dict
 //   (keys of MetricsSnapshot; "processes" a list of dicts with role, id, pid, samples, wait_s).

@@ -1,7 +1,7 @@
-// Python bindings of ServeConfig (server/serve_config.h, a typed class whose `transform` is a
-// PipelineOptions) and RunningServer (server/serve.h): the native `batchcast serve` inside a
+// Python bindings of ServeConfig (server/serve/serve_config.h, a typed class whose `transform` is a
+// PipelineOptions) and ServeRun (server/serve/serve.h): the native `batchcast serve` inside a
 // Python process, configured by a ServeConfig built directly (no argument strings). The share
-// producer of batchcast.DataLoader runs it for pipelines torchvision_plan recognises, and
+// producer of batchcast.DataLoader runs it for pipelines _torchvision_plan recognises, and
 // watches its consumer counts to decide when to exit, as it does for a Python Producer.
 // command_line() is the way to the program in another process (batchcast.serve()).
 //
@@ -16,24 +16,24 @@
 #include "common/error.h"
 #include "python/src/bindings.h"
 #include "python/src/settings_class.h"
-#include "server/serve.h"
-#include "server/serve_cli.h"
-#include "server/server_core.h"
+#include "server/host/stream_host.h"
+#include "server/serve/serve.h"
+#include "server/serve/serve_cli.h"
 
 namespace py = pybind11;
 
 namespace batchcast::python {
 namespace {
 
-class PyRunningServer {
+class PyServeRun {
  public:
-  explicit PyRunningServer(ServeConfig config) {
+  explicit PyServeRun(ServeConfig config) {
     config.validate();
     py::gil_scoped_release nogil;
-    server_ = std::make_unique<RunningServer>(config);
+    server_ = std::make_unique<ServeRun>(config);
   }
   int wait() {
-    RunningServer& s = get();
+    ServeRun& s = get();
     py::gil_scoped_release nogil;
     return s.wait();
   }
@@ -42,14 +42,14 @@ class PyRunningServer {
     py::gil_scoped_release nogil;
     server_.reset();
   }
-  const ServerCore& core() { return get().core(); }
+  const StreamHost& core() { return get().core(); }
 
  private:
-  RunningServer& get() {
-    if (!server_) throw Error("this RunningServer is closed");
+  ServeRun& get() {
+    if (!server_) throw Error("this ServeRun is closed");
     return *server_;
   }
-  std::unique_ptr<RunningServer> server_;
+  std::unique_ptr<ServeRun> server_;
 };
 
 }  // namespace
@@ -101,24 +101,24 @@ void bind_serve(py::module_& m) {
       .def("command_line", &serve_command_line,
            "The arguments of `batchcast serve` (after `serve`) that give these settings.");
 
-  py::class_<PyRunningServer>(
-      m, "RunningServer",
+  py::class_<PyServeRun>(
+      m, "ServeRun",
       "`batchcast serve` in this process, for a ServeConfig (validated as the program does). "
       "wait() blocks until it ends; stop() ends it from another thread; close() removes its "
       "pool and socket.")
       .def(py::init<ServeConfig>(), py::arg("config"))
-      .def("wait", &PyRunningServer::wait)
-      .def("stop", &PyRunningServer::stop)
-      .def("close", &PyRunningServer::close)
+      .def("wait", &PyServeRun::wait)
+      .def("stop", &PyServeRun::stop)
+      .def("close", &PyServeRun::close)
       .def_property_readonly("consumers_now",
-                             [](PyRunningServer& s) { return s.core().consumers_now(); })
+                             [](PyServeRun& s) { return s.core().consumers_now(); })
       .def_property_readonly("consumers_reading",
-                             [](PyRunningServer& s) { return s.core().consumers_reading(); })
+                             [](PyServeRun& s) { return s.core().consumers_reading(); })
       .def_property_readonly("consumers_ever",
-                             [](PyRunningServer& s) { return s.core().consumers_ever(); })
-      .def_property_readonly("endpoint", [](PyRunningServer& s) { return s.core().endpoint(); })
-      .def_property_readonly(
-          "on_gpu", [](PyRunningServer& s) { return s.core().memory().cuda_device() >= 0; });
+                             [](PyServeRun& s) { return s.core().consumers_ever(); })
+      .def_property_readonly("endpoint", [](PyServeRun& s) { return s.core().endpoint(); })
+      .def_property_readonly("on_gpu",
+                             [](PyServeRun& s) { return s.core().memory().cuda_device() >= 0; });
 }
 
 }  // namespace batchcast::python

@@ -8,7 +8,7 @@ namespace batchcast::python {
 
 void bind_common(pybind11::module_& m);
 void bind_consumer(pybind11::module_& m);
-void bind_server(pybind11::module_& m);
+void bind_producer(pybind11::module_& m);
 void bind_serve(pybind11::module_& m);
 void bind_decoders(pybind11::module_& m);
 void bind_metrics(pybind11::module_& m);

@@ -1,4 +1,4 @@
-// BlockingWorker: runs the bindings' blocking native calls (Consumer::next, ServerCore::acquire)
+// BlockingWorker: runs the bindings' blocking native calls (Consumer::next, StreamHost::acquire)
 // on a dedicated thread while the calling Python thread waits in 50 ms slices with the GIL
 // released, checking for signals between slices. So Ctrl-C interrupts a blocked call within a
 // slice, and the native call itself is never abandoned half-way (Consumer::next keeps partial

@@ -6,7 +6,7 @@ PYBIND11_MODULE(_batchcast, m) {
   m.doc() = "batchcast native core (use the batchcast package, not this module)";
   batchcast::python::bind_common(m);
   batchcast::python::bind_consumer(m);
-  batchcast::python::bind_server(m);
+  batchcast::python::bind_producer(m);
   batchcast::python::bind_serve(m);
   batchcast::python::bind_decoders(m);
   batchcast::python::bind_metrics(m);

@@ -21,7 +21,7 @@
 
 namespace {
 
-using batchcast::protocol::BatchDescriptor;
+using batchcast::protocol::ChunkDescriptor;
 
 [[noreturn]] void finding(const char* what) {
   std::fprintf(stderr, "fuzz_messages: %s\n", what);
@@ -31,7 +31,7 @@ using batchcast::protocol::BatchDescriptor;
 // The oracle: does every byte addressed by descriptor `d`'s tensors lie inside one slot of
 // `slot_bytes`, and its sample range inside the epoch? Written independently of
 // tensor_extent_bytes(), with overflow-checked arithmetic: an overflow means "outside".
-bool oracle_inside(const BatchDescriptor& d, uint32_t slot_count, uint64_t slot_bytes) {
+bool oracle_inside(const ChunkDescriptor& d, uint32_t slot_count, uint64_t slot_bytes) {
   using U = unsigned __int128;
   if (d.slot >= slot_count) return false;
   const auto& p = d.position;
@@ -79,7 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     finding("a decoded frame does not re-encode to the same bytes");
   if (!p::decode(again.data(), again.size()).message) finding("a re-encoded frame does not decode");
 
-  if (auto* d = std::get_if<BatchDescriptor>(&*result.message)) {
+  if (auto* d = std::get_if<ChunkDescriptor>(&*result.message)) {
     // A few pools: tiny, page-sized, the server's usual sizes, and the largest slot possible.
     static const struct {
       uint32_t slots;

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   w.slot_count = 8;
   w.slot_bytes = 1 << 20;
   w.slots_offset = 4096;
-  w.server_batch_size = 64;
+  w.chunk_size = 64;
   w.epoch_samples = 1000;
   w.epochs = 3;
   write("welcome_host", w);
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   w.cuda_arenas[1].device_uuid[0] = 0x01;
   write("welcome_cuda_two_gpus", w);
 
-  p::BatchDescriptor d;
+  p::ChunkDescriptor d;
   d.seq = 17;
   d.position = {1, 2, 128, 64, 1000, false};
   d.position.stream_position = 1128;

@@ -105,7 +105,7 @@ def _is_our_share_producer(cmdline: bytes) -> bool:
 
 
 def synthetic_rows(labels: "torch.Tensor", width: int) -> "torch.Tensor":
-    """The payload `serve --synthetic` writes for each sample index (server/synthetic_source.h:
+    """The payload `serve --synthetic` writes for each sample index (server/produce/synthetic_source.h:
     byte j of sample i = synthetic_byte(i, j)), `width` bytes per row, on the labels' device.
     Scripts started by run_py import it too (`from conftest import synthetic_rows`)."""
     import torch

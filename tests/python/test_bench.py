@@ -76,7 +76,7 @@ def fake_results():
 
 
 def test_report_finds_fewest_cores_and_writes_every_table(tmp_path):
-    from batchcast.bench import report
+    from batchcast.tools.bench import report
     results = fake_results()
     # 95 % of the 1000 samples/s ceiling: nvJPEG gets there at 2 cores, the DataLoaders never
     assert report.fewest_cores(results["sweep"]["runs"], 1000) == {"batchcast-nvjpeg": 2,

@@ -311,8 +311,8 @@ def test_device_takes_gpu_and_mig_uuids_and_refuses_an_unseen_one_naming_the_fix
 @needs_gpu
 def test_loaders_catching_up_together_on_a_gpu_pool_read_intact_copies(endpoint, batchcast_bin):
     # test_loader's lockstep catch-up on a GPU pool: three loaders join mid-epoch at once, catch
-    # up on regenerated chunks read in lockstep (the leader in a thread of its own) and keep
-    # every batch. Each regenerated chunk is copied device to device as it arrives
+    # up on private chunks read in lockstep (the leader in a thread of its own) and keep
+    # every batch. Each private chunk is copied device to device as it arrives
     # (client/chunk_copy.h): its slot goes back once the copy has run, its batches wait for the
     # copy on the user's stream, and the copy lives as long as they do.
     server = serve_or_skip(synthetic=400, sample_bytes=SAMPLE_BYTES, endpoint=endpoint,
@@ -354,7 +354,7 @@ def test_loaders_catching_up_together_on_a_gpu_pool_read_intact_copies(endpoint,
         assert server.wait(30) == 0
         with open(server.log_path) as log:
             caught_up = log.read().count("chunks regenerated for it until it reaches the stream")
-        assert caught_up == 3, "each joiner caught up on regenerated chunks"
+        assert caught_up == 3, "each joiner caught up on private chunks"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the machine without a GPU")

@@ -284,7 +284,7 @@ def test_two_nccl_jobs_on_two_gpus_share_nvjpeg_pools_per_rank(tmp_path):
         assert results["A", r]["epochs"] == results["B", r]["epochs"], f"rank {r} differs"
     # The native pipeline shards as DistributedSampler does (rank r takes every 2nd sample of
     # the epoch's order) but draws the order from its own seeded source, not torch's generator
-    # (torchvision_plan.py): each epoch the two shards are disjoint halves of the dataset.
+    # (_torchvision_plan.py): each epoch the two shards are disjoint halves of the dataset.
     orders = []
     for e in range(EPOCHS):
         halves = [results["A", r]["epochs"][e]["labels"] for r in range(2)]

@@ -2,7 +2,7 @@
 a trainer learns why a server failed or what it is waiting for.
 
 Owners and their exits (python/batchcast/producer.py, _exit_guard.py, _share_producer.py,
-server/serve.cpp):
+server/serve/serve.cpp):
 - ``batchcast serve``: normal end, SIGINT, SIGTERM, SIGHUP (exit 0), stream failure (exit 1
   after --fail-linger; the failure is recorded in ``<socket path>.failed``);
 - ``batchcast.Producer``: normal end, exception in the iterable (Loaders get it), SIGTERM

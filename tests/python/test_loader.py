@@ -394,10 +394,10 @@ def test_loaders_catching_up_together_in_lockstep_keeping_every_batch_never_stal
         endpoint, batchcast_bin):
     # Trainers started together mid-epoch: three loaders of one thread join at once, each catches
     # up on chunks regenerated for it alone, and the user reads them in lockstep, keeping every
-    # batch, while a leader reads on. A consumer copies a regenerated chunk as it arrives and
+    # batch, while a leader reads on. A consumer copies a private chunk as it arrives and
     # releases its slot (client/chunk_copy.h), so neither kept batches nor loaders waiting for
     # their turn pin the slots the server keeps for catching up. When each kept its first batches
-    # as views of its regenerated chunks, the joiners took all of those slots and the stream
+    # as views of its private chunks, the joiners took all of those slots and the stream
     # stalled (the loaders' timeout raised TimeoutError).
     with serve(endpoint, samples=400, batch=4, epochs=2, ring=16) as server:
         loaders = [batchcast.Loader(endpoint, timeout=30)]
@@ -449,12 +449,12 @@ def test_loaders_catching_up_together_in_lockstep_keeping_every_batch_never_stal
         for k in (1, 2, 3):
             assert labels[k][0] == whole, f"joiner {k} did not get epoch 0 whole, in order"
             assert labels[k][1] == labels[0][1], f"joiner {k} differs in epoch 1"
-            assert kept[k][0].copied, "a regenerated chunk's batch is a private copy"
+            assert kept[k][0].copied, "a private chunk's batch is a private copy"
         assert not kept[0][0].copied, "the leader's first kept batch is a zero-copy view"
         assert server.wait(20) == 0
         with open(server.log_path) as log:
             caught_up = log.read().count("chunks regenerated for it until it reaches the stream")
-        assert caught_up == 3, "each joiner caught up on regenerated chunks"
+        assert caught_up == 3, "each joiner caught up on private chunks"
         for loader in loaders:
             loader.close()
 

@@ -1,4 +1,4 @@
-"""batchcast.metrics (track, summarize) and batchcast.report on real run directories.
+"""batchcast.tools.metrics (track, summarize) and batchcast.tools.report on real run directories.
 
 Run: .venv/bin/python -m pytest tests/python/test_metrics.py
 CPU assertions compare CPU time with CPU time (getrusage of the same processes), so a loaded
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from batchcast import metrics, report
+from batchcast.tools import metrics, report
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(metrics.__file__)))
 
@@ -26,7 +26,7 @@ TRAINER = textwrap.dedent(
     import json, resource, sys, time
     import torch
     from torch.utils.data import DataLoader, Dataset
-    from batchcast import metrics
+    from batchcast.tools import metrics
 
     torch.set_num_threads(1)
 
@@ -184,7 +184,7 @@ def test_report_renders_png_and_html(shared, tmp_path):
 def test_report_two_runs_side_by_side_from_the_command_line(shared, baseline, tmp_path):
     out = tmp_path / "cmp"
     p = subprocess.run(
-        [sys.executable, "-m", "batchcast.report", str(shared[0]), str(baseline[0]),
+        [sys.executable, "-m", "batchcast.tools.report", str(shared[0]), str(baseline[0]),
          "--out", str(out)],
         env=_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -196,7 +196,7 @@ def test_report_two_runs_side_by_side_from_the_command_line(shared, baseline, tm
 
 
 def test_report_errors_are_clear(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "batchcast.report", str(tmp_path)],
+    p = subprocess.run([sys.executable, "-m", "batchcast.tools.report", str(tmp_path)],
                        env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert str(tmp_path) in p.stderr and "summary.json" in p.stderr

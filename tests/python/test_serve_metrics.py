@@ -13,7 +13,7 @@ import time
 import pytest
 
 import batchcast
-from batchcast import metrics
+from batchcast.tools import metrics
 
 TRAINER = textwrap.dedent(
     """

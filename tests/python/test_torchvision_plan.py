@@ -1,4 +1,4 @@
-"""batchcast.torchvision_plan: which torchvision ImageFolder pipelines run natively, and that
+"""batchcast._torchvision_plan: which torchvision ImageFolder pipelines run natively, and that
 the native pipeline then yields what torchvision would (labels, order, per-sample pixels for the
 same crop box and flip, crop-box statistics); everything else falls back with a logged reason.
 
@@ -17,7 +17,7 @@ from PIL import Image
 
 import batchcast
 import batchcast._batchcast as bc
-from batchcast.torchvision_plan import Fallback, NativePlan, plan
+from batchcast._torchvision_plan import Fallback, NativePlan, plan
 from test_dataloader import new_key  # noqa: F401 (a fixture)
 from test_decoders import MEAN, STD, photo, save_jpeg
 

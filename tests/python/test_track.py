@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from batchcast import metrics, report
+from batchcast.tools import metrics, report
 
 PY = "/usr/bin/python3"  # the commands under test need nothing but the standard library
 

@@ -64,7 +64,7 @@ class ScriptedServer {
     w.consumer_id = 1;
     w.server_pid = static_cast<uint32_t>(::getpid());
     w.boot_id = host_boot_id();
-    w.server_batch_size = 4;
+    w.chunk_size = 4;
     w.epoch_samples = 8;
     w.epochs = 1;
     w.heartbeat_timeout_s = heartbeat_timeout_s;
@@ -74,7 +74,7 @@ class ScriptedServer {
   // Publishes chunk `seq` in slot `slot` and sends its descriptor.
   void chunk(uint64_t seq, uint32_t slot) {
     memory_.pool().set_slot_seq(slot, seq);
-    protocol::BatchDescriptor d;
+    protocol::ChunkDescriptor d;
     d.seq = seq;
     d.slot = slot;
     d.position.index_in_epoch = seq;

@@ -1,13 +1,14 @@
 // shm/cuda_pool.h: "no GPU" is a value, RAII owners move, the arena exports what consumers need.
 // Tests that need a device skip themselves ("no CUDA device: ...") where there is none.
-#include "shm/arena_set.h"
 #include "shm/cuda_pool.h"
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "common/cuda_check.h"
 #include "common/error.h"
+#include "shm/arena_set.h"
 
 namespace batchcast {
 namespace {
@@ -130,16 +131,16 @@ TEST(CudaPool, ASlotWrittenOnThePrimaryIsCopiedToEveryArena) {
     arenas.wait_for_slot(1);
     auto stream = CudaStream::create();
     const DeviceArena& primary = arenas.primary();
-    cuda_check(cudaMemcpyAsync(primary.slot_data(1), in.data(), in.size(),
-                               cudaMemcpyHostToDevice, stream.get()),
+    cuda_check(cudaMemcpyAsync(primary.slot_data(1), in.data(), in.size(), cudaMemcpyHostToDevice,
+                               stream.get()),
                "up");
     cuda_check(cudaEventRecord(primary.slot_event(1), stream.get()), "record");
     arenas.replicate(1, in.size(), stream.get());
     arenas.wait_for_slot(1);
     CudaDeviceGuard guard(second);
-    cuda_check(cudaMemcpy(out.data(), arenas.arenas()[1].slot_data(1), out.size(),
-                          cudaMemcpyDeviceToHost),
-               "down");
+    cuda_check(
+        cudaMemcpy(out.data(), arenas.arenas()[1].slot_data(1), out.size(), cudaMemcpyDeviceToHost),
+        "down");
     EXPECT_EQ(in, out) << "round " << int(round);
   }
 }

@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "client/consumer.h"
-#include "server/synthetic_source.h"
+#include "common/cuda_check.h"
+#include "server/produce/synthetic_source.h"
 #include "shm/cuda_pool.h"
 
 namespace {

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "common/cuda_check.h"
 #include "common/error.h"
 #include "decoders/jpeg_decode.h"
 #include "shm/cuda_pool.h"

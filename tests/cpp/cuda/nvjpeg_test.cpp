@@ -1,8 +1,6 @@
 // decoders/nvjpeg_decode.h: nvJPEG's pixels agree with the CPU decoder (TurboJPEG) within a few
 // levels (IDCT and chroma upsampling differ: on the tiny corpus images, chroma edges dominate,
 // mean 2-2.6 levels, p99 18 on the H100). Skips itself without a GPU.
-#include "decoders/nvjpeg_decode.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +8,9 @@
 #include <fstream>
 #include <iterator>
 
+#include "common/cuda_check.h"
 #include "decoders/jpeg_decode.h"
+#include "decoders/nvjpeg_decode.h"
 #include "shm/cuda_pool.h"
 
 namespace batchcast {
@@ -31,9 +31,9 @@ TEST(Nvjpeg, AgreesWithTheCpuDecoder) {
     auto out = DeviceBuffer::allocate(static_cast<size_t>(w) * h * 3);
     dec.decode_batch({in}, {out.data()}, stream.get());
     std::vector<uint8_t> gpu(static_cast<size_t>(w) * h * 3);
-    cuda_check(cudaMemcpyAsync(gpu.data(), out.data(), gpu.size(), cudaMemcpyDeviceToHost,
-                               stream.get()),
-               "copy");
+    cuda_check(
+        cudaMemcpyAsync(gpu.data(), out.data(), gpu.size(), cudaMemcpyDeviceToHost, stream.get()),
+        "copy");
     cuda_check(cudaStreamSynchronize(stream.get()), "sync");
     RgbView cpu = decode_jpeg_full_turbo(jpeg.data(), jpeg.size(), name, ScalingFactor{});
     ASSERT_EQ(cpu.width, w) << name;

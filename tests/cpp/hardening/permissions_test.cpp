@@ -156,7 +156,7 @@ void forge(const std::string& ep, uint32_t slots, std::atomic<uint64_t>* forged,
       auto r = protocol::decode(msg.data(), msg.size());
       if (!r.message) continue;
       if (std::holds_alternative<protocol::Welcome>(*r.message)) send(evil, protocol::Credit{64});
-      if (auto* d = std::get_if<protocol::BatchDescriptor>(&*r.message)) {
+      if (auto* d = std::get_if<protocol::ChunkDescriptor>(&*r.message)) {
         top = std::max(top, d->seq);
         send(evil, protocol::Release{d->seq, d->slot});
         send(evil, protocol::Release{d->seq, d->slot});  // a double release

@@ -1,6 +1,8 @@
 // MetricsCollector end to end: CPU of forked processes (own, live child, reaped child) against
 // their own getrusage, NVML absent and faked, the CSV/summary layout, errors, sampler cost.
 // CPU comparisons are CPU time against CPU time, so a loaded machine only makes them slower.
+// Tests that need ticks but not real CPU drive them through the seam (CollectorEnv: no sampler
+// thread, a clock of their own), so none of them sleeps for the sampler.
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -145,6 +147,14 @@ CollectorOptions fast_options(const fs::path& dir) {
   return o;
 }
 
+// Ticks taken by the test (no sampler thread) on a clock the test moves: advance() then tick().
+struct ManualTicks {
+  double now = 100.0;
+  CollectorEnv env(std::function<metrics::ProcessTable()> scan = {}) {
+    return CollectorEnv{[this] { return now; }, std::move(scan), false};
+  }
+};
+
 TEST(MetricsCollector, RecordsBurnedCpuWithinTenPercent) {
   Child burner([](int in, int out) {
     if (!wait_byte(in)) return;
@@ -168,7 +178,60 @@ TEST(MetricsCollector, RecordsBurnedCpuWithinTenPercent) {
   EXPECT_NEAR(s["cpu_core_s"]["consumers"].get<double>(), recorded, 1e-9);
   EXPECT_NEAR(s["cpu_core_s"]["all"].get<double>(), recorded, 1e-9);
   EXPECT_EQ(s["complete"], true);
+  EXPECT_FALSE(s["system"]["mean_cpu_utilization_percentage"].is_null());
   EXPECT_EQ(read_json(dir / "summary.json")["processes"][0]["cpu_core_s"], recorded);
+}
+
+// The /proc seam: a process tree the test writes. CPU is counted from first sight, a live child
+// is charged to its parent, and cpu_percent is CPU over the injected clock's span.
+TEST(MetricsCollector, InjectedProcessTableAndClockGiveExactFigures) {
+  const pid_t root = 0x7ffffff0, child = 0x7ffffff1;
+  double root_cpu = 10, child_cpu = 1;
+  auto scan = [&] {
+    metrics::ProcStat r, k;
+    r.pid = root;
+    r.ppid = 1;
+    r.utime_s = root_cpu;
+    r.rss_bytes = 3'000'000;
+    k.pid = child;
+    k.ppid = root;
+    k.utime_s = child_cpu;
+    k.rss_bytes = 1'000'000;
+    return metrics::ProcessTable({r, k});
+  };
+  const fs::path dir = fresh_dir("seam");
+  ManualTicks clock;
+  MetricsCollector c(
+      fast_options(dir), [&] { return one_process("trainer", root); }, clock.env(scan));
+  c.start();
+  clock.now += 2.0;
+  root_cpu += 1.0;
+  child_cpu += 1.0;
+  c.tick();
+  clock.now += 1.0;
+  root_cpu += 0.5;
+  c.stop();
+  auto rows = read_csv(dir / "processes.csv");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[1][0], "0.000");
+  EXPECT_EQ(rows[2][0], "2.000");
+  EXPECT_DOUBLE_EQ(std::stod(rows[2][4]), 2.0);
+  EXPECT_DOUBLE_EQ(std::stod(rows[2][5]), 100.0);
+  EXPECT_DOUBLE_EQ(std::stod(rows[3][5]), 50.0);
+  EXPECT_EQ(rows[3][8], "2");
+  json s = c.summary();
+  EXPECT_DOUBLE_EQ(s["duration_s"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(s["processes"][0]["cpu_core_s"].get<double>(), 2.5);
+  EXPECT_EQ(s["processes"][0]["max_procs"], 2);
+  EXPECT_THROW(c.tick(), Error);  // stopped
+}
+
+TEST(MetricsCollector, TickIsRefusedWithASamplerThread) {
+  const fs::path dir = fresh_dir("tickthread");
+  MetricsCollector c(fast_options(dir), [] { return one_process("server", getpid()); });
+  c.start();
+  EXPECT_THROW(c.tick(), Error);
+  c.stop();
 }
 
 TEST(MetricsCollector, CountsLiveChildForItsParent) {
@@ -236,10 +299,13 @@ TEST(MetricsCollector, WorksWithoutNvml) {
   const fs::path dir = fresh_dir("nonvml");
   CollectorOptions o = fast_options(dir);
   o.nvml_library = "/nonexistent/libnvidia-ml.so.1";
-  MetricsCollector c(o, [] { return one_process("server", getpid()); });
+  ManualTicks clock;
+  MetricsCollector c(
+      o, [] { return one_process("server", getpid()); }, clock.env());
   EXPECT_FALSE(c.has_gpu());
   c.start();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  clock.now += 0.2;
+  c.tick();
   c.stop();
   for (const auto& col : header_of(dir / "system.csv"))
     EXPECT_EQ(col.find("gpu"), std::string::npos) << col;
@@ -262,11 +328,15 @@ TEST(MetricsCollector, FakeNvmlGivesMlflowGpuColumns) {
   const fs::path dir = fresh_dir("fakenvml");
   CollectorOptions o = fast_options(dir);
   o.nvml_library = BC_FAKE_NVML_PATH;
-  MetricsCollector c(o, [] { return one_process("trainer", getpid()); });
+  ManualTicks clock;
+  MetricsCollector c(
+      o, [] { return one_process("trainer", getpid()); }, clock.env());
   ASSERT_TRUE(c.has_gpu());
   EXPECT_EQ(c.collocation(), "time-slicing");
   c.start();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  clock.now += 0.2;
+  c.tick();
+  clock.now += 0.2;
   c.stop();
   auto rows = read_csv(dir / "system.csv");
   std::vector<std::string> want{"time_s", "system/cpu_utilization_percentage",
@@ -280,7 +350,7 @@ TEST(MetricsCollector, FakeNvmlGivesMlflowGpuColumns) {
       want.push_back(std::string(g) + k);
   }
   EXPECT_EQ(rows.at(0), want);
-  ASSERT_GE(rows.size(), 3u);
+  ASSERT_EQ(rows.size(), 4u);  // header, start, tick, stop
   EXPECT_EQ(rows[1][4], "40.0");
   EXPECT_EQ(rows[1][5], "20000.0");
   EXPECT_EQ(rows[1][6], "25.00");
@@ -305,6 +375,7 @@ TEST(MetricsCollector, FakeNvmlGivesMlflowGpuColumns) {
   EXPECT_DOUBLE_EQ(s["mean_gpu_utilization_percentage"].get<double>(), 60.0);
   EXPECT_DOUBLE_EQ(s["mean_sm_active_percentage"].get<double>(), 55.0);
   const int64_t readings = s["ticks"].get<int64_t>();
+  EXPECT_EQ(readings, 3);
   EXPECT_DOUBLE_EQ(s["gpus"][0]["energy_joules"].get<double>(), 100.0 * (readings - 1));
   EXPECT_DOUBLE_EQ(s["energy_joules"]["gpu"].get<double>(), 200.0 * (readings - 1));
   EXPECT_EQ(s["collocation"], "time-slicing");
@@ -417,26 +488,32 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
   CollectorOptions o = fast_options(dir);
   o.nvml_library = "/nonexistent/libnvidia-ml.so.1";
   o.summary_every_ticks = 2;
-  MetricsCollector c(o, [&] {
-    MetricsSnapshot s;
-    s.producer_blocked_s = 0.5;
-    s.ring_size = 8;
-    s.ring_used = ring.load();
-    s.processes.push_back({"server", "", getpid(), 0, 0});
-    s.processes.push_back({"consumer", "a", a.pid, sa.load(), 0.25});
-    s.processes.push_back({"consumer", "b", b.pid, sb.load(), 0.5});
-    return s;
-  });
+  ManualTicks clock;
+  MetricsCollector c(
+      o,
+      [&] {
+        MetricsSnapshot s;
+        s.producer_blocked_s = 0.5;
+        s.ring_size = 8;
+        s.ring_used = ring.load();
+        s.processes.push_back({"server", "", getpid(), 0, 0});
+        s.processes.push_back({"consumer", "a", a.pid, sa.load(), 0.25});
+        s.processes.push_back({"consumer", "b", b.pid, sb.load(), 0.5});
+        return s;
+      },
+      clock.env());
   c.start();
   for (int i = 0; i < 10; ++i) {
     sa += 32;
     sb += 16;
     ring = (i % 8) + 1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    clock.now += 0.2;
+    c.tick();
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(250));  // a partial summary by now
-  json partial = read_json(dir / "summary.json");
+  json partial = read_json(dir / "summary.json");  // every 2 ticks
   EXPECT_EQ(partial["complete"], false);
+  EXPECT_EQ(partial["ticks"], 10);
+  clock.now += 0.2;
   c.stop();
   c.stop();  // idempotent
   EXPECT_THROW(c.start(), Error);
@@ -458,7 +535,7 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
                                       "gpu_sm_percent",
                                       "gpu_memory_mb"};
   EXPECT_EQ(procs.at(0), want);
-  ASSERT_GE(procs.size(), 1 + 3 * 3u);
+  ASSERT_EQ(procs.size(), 1 + 3 * 12u);
   EXPECT_EQ(procs[1][1], "server");
   EXPECT_EQ(procs[2][1], "consumer");
   EXPECT_EQ(procs[2][2], "a");
@@ -484,8 +561,9 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
   EXPECT_EQ(s["incomplete_reason"], nullptr);
   EXPECT_EQ(s["samples"], 320u + 160u);
   EXPECT_DOUBLE_EQ(s["wait_s"].get<double>(), 0.75);  // counters are counted whole
-  EXPECT_GT(s["duration_s"].get<double>(), 0.5);
-  EXPECT_GE(s["ticks"].get<int>(), 4);
+  EXPECT_NEAR(s["duration_s"].get<double>(), 2.2, 1e-9);
+  EXPECT_EQ(s["ticks"].get<int>(), 12);
+  EXPECT_EQ(procs[5][10], "160.00");  // consumer a: 32 samples in 0.2 s
   const double server_cpu = s["cpu_core_s"]["server"];
   const double all_cpu = s["cpu_core_s"]["all"];
   EXPECT_GE(all_cpu, server_cpu);
@@ -499,7 +577,7 @@ TEST(MetricsCollector, WritesDocumentedCsvAndSummary) {
   EXPECT_EQ(s["ring_size"], 8);
   EXPECT_GT(s["mean_ring_fill_percent"].get<double>(), 0);
   EXPECT_DOUBLE_EQ(s["producer_blocked_s"].get<double>(), 0.0);
-  EXPECT_FALSE(s["system"]["mean_cpu_utilization_percentage"].is_null());
+  EXPECT_TRUE(s["system"].contains("mean_cpu_utilization_percentage"));
   for (const char* key : {"start_unix_s", "interval_s", "samples_per_s", "sampler", "gpus"})
     EXPECT_TRUE(s.contains(key)) << key;
 }
@@ -509,18 +587,24 @@ TEST(MetricsCollector, CountsWholeCountersAndSaysWhyARunIsIncomplete) {
   // ticks) counts all 500; one that leaves stays listed with its final count; a summary whose
   // owner says its counts are not final is incomplete, and says why.
   const fs::path dir = fresh_dir("whole");
-  std::atomic<int> phase{0};
-  MetricsCollector c(fast_options(dir), [&] {
-    MetricsSnapshot s;
-    s.processes.push_back({"server", "", getpid(), 0, 0});
-    if (phase >= 1) s.processes.push_back({"consumer", "1", 0x7ffffff0, 500, 1.5});
-    if (phase >= 2) s.incomplete = "1 consumer(s) still attached";
-    return s;
-  });
+  int phase = 0;
+  ManualTicks clock;
+  MetricsCollector c(
+      fast_options(dir),
+      [&] {
+        MetricsSnapshot s;
+        s.processes.push_back({"server", "", getpid(), 0, 0});
+        if (phase >= 1) s.processes.push_back({"consumer", "1", 0x7ffffff0, 500, 1.5});
+        if (phase >= 2) s.incomplete = "1 consumer(s) still attached";
+        return s;
+      },
+      clock.env());
   c.start();
   phase = 1;
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  clock.now += 0.2;
+  c.tick();
   phase = 2;
+  clock.now += 0.2;
   c.stop();
   json s = read_json(dir / "summary.json");
   EXPECT_EQ(s["samples"], 500u);
@@ -570,15 +654,20 @@ TEST(MetricsCollector, ClearErrorsForBadDirectories) {
 
 TEST(MetricsCollector, SourceThatThrowsIsSurvived) {
   const fs::path dir = fresh_dir("throws");
-  std::atomic<int> calls{0};
-  MetricsCollector c(fast_options(dir), [&]() -> MetricsSnapshot {
-    if (calls++ > 0) throw std::runtime_error("owner is gone");
-    return one_process("server", getpid());
-  });
+  int calls = 0;
+  ManualTicks clock;
+  MetricsCollector c(
+      fast_options(dir),
+      [&]() -> MetricsSnapshot {
+        if (calls++ > 0) throw std::runtime_error("owner is gone");
+        return one_process("server", getpid());
+      },
+      clock.env());
   c.start();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  clock.now += 0.2;
+  c.tick();
   c.stop();
-  EXPECT_GE(calls.load(), 2);
+  EXPECT_EQ(calls, 3);
   EXPECT_EQ(c.summary()["processes"].size(), 1u);  // the last good snapshot is reused
 }
 
@@ -606,15 +695,20 @@ TEST(MetricsCollector, SamplerCostUnderOnePercentOfACoreAtOneSecond) {
   auto sleeper = [](int in, int) { wait_byte(in); };
   Child a(sleeper), b(sleeper), d(sleeper);
   const fs::path dir = fresh_dir("overhead");
-  CollectorOptions o = fast_options(dir);
-  o.interval_s = 0.05;
-  MetricsCollector c(o, [&] {
-    MetricsSnapshot s = one_process("server", getpid());
-    for (pid_t p : {a.pid, b.pid, d.pid}) s.processes.push_back({"consumer", "", p, 1, 0});
-    return s;
-  });
+  ManualTicks clock;
+  MetricsCollector c(
+      fast_options(dir),
+      [&] {
+        MetricsSnapshot s = one_process("server", getpid());
+        for (pid_t p : {a.pid, b.pid, d.pid}) s.processes.push_back({"consumer", "", p, 1, 0});
+        return s;
+      },
+      clock.env());
   c.start();
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  for (int i = 0; i < 40; ++i) {
+    clock.now += 0.2;
+    c.tick();
+  }
   c.stop();
   json s = c.summary();
   const double per_tick = s["sampler"]["cpu_s"].get<double>() / s["ticks"].get<double>();

@@ -11,8 +11,8 @@
 namespace batchcast::protocol {
 namespace {
 
-BatchDescriptor sample_descriptor() {
-  BatchDescriptor d;
+ChunkDescriptor sample_descriptor() {
+  ChunkDescriptor d;
   d.seq = 42;
   d.position = {3, 5, 320, 64, 1000, true};
   d.position.stream_position = 3320;
@@ -116,16 +116,6 @@ TEST(Messages, NewTypesAreAppended) {
   EXPECT_EQ(encode(SeekReply{}).substr(6, 2), std::string("\x0b\x00", 2));
   EXPECT_EQ(encode(End{4}).substr(4), std::string("\x05\x00\x08\x00\x04\0\0\0\0\0\0\0", 12))
       << "version 5, End's body unchanged";
-}
-
-// serve --every-rank: rank r's stream listens beside the endpoint given.
-TEST(Messages, EveryRankHasItsOwnEndpoint) {
-  EXPECT_EQ(rank_endpoint("ipc:///tmp/bc.sock", 3), "ipc:///tmp/bc.sock.rank3");
-  EXPECT_EQ(rank_endpoint("tcp://127.0.0.1:5550", 2), "tcp://127.0.0.1:5552");
-  EXPECT_EQ(rank_endpoint("tcp://*:7000", 0), "tcp://*:7000");
-  EXPECT_THROW(rank_endpoint("tcp://127.0.0.1:65535", 1), batchcast::Error);
-  EXPECT_THROW(rank_endpoint("inproc://x", 0), batchcast::Error);
-  EXPECT_THROW(rank_endpoint("tcp://host", 1), batchcast::Error);
 }
 
 std::string rejected(const std::string& bytes) {

@@ -1,5 +1,6 @@
-// server/decode_split.h: a chunk goes to the CPU while at most `slack` samples wait ahead of it.
-#include "server/decode_split.h"
+// server/produce/decode_split.h: a chunk goes to the CPU while at most `slack` samples wait ahead
+// of it.
+#include "server/produce/decode_split.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // serve_command_line() is the way back from a ServeConfig to `batchcast serve`'s arguments (what
 // batchcast.serve() runs): the command line must rebuild every setting exactly.
-#include "server/serve_cli.h"
+#include "server/serve/serve_cli.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // drop_last=False, the only mode StreamPlan has): the epoch's order padded by wrapping around to
 // a multiple of world_size, then rank r takes positions r, r + world_size, ... The epoch's order
 // is the world_size=1 plan of the same (seed, epoch): every rank of every job agrees on it.
-#include "server/stream_plan.h"
+#include "server/stream/stream_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Every stream rule (docs/stream.md), against StreamState alone: time, process liveness and
 // the consumers' sockets are the test's own (an injected clock, a set of dead pids, an outbox
 // per consumer), so each rule is checked exactly, in microseconds, with no process or sleep.
-#include "server/stream_state.h"
+#include "server/stream/stream_state.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 namespace batchcast {
 namespace {
 
-using protocol::BatchDescriptor;
+using protocol::ChunkDescriptor;
 using protocol::Message;
 
 constexpr uint32_t kChunk = 4;  // samples per chunk
@@ -26,7 +26,7 @@ StreamRules rules(uint32_t slots, uint32_t min_consumers = 1);
 StreamRules regenerating(uint32_t slots, uint64_t per_epoch) {
   StreamRules r = rules(slots);
   r.regenerates = true;
-  r.welcome.server_batch_size = kChunk;
+  r.welcome.chunk_size = kChunk;
   r.epoch_samples = per_epoch * kChunk;
   return r;
 }
@@ -74,7 +74,7 @@ class Stream {
     hello(id);
     credit(id, credits);
   }
-  void release(const std::string& id, const BatchDescriptor& d) {
+  void release(const std::string& id, const ChunkDescriptor& d) {
     send(id, protocol::Release{d.seq, d.slot});
   }
   void send(const std::string& id, const Message& m) {
@@ -151,13 +151,13 @@ class Stream {
   }
   std::vector<uint64_t> seqs(const std::string& id) {
     std::vector<uint64_t> s;
-    for (const auto& d : take<BatchDescriptor>(id)) s.push_back(d.seq);
+    for (const auto& d : take<ChunkDescriptor>(id)) s.push_back(d.seq);
     return s;
   }
   // Takes every descriptor sent to `id` and releases it.
   std::vector<uint64_t> consume(const std::string& id) {
     std::vector<uint64_t> s;
-    for (const auto& d : take<BatchDescriptor>(id)) {
+    for (const auto& d : take<ChunkDescriptor>(id)) {
       s.push_back(d.seq);
       release(id, d);
     }
@@ -169,14 +169,14 @@ class Stream {
   // until read, then while its user keeps the batch (here the last two: the oldest goes once a
   // third is read). `read`: the user reads what arrived, each read giving its credit back; else
   // it is busy elsewhere (another loader of the same thread). Returns the chunks read, in order.
-  std::vector<BatchDescriptor> client_reads(const std::string& id, bool read) {
+  std::vector<ChunkDescriptor> client_reads(const std::string& id, bool read) {
     auto& c = clients[id];
-    for (auto& d : take<BatchDescriptor>(id)) {
+    for (auto& d : take<ChunkDescriptor>(id)) {
       if (protocol::is_private_seq(d.seq)) release(id, d);
       c.unread.push_back(d);
     }
     if (!read) return {};
-    std::vector<BatchDescriptor> out;
+    std::vector<ChunkDescriptor> out;
     for (auto& d : c.unread) {
       credit(id, 1);
       out.push_back(d);
@@ -200,7 +200,12 @@ class Stream {
       protocol::Welcome w;
       w.segment_name = "pool.v" + std::to_string(state.view_count());
       const int64_t bytes = std::stoll(view.substr(5));
-      views[view] = state.add_view(w, {{"#0", DType::kUInt8, {bytes}}, {"#1", DType::kInt64, {}}});
+      views[view] = state.add_view(w, [bytes](uint32_t n) {
+        const int64_t samples = n;
+        return std::vector<protocol::TensorSpec>{
+            {"#0", DType::kUInt8, {samples, bytes}, {bytes, 1}, 0},
+            {"#1", DType::kInt64, {samples}, {1}, 256}};
+      });
     }
     return {views[view], ""};
   }
@@ -212,7 +217,7 @@ class Stream {
   std::map<std::string, std::vector<Message>> inbox;
   std::map<std::string, pid_t> pids;
   struct Client {
-    std::vector<BatchDescriptor> unread, kept;
+    std::vector<ChunkDescriptor> unread, kept;
   };
   std::map<std::string, Client> clients;  // client_reads()
   StreamState state;
@@ -233,7 +238,7 @@ TEST(StreamState, ChunksGoOutInSeqOrderWhateverThePublishOrder) {
   EXPECT_EQ(s.seqs("a"), Seqs{0});
   s.publish(*f1, 100);
   s.tick();
-  auto ds = s.take<BatchDescriptor>("a");
+  auto ds = s.take<ChunkDescriptor>("a");
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds[0].seq, 1u);
   EXPECT_EQ(ds[1].seq, 2u);
@@ -264,8 +269,8 @@ TEST(StreamState, ASlotIsReusedOnlyAfterEveryReceiverReleasedIt) {
   s.join("b", 10);
   s.produce(2);
   s.tick();
-  auto a = s.take<BatchDescriptor>("a");
-  auto b = s.take<BatchDescriptor>("b");
+  auto a = s.take<ChunkDescriptor>("a");
+  auto b = s.take<ChunkDescriptor>("b");
   ASSERT_EQ(a.size(), 2u);
   ASSERT_EQ(b.size(), 2u);
   s.release("a", a[0]);
@@ -311,7 +316,7 @@ TEST(StreamState, ALateJoinerReplaysAWholeEpochFromTheRetainedEpochStart) {
   run_ahead(s, 6, /*per_epoch=*/4);  // retained: 2 3 | 4 5 (epoch 1 starts at 4)
   s.join("late", 100);
   s.tick();
-  auto ds = s.take<BatchDescriptor>("late");
+  auto ds = s.take<ChunkDescriptor>("late");
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds[0].seq, 4u);
   EXPECT_EQ(ds[0].position.epoch, 1u);
@@ -331,7 +336,7 @@ TEST(StreamState, ALateJoinerStartsInsideTheGapFreeRetainedTail) {
   s.join("a", 100);
   s.produce(3, /*per_epoch=*/3);
   s.tick();
-  auto a = s.take<BatchDescriptor>("a");
+  auto a = s.take<ChunkDescriptor>("a");
   ASSERT_EQ(a.size(), 3u);
   s.release("a", a[1]);
   s.release("a", a[2]);  // chunk 0 (an epoch start) stays held
@@ -353,7 +358,7 @@ TEST(StreamState, ANextEpochJoinerStartsAtTheNextEpochStart) {
     s.tick();
     s.consume("a");
   }
-  auto ds = s.take<BatchDescriptor>("late");
+  auto ds = s.take<ChunkDescriptor>("late");
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].seq, 8u);
   EXPECT_EQ(ds[0].position.epoch, 1u);
@@ -442,7 +447,7 @@ TEST(StreamState, ASkippedConsumerResumesAtTheOldestRetainedChunkAndSeesTheGap) 
   s.consume("a");
   s.credit("b", 10);
   s.tick();
-  auto ds = s.take<BatchDescriptor>("b");
+  auto ds = s.take<ChunkDescriptor>("b");
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds[0].seq, 2u);
   EXPECT_EQ(ds[0].position.stream_position, 2 * kChunk)
@@ -454,7 +459,7 @@ TEST(StreamState, ALocalConsumerWhoseProcessDiedIsDroppedAndItsSlotsFreed) {
   s.join("a", 10);
   s.produce(2);
   s.tick();
-  EXPECT_EQ(s.take<BatchDescriptor>("a").size(), 2u);  // held, never released
+  EXPECT_EQ(s.take<ChunkDescriptor>("a").size(), 2u);  // held, never released
   EXPECT_FALSE(s.fill());
   s.dead.insert(s.pid_of("a"));
   s.now += 0.2;
@@ -496,7 +501,7 @@ TEST(StreamState, GoodbyeKeepsTheSlotsStillHeldUntilTheyAreReleased) {
   s.join("a", 1);
   s.produce(2);
   s.tick();
-  auto held = s.take<BatchDescriptor>("a");
+  auto held = s.take<ChunkDescriptor>("a");
   ASSERT_EQ(held.size(), 1u);
   s.send("a", protocol::Goodbye{});
   s.credit("a", 10);
@@ -523,15 +528,15 @@ TEST(StreamState, GoodbyeIsAnsweredWithEndAfterEverythingSentBefore) {
   for (const auto& m : s.inbox["a"])
     if (!std::holds_alternative<protocol::Heartbeat>(m)) box.push_back(m);
   ASSERT_EQ(box.size(), 4u) << "Welcome, two chunks, End";
-  EXPECT_TRUE(std::holds_alternative<BatchDescriptor>(box[1]));
-  EXPECT_TRUE(std::holds_alternative<BatchDescriptor>(box[2]));
+  EXPECT_TRUE(std::holds_alternative<ChunkDescriptor>(box[1]));
+  EXPECT_TRUE(std::holds_alternative<ChunkDescriptor>(box[2]));
   EXPECT_TRUE(std::holds_alternative<protocol::End>(box[3]));
   EXPECT_EQ(s.state.consumers_now(), 1u) << "kept while it holds its two chunks";
   s.inbox["a"].clear();
   s.produce(1);
   s.now += 1;
   s.tick();
-  EXPECT_TRUE(s.take<BatchDescriptor>("a").empty()) << "nothing follows End";
+  EXPECT_TRUE(s.take<ChunkDescriptor>("a").empty()) << "nothing follows End";
   EXPECT_TRUE(s.take<protocol::End>("a").empty()) << "which is sent once";
 }
 
@@ -542,7 +547,7 @@ TEST(StreamState, ForgedAndDuplicateReleasesAreDroppedAndCounted) {
   s.credit("a", 10);
   s.produce(1);
   s.tick();
-  auto a = s.take<BatchDescriptor>("a");
+  auto a = s.take<ChunkDescriptor>("a");
   ASSERT_EQ(a.size(), 1u);
   s.release("evil", a[0]);                         // never sent it
   s.send("evil", protocol::Release{a[0].seq, 7});  // no such slot
@@ -564,8 +569,8 @@ TEST(StreamState, AForgedReleaseCannotFreeAnotherConsumersSlot) {
   s.join("evil", 10);
   s.produce(2);
   s.tick();
-  auto a = s.take<BatchDescriptor>("a");
-  for (const auto& d : s.take<BatchDescriptor>("evil")) {
+  auto a = s.take<ChunkDescriptor>("a");
+  for (const auto& d : s.take<ChunkDescriptor>("evil")) {
     s.release("evil", d);
     s.release("evil", d);
   }
@@ -691,7 +696,7 @@ TEST(StreamState, ProducerBlockedTimeIsTheTimeAcquireWasRefused) {
   s.join("a", 10);
   s.produce(2);
   s.tick();
-  auto ds = s.take<BatchDescriptor>("a");
+  auto ds = s.take<ChunkDescriptor>("a");
   EXPECT_FALSE(s.fill());
   s.now += 1.5;
   EXPECT_FALSE(s.fill());
@@ -709,7 +714,7 @@ TEST(StreamState, ProducerBlockedTimeIsTheTimeAcquireWasRefused) {
 using protocol::Seek;
 using protocol::SeekReply;
 
-std::vector<uint64_t> indexes(const std::vector<BatchDescriptor>& ds) {
+std::vector<uint64_t> indexes(const std::vector<ChunkDescriptor>& ds) {
   std::vector<uint64_t> out;
   for (const auto& d : ds) out.push_back(d.position.epoch * 1000 + d.position.index_in_epoch);
   return out;
@@ -778,7 +783,7 @@ TEST(StreamState, ABreakSeekToTheNextEpochReleasesTheChunksItSkipped) {
   EXPECT_EQ(s.produce_until_refused(8), 4);
   s.tick();
   s.consume("a");
-  auto b = s.take<BatchDescriptor>("b");
+  auto b = s.take<ChunkDescriptor>("b");
   ASSERT_EQ(b.size(), 1u);
   EXPECT_FALSE(s.fill()) << "b holds chunk 0 and pins chunks 1-3";
   s.send("b", Seek{1, 0});  // b left epoch 0 after one batch
@@ -795,12 +800,12 @@ TEST(StreamState, ALateJoinerCatchesUpOnRegeneratedChunksThenMergesIntoTheStream
   Stream s(regenerating(8, per_epoch));
   s.lead("a", 12, per_epoch);  // a is 12 chunks into epoch 0; chunks 0-3 are gone
   s.join("b", 2);              // replay: the whole epoch, not a partial one from chunk 4
-  std::vector<BatchDescriptor> got;
+  std::vector<ChunkDescriptor> got;
   for (int round = 0; round < 40 && got.size() < 20; ++round) {
     s.regenerate(per_epoch);
     if (auto f = s.fill()) s.publish(*f, per_epoch);
     s.tick();
-    for (auto& d : s.take<BatchDescriptor>("b")) {
+    for (auto& d : s.take<ChunkDescriptor>("b")) {
       got.push_back(d);
       s.release("b", d);
       s.credit("b", 1);
@@ -833,7 +838,7 @@ TEST(StreamState, ARegeneratedChunkGoesToItsConsumerOnlyAndItsSlotIsReusedAfterR
   EXPECT_TRUE(s.take<SeekReply>("b").front().available);
   EXPECT_EQ(s.regenerate(per_epoch), 1) << "asked ahead as far as its credits";
   s.tick();
-  auto b = s.take<BatchDescriptor>("b");
+  auto b = s.take<ChunkDescriptor>("b");
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].position.index_in_epoch, 0u);
   EXPECT_TRUE(s.seqs("a").empty()) << "private chunks go to their consumer only";
@@ -843,7 +848,7 @@ TEST(StreamState, ARegeneratedChunkGoesToItsConsumerOnlyAndItsSlotIsReusedAfterR
   s.tick();
   EXPECT_EQ(s.regenerate(per_epoch), 1) << "the released slot took the next private chunk";
   s.tick();
-  b = s.take<BatchDescriptor>("b");
+  b = s.take<ChunkDescriptor>("b");
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].position.index_in_epoch, 1u);
 }
@@ -860,7 +865,7 @@ TEST(StreamState, APositionMoreThanAnEpochAwayIsPrivateForGoodAndPinsNothing) {
   EXPECT_TRUE(s.take<SeekReply>("b").front().available);
   EXPECT_EQ(s.regenerate(per_epoch), 2);
   s.tick();
-  EXPECT_EQ(indexes(s.take<BatchDescriptor>("b")), (Seqs{5001, 5002}));
+  EXPECT_EQ(indexes(s.take<ChunkDescriptor>("b")), (Seqs{5001, 5002}));
   s.produce(2, per_epoch);
   s.tick();
   EXPECT_EQ(s.consume("a"), (Seqs{0, 1}));
@@ -892,7 +897,7 @@ TEST(StreamState, AChunkEveryConsumerSoughtPastIsSkippedAndKeepsItsPlace) {
   s.produce(1, 8);
   s.tick();
   EXPECT_TRUE(s.take<SeekReply>("a").front().available);
-  auto ds = s.take<BatchDescriptor>("a");
+  auto ds = s.take<ChunkDescriptor>("a");
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].seq, 8u);
   EXPECT_EQ(ds[0].position.stream_position, 8 * kChunk) << "skipped chunks keep their place";
@@ -911,7 +916,7 @@ TEST(StreamState, ACatchUpFindsSlotsWhileTheOthersDoNotRead) {
   s.tick();
   EXPECT_GT(s.regenerate(per_epoch), 0) << "b's private chunks get the reserved slots";
   s.tick();
-  EXPECT_FALSE(s.take<BatchDescriptor>("b").empty());
+  EXPECT_FALSE(s.take<ChunkDescriptor>("b").empty());
 }
 
 TEST(StreamState, AConsumerThatLeavesWhileCatchingUpHoldsNobodyBack) {
@@ -922,7 +927,7 @@ TEST(StreamState, AConsumerThatLeavesWhileCatchingUpHoldsNobodyBack) {
   s.tick();
   s.regenerate(per_epoch);
   s.tick();
-  auto held = s.take<BatchDescriptor>("b");
+  auto held = s.take<ChunkDescriptor>("b");
   ASSERT_FALSE(held.empty());
   s.send("b", protocol::Goodbye{});  // still holding what it was sent
   EXPECT_EQ(s.produce_until_refused(per_epoch), std::min(8 - 3, 8 - static_cast<int>(held.size())))
@@ -931,7 +936,7 @@ TEST(StreamState, AConsumerThatLeavesWhileCatchingUpHoldsNobodyBack) {
 
 // `got` is the stream from its first chunk on (`per_epoch` chunks an epoch), without a gap: the
 // first chunks regenerated, the last the shared stream's.
-void expect_caught_up(const std::vector<BatchDescriptor>& got, uint64_t per_epoch,
+void expect_caught_up(const std::vector<ChunkDescriptor>& got, uint64_t per_epoch,
                       const std::string& id) {
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].position.epoch * per_epoch + got[i].position.index_in_epoch, i)
@@ -956,7 +961,7 @@ TEST(StreamState, SeveralConsumersCatchingUpAtOnceAllReachTheStream) {
   s.lead("a", 12, per_epoch);
   const std::vector<std::string> late = {"b", "c", "d"};
   for (const auto& id : late) s.join(id, 3);
-  std::map<std::string, std::vector<BatchDescriptor>> got;
+  std::map<std::string, std::vector<ChunkDescriptor>> got;
   for (int round = 0; round < 400; ++round) {
     s.regenerate(per_epoch);
     if (auto f = s.fill()) s.publish(*f, per_epoch);
@@ -980,7 +985,7 @@ TEST(StreamState, ACatchUpGoesOnWhileAnotherCatchingUpIsNotRead) {
   s.lead("a", 12, per_epoch);
   s.join("b", 3);
   s.join("c", 3);
-  std::map<std::string, std::vector<BatchDescriptor>> got;
+  std::map<std::string, std::vector<ChunkDescriptor>> got;
   auto rounds = [&](int n, bool read_c) {
     for (int round = 0; round < n; ++round) {
       s.regenerate(per_epoch);
@@ -1046,20 +1051,20 @@ struct Decoupling {
     if (f) s.publish(*f, kPerEpoch);
     return f.has_value();
   }
-  const ServerStats::Consumer& stats_of(const ServerStats& st, const std::string& id) {
+  const StreamStats::Consumer& stats_of(const StreamStats& st, const std::string& id) {
     for (const auto& c : st.consumers)
       if (c.pid == s.pid_of(id)) return c;
     throw std::runtime_error("no consumer " + id);
   }
   // One round: the producer fills and publishes up to `fills` chunks, regenerates, ticks, `a`
   // reads, and `b` takes what it was sent, releasing each chunk and giving its credit back.
-  void round(int fills, std::vector<BatchDescriptor>* got) {
+  void round(int fills, std::vector<ChunkDescriptor>* got) {
     for (int i = 0; i < fills; ++i)
       if (auto f = s.fill()) s.publish(*f, kPerEpoch);
     s.regenerate(kPerEpoch);
     s.tick();
     s.consume("a");
-    for (auto& c : s.take<BatchDescriptor>("b")) {
+    for (auto& c : s.take<ChunkDescriptor>("b")) {
       got->push_back(c);
       s.release("b", c);
       s.credit("b", 1);
@@ -1089,7 +1094,7 @@ TEST(StreamState, ADecoupledConsumerReadsWhatItMissedAsRegeneratedChunksInOrder)
   d.s.tick();
   EXPECT_EQ(d.s.regenerate(Decoupling::kPerEpoch), 3) << "asked ahead as far as its credits";
   d.s.tick();
-  auto got = d.s.take<BatchDescriptor>("b");
+  auto got = d.s.take<ChunkDescriptor>("b");
   ASSERT_EQ(got.size(), 3u);
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_TRUE(protocol::is_private_seq(got[i].seq));
@@ -1104,7 +1109,7 @@ TEST(StreamState, ADecoupledConsumerMergesBackWhenItHasCaughtUp) {
   ASSERT_TRUE(d.after(10.1));
   // The stream goes on with a, one chunk a round; b, resumed, reads two regenerated ones (its
   // four credits go round in two rounds: asked, filled, sent).
-  std::vector<BatchDescriptor> got;
+  std::vector<ChunkDescriptor> got;
   d.s.credit("b", 4);
   for (int round = 0; round < 60 && (got.empty() || protocol::is_private_seq(got.back().seq));
        ++round)
@@ -1120,9 +1125,9 @@ TEST(StreamState, ADecoupledConsumerMergesBackWhenItHasCaughtUp) {
 TEST(StreamState, ADecoupledConsumerAsSlowAsBeforeStaysDecoupled) {
   Decoupling d;
   ASSERT_TRUE(d.after(10.1));
-  // The stream goes on with a, two chunks a round; b reads a regenerated chunk every other
+  // The stream goes on with a, two chunks a round; b reads a private chunk every other
   // round (its credit goes round in two rounds: asked, filled, sent).
-  std::vector<BatchDescriptor> got;
+  std::vector<ChunkDescriptor> got;
   d.s.credit("b", 1);
   for (int round = 0; round < 40; ++round) d.round(2, &got);
   ASSERT_GE(got.size(), 19u) << "b reads on at its own pace";
@@ -1204,13 +1209,13 @@ TEST(StreamState, AViewAddedAtAttachGetsItsWholeEpochInItsOwnPool) {
   ASSERT_EQ(welcome.size(), 1u);
   EXPECT_EQ(welcome[0].segment_name, "pool.v1");
   s.credit("b", 100);
-  std::vector<BatchDescriptor> got;
+  std::vector<ChunkDescriptor> got;
   for (int round = 0; round < 10 && got.size() < 2 * kPerEpoch; ++round) {
     s.regenerate(kPerEpoch);
     if (auto f = s.fill()) s.publish(*f, kPerEpoch);
     s.tick();
     s.consume("a");
-    for (auto& d : s.take<BatchDescriptor>("b")) {
+    for (auto& d : s.take<ChunkDescriptor>("b")) {
       s.release("b", d);
       got.push_back(d);
     }

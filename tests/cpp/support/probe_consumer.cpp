@@ -20,7 +20,7 @@
 
 #include "client/consumer.h"
 #include "common/error.h"
-#include "server/synthetic_source.h"
+#include "server/produce/synthetic_source.h"
 
 int main(int argc, char** argv) {
   using namespace batchcast;

@@ -152,8 +152,8 @@ TEST_F(StreamTest, AStoppedConsumerIsDecoupledAndLaterReadsEverySampleItMissed) 
   auto ep = unique_endpoint("decouple");
   const int64_t n = 4096;
   auto& srv = server(ep, {"--synthetic", "4096", "--sample-bytes", "32", "--batch-size", "32",
-                          "--epochs", "2", "--min-consumers", "2", "--ring", "8",
-                          "--stall-timeout", "0.5"});  // stall policy decouple: the default
+                          "--epochs", "2", "--min-consumers", "2", "--ring", "8", "--stall-timeout",
+                          "0.5"});  // stall policy decouple: the default
   // Stopped by itself after its second batch: certain to hold the stream back.
   auto& frozen = probe(ep, {"--batch-size", "32", "--stop-after", "2"});
   auto& other = probe(ep, {"--batch-size", "32"});
@@ -169,7 +169,7 @@ TEST_F(StreamTest, AStoppedConsumerIsDecoupledAndLaterReadsEverySampleItMissed) 
     for (const auto& [e, order] : epochs) EXPECT_EQ(sorted(order), iota(n)) << "epoch " << e;
   }
   EXPECT_EQ(parse_probe(frozen).per_epoch(), parse_probe(other).per_epoch())
-      << "regenerated chunks are the stream's: the same order";
+      << "private chunks are the stream's: the same order";
   ASSERT_EQ(srv.wait(60), 0) << srv.err();
   EXPECT_NE(srv.err().find("decoupled"), std::string::npos) << srv.err();
 }

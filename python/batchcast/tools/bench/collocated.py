@@ -1,0 +1,196 @@
+"""N collocated trainings on one GPU, fed by each data path an H100 user would pick, measured
+side by side in one invocation. Peers (batchcast.tools.bench.sources):
+  synthetic         random tensors already on the GPU: the GPU-bound ceiling;
+  dataloader        per trainer a torch DataLoader (ImageFolder + PIL) with cores/N workers;
+  gpu-decode        per trainer torchvision.io.decode_jpeg on CUDA + crops on the GPU;
+  batchcast-cpu     one `batchcast serve` (CPU decoder) for all N trainers;
+  batchcast-nvjpeg  one `batchcast serve --decoder nvjpeg` for all N trainers;
+  batchcast-mixed   one `batchcast serve --decoder mixed` (CPU workers first, nvJPEG the rest);
+  dali              per trainer an NVIDIA DALI pipeline (mixed decode), where importable.
+Trainers train as people do today: bf16 autocast + channels_last (--fp32: plain float32).
+Per run: aggregate samples/s over one shared window, its share of the synthetic ceiling, the
+CPU cores busy (all, and the data side's), GPU watts and joules per sample (NVML).
+Optional: a sweep over the cores the data side may use (--cores-sweep; the fewest reaching
+95 % of the ceiling is reported) and data-only rates on the same files (--anchor, with
+--cuda-bench for the nvJPEG engine's standalone rate). Writes results.json, results.md and
+results.png into --out and prints the tables.
+
+Run: `batchcast bench --plan h100 --data DIR` (the compact GPU run: resnet18 224 px at N = 4
+and 8, mobilenet_v3_small 128 px at N = 8, a cores sweep at N = 4, the anchor), or choose
+--models/--image-sizes/--trainers/--peers; `--quick` is the tiny CPU run CI uses to prove the
+benchmark works (no timing is asserted anywhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from ...server import find_binary
+from . import probes, report
+from .runner import PEERS, RunError, measure, unavailable
+
+PLANS: Dict[str, Dict[str, Any]] = {
+    "h100": {"regimes": "resnet18:224:4,resnet18:224:8,mobilenet_v3_small:128:8",
+             "cores_sweep": "1,2,4,8,16", "sweep_peers": "batchcast-nvjpeg,batchcast-mixed,dataloader",
+             "anchor": "batchcast-cpu,batchcast-nvjpeg,gpu-decode,dali"},
+    # CI: every peer once (GPU ones say why they skip), the data side pinned to one core where
+    # there are two; the report's sweep and anchor tables are unit-tested on their own.
+    "quick": {"regimes": "small_cnn:64:2", "data_cores": 1, "batch_size": 8, "classes": 2,
+              "per_class": 12,
+              "warmup": 1, "settle": 0.0, "seconds": 0.3, "device": "cpu"},
+}
+
+
+def _ints(text: str) -> List[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _names(text: Optional[str]) -> List[str]:
+    return [x for x in (text or "").split(",") if x]
+
+
+def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="batchcast bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--plan", choices=sorted(PLANS), help="a preset; explicit options win")
+    p.add_argument("--quick", action="store_const", const="quick", dest="plan",
+                   help="same as --plan quick: tiny CPU sizes, proves the bench runs (CI)")
+    p.add_argument("--out", default="runs/bench")
+    p.add_argument("--data", help="ImageFolder of JPEGs (made with make-dataset when missing; "
+                                  "default data/bench, quick: OUT/data)")
+    p.add_argument("--classes", type=int, help="classes of a made dataset and of the models (10)")
+    p.add_argument("--per-class", type=int, help="images per class of a made dataset (100)")
+    p.add_argument("--regimes", help="MODEL:SIZE:N,... (default: the product of --models, "
+                                     "--image-sizes and --trainers)")
+    p.add_argument("--models", default="resnet18",
+                   help="torchvision or timm names (resnet50, mobilenet_v3_small, "
+                        "efficientnet_b0), "
+                        "small_cnn, or none (data only)")
+    p.add_argument("--image-sizes", default="224")
+    p.add_argument("--trainers", default="1,2,4,8,16", help="N values")
+    p.add_argument("--peers", help=f"subset of {','.join(PEERS)} (default all)")
+    p.add_argument("--data-cores", type=int, help="cores the data side may use (default all)")
+    p.add_argument("--cores-sweep", help="K values: rerun --sweep-peers in the first regime with "
+                                         "the data side limited to K cores")
+    p.add_argument("--sweep-peers", help="peers of the cores sweep (default batchcast-nvjpeg,"
+                                         "dataloader)")
+    p.add_argument("--anchor", help="peers to measure data only (N = 1, all cores)")
+    p.add_argument("--cuda-bench", help="path of build-gpu/bench/cuda_bench: adds the nvJPEG "
+                                        "engine's standalone rate on --data to the anchor")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--fp32", action="store_true", help="train in float32 NCHW")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="spread the trainers over GPUs 0..G-1; batchcast peers serve them from "
+                        "one server with its pool on every GPU, -pergpu peers from one per GPU")
+    p.add_argument("--device", help="cuda or cpu (default cuda where torch sees a GPU)")
+    p.add_argument("--warmup", type=int, help="steps per trainer before the window (5)")
+    p.add_argument("--settle", type=float, help="seconds trained, uncounted, after all are "
+                                                "ready: drains queues filled while waiting (2)")
+    p.add_argument("--seconds", type=float, help="measured window per run (10: with 4 s, runs "
+                                                 "of one command varied by up to 10 points)")
+    p.add_argument("--run-timeout", type=float, default=120.0, help="a run's time limit (s)")
+    args = p.parse_args(argv)
+    defaults = {"batch_size": 128, "classes": 10, "per_class": 100, "warmup": 5, "settle": 2.0,
+                "seconds": 10.0, "sweep_peers": "batchcast-nvjpeg,dataloader"}
+    for key, value in {**defaults, **PLANS.get(args.plan or "", {})}.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.device is None:
+        import torch
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.data is None:
+        args.data = os.path.join(args.out, "data") if args.plan == "quick" else "data/bench"
+    return args
+
+
+def regimes(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    if args.regimes:
+        specs = [r.split(":") for r in _names(args.regimes)]
+    else:
+        specs = list(itertools.product(_names(args.models), _names(args.image_sizes),
+                                       _names(args.trainers)))
+    return [{"model": m, "image_size": int(s), "n": int(n)} for m, s, n in specs]
+
+
+def run_one(args: argparse.Namespace, energy: probes.Energy, peer: str, regime: Dict[str, Any],
+            cores: Optional[int], tag: str) -> Dict[str, Any]:
+    why = unavailable(peer, args)
+    if why:
+        print(f"[bench] {tag}: {why}", flush=True)
+        return {"peer": peer, "skipped": why}
+    t0 = time.time()
+    try:
+        fig = measure(args, energy, peer, regime["model"], regime["image_size"], regime["n"],
+                      cores, os.path.join(args.out, "logs", tag))
+    except RunError as e:
+        print(f"[bench] {tag}: FAILED\n{e}", flush=True)
+        return {"peer": peer, "error": str(e)}
+    print(f"[bench] {tag}: {fig['samples_per_s']:.0f} samples/s, {fig['cpu_cores']:.1f} cores "
+          f"busy, J/sample {report._f(fig['joules_per_sample'], '.3f')} ({time.time() - t0:.0f} s)",
+          flush=True)
+    return fig
+
+
+def engine_rate(args: argparse.Namespace) -> Optional[List[str]]:
+    """cuda_bench's Markdown rows for the decoders on --data's files, or None without it."""
+    if not args.cuda_bench:
+        return None
+    if not os.access(args.cuda_bench, os.X_OK):
+        return [f"cuda_bench: {args.cuda_bench} is not an executable (not built?)"]
+    proc = subprocess.run([args.cuda_bench, "--decode", args.data], capture_output=True, text=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    if proc.returncode != 0:
+        return rows + [f"cuda_bench failed: {proc.stderr[-500:]}"]
+    return rows or [f"cuda_bench: {proc.stdout.strip()}"]  # e.g. no CUDA device
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if not (os.path.isdir(args.data) and os.listdir(args.data)):
+        subprocess.run([find_binary(), "make-dataset", "--out", args.data, "--classes",
+                        str(args.classes), "--per-class", str(args.per_class)], check=True)
+    peers = _names(args.peers) or list(PEERS)
+    energy = probes.Energy(args.gpus if args.device.startswith("cuda") else 1)
+    meta = dict(probes.machine(), **{k: getattr(args, k) for k in (
+        "batch_size", "fp32", "device", "warmup", "settle", "seconds", "data", "data_cores",
+        "gpus")})
+    results: Dict[str, Any] = {"meta": meta, "regimes": []}
+    for regime in regimes(args):
+        name = f"{regime['model']}-{regime['image_size']}-N{regime['n']}"
+        runs = {p: run_one(args, energy, p, regime, args.data_cores, f"{name}-{p}") for p in peers}
+        results["regimes"].append(dict(regime, runs=runs))
+    if args.cores_sweep and results["regimes"]:
+        first = results["regimes"][0]
+        sweep = dict({k: first[k] for k in ("model", "image_size", "n")}, runs=[])
+        for peer, k in itertools.product(_names(args.sweep_peers), _ints(args.cores_sweep)):
+            full = first["runs"].get(peer, {})
+            if k >= meta["cores"] and full.get("cores") == meta["cores"]:
+                sweep["runs"].append(full)  # the regime's own run already had every core
+            else:
+                sweep["runs"].append(dict(run_one(args, energy, peer, first, k,
+                                                  f"sweep-{peer}-{k}cores"), cores=k))
+        results["sweep"] = sweep
+    if args.anchor:
+        none = {"model": "none", "image_size": results["regimes"][0]["image_size"]
+                if results["regimes"] else 224, "n": 1}
+        results["anchor"] = {"runs": {p: run_one(args, energy, p, none, None, f"anchor-{p}")
+                                      for p in _names(args.anchor)}, "engine": engine_rate(args)}
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    text = report.markdown(results)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text + "\n")
+    report.plot(results, os.path.join(args.out, "results.png"))
+    print(text)
+    print(f"[bench] wrote {args.out}/results.json, results.md, results.png")
+
+
+if __name__ == "__main__":
+    main()

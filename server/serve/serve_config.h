@@ -1,0 +1,116 @@
+// ServeConfig: every setting of `batchcast serve`, and what follows from them.
+//
+// Two front ends fill the fields: the command line (serve_cli.h, which checks each option on its
+// own: choices, ranges, existing paths) and Python (_batchcast.ServeConfig, python/src/
+// bind_serve.cpp), which builds it directly, with no argument strings. validate() then checks
+// the settings against each other, once, and settles what they imply (the GPU of the pool,
+// whether it decodes there). The rest of the server reads the settled values through the
+// *_options() builders, the one place where settings become the stream host's options (slot bytes
+// included).
+//
+// Thread-safety: a plain value; fill and validate() on one thread, then read it from any.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "decoders/image_pipeline.h"
+#include "server/host/stream_host.h"
+#include "server/produce/sample_producer.h"
+#include "shm/device_identity.h"
+#ifdef BATCHCAST_HAVE_CUDA
+#include "server/produce/cuda_stage.h"
+#endif
+
+namespace batchcast {
+
+enum class DecoderKind { kCpu, kNvjpeg, kMixed };
+
+struct ServeConfig {
+  // What to serve: exactly one of an image folder, a file list or N synthetic samples.
+  std::string data;
+  std::string file_list;
+  uint64_t synthetic = 0;
+  uint64_t sample_bytes = 1024;  // per synthetic sample
+
+  std::string endpoint;  // empty: the per-user default ipc endpoint
+  bool listen_all = false;
+  uint32_t batch_size = 64;
+  uint32_t ring = 8;
+  uint32_t workers = std::max(1u, std::thread::hardware_concurrency());
+  uint32_t min_consumers = 1;
+
+  // The transform, declared once: decoders/image_pipeline.h has each field's meaning and default.
+  // The command line binds its options to these fields (serve_cli.cpp); Python builds it as
+  // _batchcast.PipelineOptions. Its seed is the stream's too (shuffling and augmentation).
+  PipelineOptions transform;
+  // Further views served from the first chunk on (docs/views.md): texts of decoders/view_spec.h
+  // read over `transform`, e.g. "size=160,crop=center". Consumers may add views when they attach
+  // (Loader(view=...)); both need an image source in a host pool.
+  std::vector<std::string> views;
+  OnErrorPolicy on_error = OnErrorPolicy::kRaise;
+  // cpu, cuda, cuda:K, or a GPU-<uuid> / MIG-<uuid> (a MIG instance), or several GPUs
+  // (cuda:0,cuda:1 or all: the pool on each, shm/arena_set.h): shm/device_identity.h.
+  std::string device = "cpu";
+  DecoderKind decoder = DecoderKind::kCpu;
+
+  uint64_t epochs = 1;  // 0: until stopped
+  bool shuffle = true;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  // Every rank's shard from this one process (a node-wide server for DDP jobs): rank r's stream
+  // listens on protocol::rank_endpoint(endpoint, r), its pool on the (r mod G)-th GPU of
+  // --device, its metrics (if any) in metrics_dir/rank<r>; the workers are split between ranks.
+  bool every_rank = false;
+  StallPolicy stall_policy = StallPolicy::kDecouple;
+  double stall_timeout = 3;
+
+  std::string metrics_dir;  // empty: no metrics
+  double metrics_interval = 1.0;
+  double status_interval = 5.0;  // 0: no status lines
+  // After a stream failure: seconds the server keeps answering with the error before it exits.
+  double fail_linger = 30.0;
+
+  // The command-line and Python names of the enum settings (the one table each: serve_cli.cpp
+  // and python/src/bind_serve.cpp offer them; the transform's own enums are named in
+  // decoders/image_pipeline.h).
+  static const std::map<std::string, DecoderKind> kDecoders;
+  static const std::map<std::string, OnErrorPolicy> kOnError;
+  static const std::map<std::string, StallPolicy> kStallPolicies;
+
+  // Checks the options against each other; throws Error naming the options and the fix. With a
+  // CUDA device, also checks the GPU exists (fails at once, before any dataset is scanned).
+  void validate();
+
+  // After validate(): the GPUs that hold the pool (producers write on the first; nvJPEG decodes
+  // there), empty for a pool in host memory.
+  const std::vector<int>& cuda_devices() const { return cuda_devices_; }
+  bool on_gpu() const { return !cuda_devices_.empty(); }
+  bool gpu_decoding() const { return decoder != DecoderKind::kCpu; }
+  std::string decoder_flag() const;  // "--decoder <name>", as errors name it
+
+  // What ImageSource decodes: `transform`, except that a GPU pool without GPU decoding stages
+  // uint8 HWC and normalises on the GPU (conversions()), so the CPU never writes floats it
+  // would have to upload.
+  PipelineOptions pipeline_options() const;
+#ifdef BATCHCAST_HAVE_CUDA
+  // Per source tensor: what the GPU does to it between staging and slot.
+  std::vector<TensorConversion> conversions() const;
+#endif
+  // After validate(), with every_rank: one validated config per rank, as described above.
+  std::vector<ServeConfig> rank_configs() const;
+  // The stream host's options for serving `source` (slot bytes: its tensors as the pool holds
+  // them).
+  StreamHostOptions server_options(const SampleSource& source, uint64_t epoch_samples) const;
+  SampleProducerOptions producer_options() const;  // without a stage
+
+ private:
+  std::vector<int> cuda_devices_;
+};
+
+}  // namespace batchcast

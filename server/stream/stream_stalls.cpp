@@ -1,0 +1,192 @@
+// StreamState's stalls (stream_state.h): who holds the stream back, decoupling such a consumer
+// onto private chunks and merging it back, the stall log and what each consumer is told it
+// waits for. The rest of the state machine is in stream_state.cpp and stream_seek.cpp.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <string>
+
+#include "server/stream/stream_state.h"
+
+namespace batchcast {
+
+namespace {
+// The others are told about a consumer once it has held the stream back this long: shorter
+// holds are the ordinary rhythm of a ring shared by consumers of different speeds.
+constexpr double kTellAfterS = 1.0;
+}  // namespace
+
+bool StreamState::pins_stream(const ConsumerRecord& c, double now) const {
+  const auto* p = private_.find(c.id);
+  if (p && !p->until) return false;  // private for good, or decoupled
+  if (c.end_sent || c.closing || c.waiting_epoch_start || c.seek) return false;
+  const bool stalled = c.credits == 0 && now - c.last_activity > stall_bound(c);
+  return !(rules_.stall_policy == StallPolicy::kSkip && stalled);
+}
+
+std::vector<uint64_t> StreamState::holding_back(double now) const {
+  std::vector<uint64_t> ids;
+  if (!blocked_since_ || finished_ || !started_) return ids;
+  // Someone is held back: a consumer that was sent everything published (read or not), whose
+  // next chunk is the one the producer cannot fill. A lone slow consumer holds back nobody.
+  const bool someone_waits =
+      std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
+        const ConsumerRecord& c = entry.second;
+        return pins_stream(c, now) && !private_.find(c.id) && c.next_seq >= next_publish_seq_;
+      });
+  if (!someone_waits) return ids;
+  // Those holding it back: the consumers that pin published chunks they were not sent yet
+  // (whether or not someone else still holds those chunks: a slow consumer's own held slots
+  // keep the producer waiting as much as its cursor does).
+  for (const auto& [id, c] : consumers_.all())
+    if (pins_stream(c, now) && c.next_seq < next_publish_seq_) ids.push_back(id);
+  return ids;
+}
+
+const protocol::ChunkPosition* StreamState::next_shared_position(const ConsumerRecord& c) const {
+  if (private_.find(c.id) || c.seek || c.next_seq >= next_publish_seq_) return nullptr;
+  auto d = descriptors_.find(c.next_seq);
+  return d == descriptors_.end() ? nullptr : &d->second.position;
+}
+
+uint64_t StreamState::samples_behind(const ConsumerRecord& c) const {
+  uint64_t at = stream_position_;
+  if (const auto* p = private_.find(c.id))
+    at = p->stream_position;
+  else if (const auto* next = next_shared_position(c))
+    at = next->stream_position;
+  return stream_position_ > at ? stream_position_ - at : 0;
+}
+
+std::string StreamState::label(const ConsumerRecord& c, bool detail) const {
+  std::string s = "consumer " + std::to_string(c.id) + (c.name.empty() ? "" : " '" + c.name + "'") +
+                  " (pid " + std::to_string(c.pid) + ")";
+  if (!detail) return s;
+  s += ": holds " + std::to_string(ring_.held_by(c.id)) + " chunk(s), " +
+       std::to_string(samples_behind(c)) + " samples behind the newest";
+  if (const auto* p = private_.find(c.id))
+    s += ", reads private chunks from epoch " + std::to_string(p->next_send.epoch) + " chunk " +
+         std::to_string(p->next_send.index);
+  else if (const auto* next = next_shared_position(c))
+    s += ", next at epoch " + std::to_string(next->epoch) + " sample " +
+         std::to_string(next->sample_start);
+  return s;
+}
+
+void StreamState::decouple(ConsumerRecord& c) {
+  const double held_for = c.held_back_s;
+  const uint64_t behind = samples_behind(c);
+  if (auto* p = private_.find(c.id)) {  // catching up too slowly: stop pinning its merge chunk
+    p->until.reset();
+    p->rejoin = true;
+  } else {
+    auto d = descriptors_.find(c.next_seq);
+    if (d == descriptors_.end()) return;
+    const auto& at = d->second.position;
+    abandon(private_.start(c.id, {at.epoch, at.index_in_epoch}, std::nullopt, at.stream_position,
+                           true));
+  }
+  private_.find(c.id)->decoupled_at = next_publish_seq_;
+  c.next_seq = next_publish_seq_;
+  c.held_back_s = 0;
+  counters_.decouplings++;
+  spdlog::warn(
+      "{} held the stream back for {:.1f} s, {} samples behind: decoupled; it reads what it "
+      "missed in private chunks and merges back when it catches up",
+      label(c, false), held_for, behind);
+}
+
+bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
+  // Caught up means: the stream went on without it (a ring's worth; until then its next chunk
+  // is still there because it held the stream back), and it came back within half the room the
+  // stream has ahead of its slowest reader, so that merging does not make it hold the stream
+  // back again at once.
+  if (next_publish_seq_ < p.decoupled_at + rules_.slot_count) return false;
+  const uint64_t window = std::max<uint32_t>(1, (rules_.slot_count - catch_up_slots()) / 2);
+  const uint64_t per_epoch = chunks_per_epoch();
+  const uint64_t tail = tail_for(c);
+  std::optional<uint64_t> seq;
+  const protocol::Seek next = stream_next();
+  if (p.next_send == ChunkAddress{next.epoch, next.sample / rules_.welcome.chunk_size}) {
+    seq = next_publish_seq_;  // level with the stream's head
+  } else if (tail < next_publish_seq_ && per_epoch) {
+    const auto& t = descriptors_.at(tail).position;
+    const ChunkAddress oldest{t.epoch, t.index_in_epoch};
+    if (p.next_send < oldest) return false;
+    // Stream chunks are numbered consecutively in stream order (skipped ones too).
+    uint64_t at =
+        tail + (p.next_send.epoch - oldest.epoch) * per_epoch + p.next_send.index - oldest.index;
+    if (at + window < next_publish_seq_ || at >= next_publish_seq_) return false;
+    const auto& d = descriptors_.at(at).position;
+    if (!(ChunkAddress{d.epoch, d.index_in_epoch} == p.next_send)) return false;
+    seq = at;
+  }
+  if (!seq || *seq < view_since(c)) return false;
+  abandon(private_.stop(c.id));
+  c.next_seq = *seq;
+  spdlog::info("{} caught up: it reads the shared stream again", label(c, false));
+  return true;
+}
+
+void StreamState::watch_stalls(double now) {
+  waiting_for_.clear();
+  holding_.clear();
+  if (!failure_.empty() || finished_) return;
+  if (!started_) {
+    waiting_for_ = "min_consumers not met: " + std::to_string(consumers_.size()) + " of " +
+                   std::to_string(rules_.min_consumers) + " consumers attached";
+    return;
+  }
+  const double dt = last_watch_ ? now - *last_watch_ : 0;
+  last_watch_ = now;
+  holding_ = holding_back(now);
+  const bool decouples = rules_.stall_policy == StallPolicy::kDecouple && chunks_per_epoch();
+  std::vector<uint64_t> laggards;
+  for (auto& [id, c] : consumers_.all()) {
+    if (std::find(holding_.begin(), holding_.end(), id) != holding_.end()) {
+      c.held_back_s += dt;
+      if (c.held_back_s < stall_bound(c) || rules_.stall_policy != StallPolicy::kDecouple) continue;
+      if (decouples) {
+        laggards.push_back(id);
+      } else if (!said_cannot_decouple_) {
+        said_cannot_decouple_ = true;
+        spdlog::warn(
+            "{} holds the stream back, but this producer cannot regenerate chunks (a Producer "
+            "without regenerate=, e.g. over an IterableDataset), so it is waited for: stall "
+            "policy decouple acts as wait here (skip would leave it behind)",
+            label(c, false));
+      }
+    } else if (!pins_stream(c, now)) {
+      c.held_back_s = 0;
+    } else {  // drains as fast as it fills: only a consumer that mostly holds the stream adds up
+      c.held_back_s = std::max(0.0, c.held_back_s - dt);
+    }
+  }
+  for (uint64_t id : laggards) {
+    decouple(consumers_.all().at(id));
+    holding_.erase(std::find(holding_.begin(), holding_.end(), id));
+  }
+  for (uint64_t id : holding_) {
+    const ConsumerRecord& c = consumers_.all().at(id);
+    if (c.held_back_s < kTellAfterS) continue;
+    waiting_for_ += (waiting_for_.empty() ? "" : "; ") + label(c, true) + ", holds the stream back";
+    if (decouples)
+      waiting_for_ +=
+          " (decoupled after " + std::to_string(static_cast<int>(stall_bound(c))) + " s)";
+  }
+  if (!blocked_since_) {
+    stall_logged_ = false;
+    return;
+  }
+  const double blocked = now - *blocked_since_;
+  if (blocked >= rules_.stall_timeout_s && !stall_logged_) {
+    stall_logged_ = true;
+    std::string who;
+    for (const auto& [id, c] : consumers_.all())
+      if (!c.end_sent && !c.closing) who += "\n  " + label(c, true);
+    spdlog::warn("the stream has not moved for {:.0f} s; the producer waits for a slot:{}", blocked,
+                 who.empty() ? " no consumer reads" : who);
+  }
+}
+
+}  // namespace batchcast

@@ -1,0 +1,306 @@
+// StreamState: the stream semantics (docs/stream.md) as a pure state machine: which chunk
+// each consumer is sent next, when a slot may be refilled, when the stream starts and ends.
+//
+// It owns the slot book (SlotRing), the consumers (ConsumerRegistry), the descriptors of the
+// retained chunks, the in-order publish queue, every consumer's cursor and the counters; it does
+// no I/O, reads no clock, starts no thread and takes no lock. Time comes in as `now` (seconds on
+// any monotonic clock), events come in as calls, and the two things it needs from the world are
+// injected: `send` (a refused send stops delivery to that consumer until the next tick) and
+// `alive` (is this local pid still running). Its only other output is the spdlog lines that
+// name attaches, departures and dropped messages. StreamHost is the I/O shell around it; tests
+// drive it directly with their own clock, liveness and outbox.
+//
+// Rules (each is unit-tested in tests/cpp/server/stream_state_test.cpp):
+// - Chunks are published in seq order whatever the order of publish() calls.
+// - Nothing is delivered before `min_consumers` attached; nothing undelivered is overwritten.
+// - Reuse: a slot is refilled only if nobody holds its chunk, no active consumer's cursor is at
+//   or before it, and it was delivered to someone or some consumer's cursor is past it. Under
+//   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
+// - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
+//   stream back (the producer waits for a slot, another consumer was sent every published chunk,
+//   and it pins published chunks it was not sent yet) for its stall bound stops pinning: it
+//   reads from its position on in private chunks (nothing lost) and merges back once it has
+//   caught up: the stream went on a ring's worth without it, and it reached a chunk the stream
+//   still holds within half the room the stream has ahead of its slowest reader. Without
+//   regeneration it waits, as under stall_policy=wait, and says so once.
+// - Stalls are said: a stream that has not moved for stall_timeout is logged once, naming each
+//   consumer's pid, name, chunks held and position; every other consumer's heartbeat says what
+//   holds its data back (min_consumers not met, a named consumer).
+// - Late join: within the retained chunks that run without a gap up to the newest, a new
+//   consumer starts at the first epoch start, else at the first chunk; late_join=next_epoch
+//   then skips to an epoch start. On a producer that regenerates, a replay joiner that would
+//   start mid-epoch seeks to that epoch's start instead (a whole epoch from its first batch).
+// - Seek (consumer -> (epoch, sample)): a retained chunk holding it becomes the cursor; a
+//   position at most the next epoch ahead of the stream is waited for (pinning nothing); any
+//   other position is regenerated (PrivateStreams: behind by at most an epoch, the consumer
+//   pins a shared chunk catch_up_slots() past the oldest retained and merges there; further,
+//   private for good) or answered "position unavailable". On a producer that regenerates, the
+//   stream's chunks pin at most the ring less catch_up_slots() (rings of 8 slots and more): a
+//   catch-up always finds slots, even while the other consumers do not read; consumers release
+//   private chunks as they arrive, so any number of catch-ups at once share those slots.
+// - Skip: a chunk no attached consumer wants (all sought past it) is not filled (wanted/skip).
+// - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
+// - End to every consumer after finish(), and to a consumer in answer to its Goodbye (nothing
+//   follows); fail() sends the error to everyone, also later joiners, and delivers no more chunks.
+//
+// - Views: each view (add_view) has its own pool with the same slots; a chunk is in every view
+//   that existed when it was acquired (stream or private). A consumer reads one view (Hello.view,
+//   mapped by the injected ResolveView; a view refused there is answered with an ErrorMessage),
+//   is welcomed with that view's pool and sent that view's tensors; the chunks acquired before
+//   its view existed count, for it, as chunks the ring no longer holds (regenerated when the
+//   producer can).
+//
+// The seek rules (on_seek, the private and sought deliveries, wanted) are defined in
+// stream_seek.cpp, the rest in stream_state.cpp.
+//
+// Thread-safety: none; the owner serialises every call. Lifetime: the injected functions must
+// outlive it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "protocol/messages.h"
+#include "server/stream/consumer_registry.h"
+#include "server/stream/private_streams.h"
+#include "server/stream/slot_ring.h"
+
+namespace batchcast {
+
+enum class StallPolicy { kWait, kSkip, kDecouple };
+
+struct StreamRules {
+  uint32_t slot_count = 8;
+  uint64_t slot_bytes = 0;  // descriptors are validated against it
+  uint32_t min_consumers = 1;
+  StallPolicy stall_policy = StallPolicy::kDecouple;
+  // Seconds a consumer may hold the stream back (decouple) or ask for nothing (skip) before it
+  // stops pinning, unless its Hello names its own; also when a stalled stream is logged.
+  double stall_timeout_s = 3.0;
+  double heartbeat_interval_s = 0.25;
+  double heartbeat_timeout_s = 2.0;  // remote consumers silent this long are dropped
+  uint64_t epochs = 0;               // announced in End
+  uint64_t epoch_samples = 0;        // for chunks whose producer did not say
+  // The producer can fill any chunk (epoch, index) again, byte for byte (try_acquire_private);
+  // chunks then hold welcome.chunk_size samples, an epoch's last one fewer.
+  bool regenerates = false;
+  // Sent (with consumer_id and epoch_samples filled in) in answer to every Hello; its boot_id
+  // tells which consumers are local.
+  protocol::Welcome welcome;
+};
+
+struct StreamStats {
+  uint64_t chunks_published = 0;
+  uint64_t chunks_regenerated = 0;  // private chunks filled for consumers catching up
+  uint64_t chunks_skipped = 0;      // not filled: no attached consumer wanted them
+  uint64_t decouplings = 0;         // consumers decoupled for holding the stream back
+  uint64_t samples_published = 0;
+  uint64_t descriptors_sent = 0;
+  uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
+  uint64_t consumers_now = 0;
+  uint64_t consumers_ever = 0;
+  uint64_t consumers_died = 0;
+  uint32_t ring_occupied = 0;
+  uint32_t ring_slots = 0;
+  double producer_blocked_s = 0;
+  struct Consumer {
+    uint64_t id;
+    pid_t pid;
+    std::string name;
+    uint64_t samples;
+    double wait_s;
+    bool attached;           // false: it left or died (kept so metrics can still count its CPU)
+    uint64_t behind = 0;     // samples between its next one and the stream's newest
+    uint32_t held = 0;       // chunks it was sent and has not released
+    bool decoupled = false;  // reads private chunks after holding the stream back
+    double holding_s = 0;    // how long it has held the stream back, now
+  };
+  std::vector<Consumer> consumers;  // every consumer of this server, the last 1000 departed ones
+};
+
+class StreamState {
+ public:
+  // False: the message was not taken (peer gone, queue full).
+  using Send = std::function<bool(const std::string& identity, const protocol::Message& message)>;
+  using Alive = std::function<bool(pid_t pid)>;
+  // A consumer's Hello.view -> the view it reads (it may call add_view first), or the message
+  // refusing it. Empty: only "" (view 0) is served.
+  struct ViewChoice {
+    uint32_t view = 0;
+    std::string error;
+  };
+  using ResolveView = std::function<ViewChoice(const std::string& view)>;
+
+  StreamState(StreamRules rules, Send send, Alive alive, ResolveView resolve_view = {});
+
+  // A view's tensors in its slot for a chunk of `sample_count` samples (what its consumers'
+  // descriptors carry instead of the producer's).
+  using ViewSpecs = std::function<std::vector<protocol::TensorSpec>(uint32_t sample_count)>;
+  // A view more (index returned; view 0 is the pool of rules.welcome): its pool's Welcome and
+  // its tensors. Chunks acquired from now on carry it.
+  uint32_t add_view(protocol::Welcome welcome, ViewSpecs specs);
+  uint32_t view_count() const { return static_cast<uint32_t>(views_.size()) + 1; }
+
+  // Producer side. A slot for chunk `seq` to be filled, or nullopt while the reuse rule keeps
+  // every slot (time spent refused counts as producer_blocked_s).
+  struct Fill {
+    uint64_t seq;
+    uint32_t slot;
+    std::optional<ChunkAddress> regenerate;  // a private chunk: fill this chunk of the stream
+  };
+  // The stream's next chunk; nullopt after finish(), or while every slot is kept.
+  std::optional<Fill> try_acquire(double now);
+  // A chunk to regenerate for a consumer catching up; nullopt while none is asked for or every
+  // slot is kept. Only producers with rules.regenerates call it.
+  std::optional<Fill> try_acquire_private(double now);
+  // Chunk `seq` is filled; a stream chunk goes out once every earlier chunk did, a private one
+  // to its consumer in that consumer's order. An invalid chunk (a producer bug) fails the
+  // stream.
+  void publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
+               std::vector<protocol::TensorSpec> tensors);
+  // Whether any attached consumer may still be sent a chunk at `position` (before the start
+  // or below min_consumers: yes). Nobody does when every consumer sought past it (a break)
+  // or reads private chunks for good.
+  bool wanted(const protocol::ChunkPosition& position) const;
+  // The stream's next chunk, at `position`, is skipped instead of filled: it takes its number
+  // and its samples in stream positions, no slot, and nobody is sent it.
+  void skip(const protocol::ChunkPosition& position);
+  void finish();                          // no chunk follows the ones acquired so far
+  void fail(const std::string& message);  // the first failure wins
+  void set_epoch_samples(uint64_t samples) { rules_.epoch_samples = samples; }
+
+  // Consumer side: one frame from `identity` (malformed or unexpected ones are counted and
+  // dropped), or a frame the transport already rejected.
+  void receive(const std::string& identity, const void* data, size_t size, double now);
+  void drop_frame() { counters_.messages_dropped++; }
+  // Sends what is due: errors, descriptors, End, heartbeats; checks liveness.
+  void tick(double now);
+
+  bool failed() const { return !failure_.empty(); }
+  const std::string& failure() const { return failure_; }  // empty unless failed()
+  // finish() was called, min_consumers attached, and every consumer was sent End (or left).
+  bool all_ended() const;
+  StreamStats stats() const;
+  // Producer time blocked up to `now`, a block still going on included (stats() adds a block
+  // when it ends: a rate taken over a tick would put a whole long block into one tick).
+  double producer_blocked_s(double now) const {
+    return counters_.producer_blocked_s + (blocked_since_ ? now - *blocked_since_ : 0.0);
+  }
+  uint64_t consumers_now() const { return consumers_.size(); }
+  // Attached and not closing: a consumer that said Goodbye while its user still holds batches
+  // stays in consumers_now() (its slots stay pinned) but no longer reads.
+  uint64_t consumers_reading() const { return consumers_.reading(); }
+  uint64_t consumers_ever() const { return consumers_.ever(); }
+
+ private:
+  void on_hello(const std::string& identity, const protocol::Hello& hello, double now);
+  // Moves `c`'s cursor to `target` (docs/stream.md, "Seek"); `reply`: answer with a SeekReply.
+  void on_seek(ConsumerRecord& c, protocol::Seek target, bool reply);
+  // One step of delivery to a consumer with a private stream (or a pending seek): true when
+  // nothing more can be sent to it now, false to look at it again.
+  bool deliver_private(ConsumerRecord& c);
+  bool deliver_sought(ConsumerRecord& c);
+  // Sends chunk `d` to `c` with the tensors of c's view; false if the send was refused.
+  bool send_chunk(const ConsumerRecord& c, const protocol::ChunkDescriptor& d);
+  // The first stream chunk c's view is in, and the first private one.
+  uint64_t view_since(const ConsumerRecord& c) const {
+    return c.view ? views_[c.view - 1].since_seq : 0;
+  }
+  // tail_begin() for `c`: the retained chunks that hold its view.
+  uint64_t tail_for(const ConsumerRecord& c) const { return std::max(tail_begin(), view_since(c)); }
+  void deliver();
+  void check_liveness(double now);
+  // Holding back, decoupling, the stall log and what each consumer is told it waits for.
+  void watch_stalls(double now);
+  // The consumers holding the stream back now: the producer waits for a slot, some other
+  // consumer was sent every published chunk, and they pin published chunks not sent to them.
+  std::vector<uint64_t> holding_back(double now) const;
+  void decouple(ConsumerRecord& c);
+  // A decoupled consumer whose next chunk the stream still holds merges there; true if it did.
+  bool try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p);
+  // Whether `c` pins the stream's chunks at and after its cursor.
+  bool pins_stream(const ConsumerRecord& c, double now) const;
+  double stall_bound(const ConsumerRecord& c) const {
+    return c.stall_timeout_s > 0 ? c.stall_timeout_s : rules_.stall_timeout_s;
+  }
+  // The position of the published chunk `c` reads next from the shared stream; null while it
+  // reads private chunks, seeks, or is level with the stream's head.
+  const protocol::ChunkPosition* next_shared_position(const ConsumerRecord& c) const;
+  uint64_t samples_behind(const ConsumerRecord& c) const;
+  // "consumer 2 'name' (pid 123)", then with `detail` what it holds and where it is.
+  std::string label(const ConsumerRecord& c, bool detail) const;
+  void drop_consumer(uint64_t id, const char* why);
+  bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
+  struct SlotCount {
+    uint32_t reusable = 0;       // free, or published and refillable now (may_reuse)
+    uint32_t pinned_stream = 0;  // the stream's chunks that are not: filling, held or pinned
+  };
+  SlotCount count_slots(double now) const;
+  // Slots kept for the private chunks of consumers catching up: max(3, a quarter ring), at most
+  // the ring less one.
+  uint32_t catch_up_slots() const;
+  // First seq of the retained chunks that run without a gap up to the newest published one.
+  uint64_t tail_begin() const;
+  void publish_ready();  // publishes the chunks whose turn it is, in seq order
+  // Where the stream's next chunk will sit: after the newest published one.
+  protocol::Seek stream_next() const;
+  uint64_t chunks_per_epoch() const;  // 0 unless the producer regenerates and both are known
+  // Where stream chunk `seq` (not published yet) will sit, and the samples before it in the
+  // stream: counted on from stream_next() (stream chunks are numbered consecutively, skipped
+  // ones too). Needs chunks_per_epoch().
+  std::pair<ChunkAddress, uint64_t> address_ahead(uint64_t seq) const;
+  uint64_t end_epoch() const {  // first epoch not served (0: unbounded)
+    return rules_.epochs ? rules_.welcome.first_epoch + rules_.epochs : 0;
+  }
+  // Private chunks nobody will be sent: their slots may be reused.
+  void abandon(const std::vector<uint32_t>& slots) {
+    for (uint32_t slot : slots) ring_.mark_passed(slot);
+  }
+
+  StreamRules rules_;
+  Send send_;
+  Alive alive_;
+  ResolveView resolve_view_;
+  struct View {
+    protocol::Welcome welcome;
+    ViewSpecs specs;
+    uint64_t since_seq;  // first stream chunk acquired with it
+  };
+  std::vector<View> views_;  // views 1, 2, ...
+  SlotRing ring_;
+  ConsumerRegistry consumers_;
+  uint64_t next_acquire_seq_ = 0;
+  uint64_t next_publish_seq_ = 0;  // chunks below are published (or reused)
+  uint64_t stream_position_ = 0;   // samples in published chunks
+  struct Filled {
+    uint32_t slot;
+    protocol::ChunkPosition position;
+    std::vector<protocol::TensorSpec> tensors;
+    bool skipped;  // skip(): no slot, no descriptor
+  };
+  std::map<uint64_t, Filled> ready_;                           // waiting for their turn
+  std::map<uint64_t, protocol::ChunkDescriptor> descriptors_;  // by seq, for retained chunks
+  std::optional<protocol::ChunkPosition> newest_;              // of the last chunk published
+  PrivateStreams private_;
+  bool started_ = false;  // min_consumers reached
+  bool finished_ = false;
+  uint64_t end_seq_ = 0;
+  std::string failure_;
+  std::optional<double> blocked_since_;  // the producer's first refused acquire
+  bool stall_logged_ = false;            // this block of the producer was logged
+  bool said_cannot_decouple_ = false;    // decouple without regeneration: said once
+  std::optional<double> last_watch_;     // watch_stalls' previous call
+  std::vector<uint64_t> holding_;        // holding the stream back, as of the last tick
+  std::string waiting_for_;              // told the others in heartbeats (watch_stalls)
+  double next_liveness_ = 0, next_heartbeat_ = 0;
+  StreamStats counters_;
+  std::vector<StreamStats::Consumer> departed_;
+};
+
+}  // namespace batchcast
