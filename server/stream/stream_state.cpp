@@ -26,19 +26,6 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive, ResolveView 
   counters_.ring_slots = rules_.slot_count;
 }
 
-uint32_t StreamState::add_view(protocol::Welcome welcome, ViewSpecs specs) {
-  views_.push_back({std::move(welcome), std::move(specs), next_acquire_seq_});
-  return static_cast<uint32_t>(views_.size());
-}
-
-bool StreamState::send_chunk(const ConsumerRecord& c, const ChunkDescriptor& d) {
-  if (c.view == 0) return send_(c.identity, d);
-  const View& v = views_[c.view - 1];
-  ChunkDescriptor mine = d;
-  mine.tensors = v.specs(d.position.sample_count);
-  return send_(c.identity, mine);
-}
-
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
   // On a producer that regenerates, the stream's chunks pin at most the ring minus a reserve:
