@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from typing import Any, Dict, List, Optional, Sequence
@@ -62,10 +63,11 @@ def _tree_cpu() -> float:
 
 
 def run_mode(mode: str, sizes: List[int], args: argparse.Namespace) -> Dict[str, Any]:
-    """The window: from when every trainer has read its first epoch (start-up, imports and the
-    ring's first fill behind it) to when every trainer has read its last, every process still
-    alive; the servers serve one epoch more than the trainers read, so that the ring runs ahead
-    by as much at the window's end as at its start."""
+    """The window: from when a trainer has read its first epoch (start-up, imports and the
+    ring's first fill behind it) to when it has read its last, every process still alive; the
+    servers serve one epoch more than the trainers read, so that the ring runs ahead by as much
+    at the window's end as at its start. One shared stream: one window, every process of the
+    mode; independent streams (per-view, dataloaders): a window per trainer, its processes."""
     n = len(sizes)
     servers: List[subprocess.Popen] = []
     endpoints: List[str] = []
@@ -95,20 +97,48 @@ def run_mode(mode: str, sizes: List[int], args: argparse.Namespace) -> Dict[str,
     try:
         counts: List[List[int]] = [[] for _ in trainers]
 
-        def next_line(i: int) -> str:
+        def next_line(i: int) -> List[str]:
             line = trainers[i].stdout.readline()  # type: ignore[union-attr]
             if not line:
                 raise RuntimeError(f"{mode}: trainer {i} failed (see {log.name})")
             return line.split()
 
-        for i in range(n):
-            counts[i].append(int(next_line(i)[1]))
-        cpu0, t0 = _tree_cpu(), time.monotonic()
-        for i in range(n):
-            for _ in range(args.epochs - 1):
+        def group_cpu(i: int) -> float:
+            """Trainer i's processes (and its own server's): independent streams run out of
+            step, so each is timed over its own window; one shared stream over one window."""
+            pids = [trainers[i].pid] + probes.descendants(trainers[i].pid)
+            if mode == "per-view":
+                pids.append(servers[i].pid)
+            return sum(probes.cpu_seconds(pids).values())
+
+        cpu, wall = 0.0, 0.0
+        if mode == "views":  # one stream: every trainer in step, one window for all
+            for i in range(n):
                 counts[i].append(int(next_line(i)[1]))
-            assert next_line(i) == ["done"]
-        cpu, wall = _tree_cpu() - cpu0, time.monotonic() - t0
+            cpu0, t0 = _tree_cpu(), time.monotonic()
+            for i in range(n):
+                for _ in range(args.epochs - 1):
+                    counts[i].append(int(next_line(i)[1]))
+                assert next_line(i) == ["done"]
+            cpu, wall = _tree_cpu() - cpu0, time.monotonic() - t0
+        else:
+            def window(i: int) -> None:
+                counts[i].append(int(next_line(i)[1]))
+                c0, w0 = group_cpu(i), time.monotonic()
+                for _ in range(args.epochs - 1):
+                    counts[i].append(int(next_line(i)[1]))
+                assert next_line(i) == ["done"]
+                spans[i] = (group_cpu(i) - c0, time.monotonic() - w0)
+
+            spans: List[Any] = [None] * n
+            threads = [threading.Thread(target=window, args=(i,)) for i in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(args.timeout)
+            if any(sp is None for sp in spans):
+                raise RuntimeError(f"{mode}: a trainer failed (see {log.name})")
+            cpu, wall = sum(sp[0] for sp in spans), max(sp[1] for sp in spans)
     finally:
         for t in trainers:
             t.communicate("\n", timeout=60)
