@@ -8,7 +8,9 @@ Every trainer builds the same pipeline: ImageFolder + RandomResizedCrop(S) + Ran
 - ``alone``: the fast trainer (no work per batch) reads whole epochs for --seconds;
 - ``k x slower``: the same fast trainer beside a slow one that sleeps k times the fast one's time
   per batch alone after each batch (a bigger model, as a sweep pairs them); the slow one reads
-  until the fast one is done. The stall policy and bound are the defaults (``decouple`` after
+  until the fast one is done.
+- ``pause P s``: beside a second trainer as fast as it, which stops for P s every
+  --pause-every seconds (validation, a checkpoint, a debugger) and then reads on. The stall policy and bound are the defaults (``decouple`` after
   3 s) unless --slow-stall-timeout gives the slow one its own bound (``DataLoader(share=,
   stall_timeout=)``; a huge one is the old behaviour: everyone waits for the slowest).
 
@@ -18,7 +20,7 @@ one-time cost of the bound), each as a share of the alone run's; the slow one's
 samples/s; the chunks the producer decoded for the stream and regenerated for the slow one
 (its "done:" log line), and the share producer's CPU core-seconds (its metrics).
 
-Run: ``.venv/bin/python bench/speeds_bench.py --data data/dropin --slower 2,4,13``
+Run: ``.venv/bin/python bench/speeds_bench.py --data data/dropin --slower 2,4,13 --pauses 2,10``
 """
 
 from __future__ import annotations
@@ -49,21 +51,29 @@ def trainer(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(),
                     T.ToTensor(), T.Normalize(MEAN, STD)])
-    loader = batchcast.DataLoader(torchvision.datasets.ImageFolder(args.data, transform=tf),
-                                  batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                  num_workers=args.workers, share=args.key,
-                                  stall_timeout=args.stall_timeout)
+    dataset = torchvision.datasets.ImageFolder(args.data, transform=tf)
+    cuda = bool(args.model)
+    loader = batchcast.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                                  drop_last=True, num_workers=args.workers, pin_memory=cuda,
+                                  share=args.key or None,
+                                  **({"stall_timeout": args.stall_timeout} if args.key else {}))
+    step = train_step(args.model, len(dataset.classes)) if cuda else None
     marks: List[tuple] = []  # (time, samples) after each batch
-    samples, start = 0, None
+    samples, start, last_pause = 0, None, None
     done = False
     while not done:
-        for images, _labels in loader:
+        for images, labels in loader:
+            if step:
+                step(images, labels)
             if start is None:  # from the first batch: the producer's start-up is not the rate
                 start = time.monotonic()
             samples += images.shape[0]
             marks.append((time.monotonic(), samples))
             if args.sleep:
                 time.sleep(args.sleep)
+            if args.pause and time.monotonic() - (last_pause or start) >= args.pause_every:
+                time.sleep(args.pause)
+                last_pause = time.monotonic()
             if args.stop_file and os.path.exists(args.stop_file):
                 done = True
                 break
@@ -78,12 +88,39 @@ def trainer(args: argparse.Namespace) -> None:
                       "half_samples": samples - half[1], "half_s": end - half[0]}), flush=True)
 
 
+def train_step(model_name: str, classes: int) -> Any:
+    """One training step of a torchvision model on the GPU, as people train today: bf16
+    autocast, channels_last, SGD; it waits for the step, so the rate is the training's."""
+    import torch
+    import torchvision
+
+    model = getattr(torchvision.models, model_name)(num_classes=classes).cuda()
+    model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(images: Any, labels: Any) -> None:
+        x = images.cuda(non_blocking=True).to(memory_format=torch.channels_last)
+        y = labels.cuda(non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+
+    return step
+
+
 def trainer_cmd(args: argparse.Namespace, key: str, sleep: float, stop: Optional[str],
-                done: Optional[str], stall_timeout: Optional[float] = None) -> List[str]:
+                done: Optional[str], stall_timeout: Optional[float] = None,
+                pause: float = 0.0, model: str = "") -> List[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--data", args.data,
            "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
            "--workers", str(args.workers), "--seconds", str(args.seconds), "--key", key,
-           "--sleep", str(sleep)]
+           "--sleep", str(sleep), "--pause", str(pause), "--pause-every", str(args.pause_every)]
+    if model:
+        cmd += ["--model", model]
     if stop:
         cmd += ["--stop-file", stop]
     if stall_timeout:
@@ -93,9 +130,23 @@ def trainer_cmd(args: argparse.Namespace, key: str, sleep: float, stop: Optional
     return cmd
 
 
-def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float]) -> Dict[str, Any]:
-    from batchcast.tools import metrics
+def share_log(key: str) -> str:
+    """The share producer's log, once it has exited (and removed its state file)."""
     from batchcast.dataloader import share_paths
+
+    paths = share_paths(key)
+    deadline = time.monotonic() + 120
+    while os.path.exists(paths["state"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with open(paths["log"]) as f:
+        text = f.read()
+    os.unlink(paths["log"])
+    return text
+
+
+def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float],
+        pause: float = 0.0) -> Dict[str, Any]:
+    from batchcast.tools import metrics
 
     out = os.path.abspath(os.path.join(args.out, name))
     shutil.rmtree(out, ignore_errors=True)
@@ -105,16 +156,9 @@ def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float]) -> Dic
     env = dict(os.environ, BATCHCAST_METRICS_DIR=out)
     cmds = [trainer_cmd(args, key, 0.0, None, done)]
     if slow_sleep is not None:
-        cmds.append(trainer_cmd(args, key, slow_sleep, done, None, args.slow_stall_timeout))
+        cmds.append(trainer_cmd(args, key, slow_sleep, done, None, args.slow_stall_timeout, pause))
     results = run_trainers(cmds, env)
-    state = share_paths(key)["state"]
-    deadline = time.monotonic() + 120
-    while os.path.exists(state) and time.monotonic() < deadline:  # the producer's exit
-        time.sleep(0.2)
-    log = share_paths(key)["log"]
-    with open(log) as f:
-        text = f.read()
-    os.unlink(log)
+    text = share_log(key)
     if "native pipeline" not in text:
         raise RuntimeError(f"the share did not run natively; its log:\n{text}")
     chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", text)
@@ -136,10 +180,62 @@ def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float]) -> Dic
     return row
 
 
+def run_models(args: argparse.Namespace, name: str, models: List[str], shared: bool
+               ) -> List[Dict[str, Any]]:
+    """Trainers of `models` side by side (the first runs --seconds, the others until it is done):
+    on one key, or each on its own DataLoader with cores/N workers. Samples/s per trainer."""
+    out = os.path.abspath(os.path.join(args.out, name))
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    done = os.path.join(out, "first.done")
+    key = f"speeds-bench-{os.getpid()}-{name}" if shared else ""
+    own = args.workers if shared else max(1, (os.cpu_count() or 2) // len(models))
+    cmds = []
+    for i, model in enumerate(models):
+        a = argparse.Namespace(**{**vars(args), "workers": own})
+        cmds.append(trainer_cmd(a, key, 0.0, done if i else None, None if i else done,
+                                model=model))
+    results = run_trainers(cmds, dict(os.environ))
+    log = share_log(key) if key else ""
+    chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", log)
+    return [{"run": name, "model": m, "samples_s": r["samples"] / r["wall_s"],
+             "half_samples_s": r["half_samples"] / r["half_s"],
+             "chunks_published": int(chunks.group(1)) if chunks else None,
+             "chunks_regenerated": int(chunks.group(2)) if chunks else None,
+             "decouplings": int(chunks.group(3)) if chunks else None,
+             "share_log_warnings": [ln for ln in log.splitlines() if "WARN" in ln.upper()][:5]}
+            for m, r in zip(models, results)]
+
+
+def main_models(args: argparse.Namespace) -> None:
+    fast, slow = args.models.split(",")
+    rows: List[Dict[str, Any]] = []
+    for name, models, shared in [(f"{fast} alone", [fast], True), (f"{slow} alone", [slow], True),
+                                 ("one key", [fast, slow], True),
+                                 ("two DataLoaders", [fast, slow], False)]:
+        rows += run_models(args, name, models, shared)
+        print(json.dumps(rows[-len(models):]), file=sys.stderr, flush=True)
+    alone = {r["model"]: r["samples_s"] for r in rows if r["run"].endswith("alone")}
+    print(f"batch {args.batch_size}, image {args.image_size}, {os.cpu_count()} cores, "
+          f"{args.seconds:g} s; share producer workers {args.workers}\n")
+    print("| run | model | samples/s | share of alone | 2nd half samples/s | decouplings | "
+          "chunks regenerated / published |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['model']} | {r['samples_s']:.0f} | "
+              f"{r['samples_s'] / alone[r['model']]:.2f} | {r['half_samples_s']:.0f} | "
+              f"{r['decouplings']} | {r['chunks_regenerated']} / {r['chunks_published']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="ImageFolder (made with make-dataset if empty)")
     p.add_argument("--slower", default="2,4,13", help="comma-separated slow-down factors")
+    p.add_argument("--pauses", default="", help="comma-separated pauses of a second trainer, s")
+    p.add_argument("--pause-every", type=float, default=5.0, help="seconds between its pauses")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="the share producer's workers")
@@ -151,6 +247,10 @@ def main() -> None:
     p.add_argument("--role", choices=["main", "trainer"], default="main")
     p.add_argument("--key", help=argparse.SUPPRESS)
     p.add_argument("--sleep", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--pause", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--model", default="", help=argparse.SUPPRESS)
+    p.add_argument("--models", help="FAST,SLOW: two torchvision models trained on the GPU instead "
+                   "of sleeping: each alone, both on one key, both on their own DataLoaders")
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
     p.add_argument("--done-file", help=argparse.SUPPRESS)
     p.add_argument("--stall-timeout", type=float, help=argparse.SUPPRESS)
@@ -162,15 +262,22 @@ def main() -> None:
 
     if not (os.path.isdir(args.data) and os.listdir(args.data)):
         subprocess.run([find_binary(), "make-dataset", "--out", args.data], check=True)
+    if args.models:
+        return main_models(args)
     # Each pair right after its own alone run: a shared machine's load drifts between runs.
     rows: List[Dict[str, Any]] = []
     per_batch = None
-    for k in [float(x) for x in args.slower.split(",")]:
+    pairs = [("slower", float(x)) for x in args.slower.split(",") if x]
+    pairs += [("pause", float(x)) for x in args.pauses.split(",") if x]
+    for kind, k in pairs:
         rows.append(run(args, "alone", None))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         if per_batch is None:  # one slow-down for every pair: from the first alone run
             per_batch = args.batch_size / rows[-1]["fast_samples_s"]
-        rows.append(run(args, f"{k:g}x", (k - 1) * per_batch))
+        if kind == "slower":
+            rows.append(run(args, f"{k:g}x", (k - 1) * per_batch))
+        else:
+            rows.append(run(args, f"pause {k:g} s", 0.0, pause=k))
         rows[-1]["alone"] = rows[-2]
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"batch {args.batch_size}, image {args.image_size}, {args.workers} producer workers, "

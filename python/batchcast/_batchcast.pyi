@@ -121,6 +121,7 @@ class ServeConfig:
     listen_all: bool
     batch_size: int
     ring: int
+    ring_memory: int
     workers: int
     min_consumers: int
     transform: PipelineOptions

@@ -72,7 +72,9 @@ void bind_serve(py::module_& m) {
       .field("endpoint", &ServeConfig::endpoint, "'' : the per-user default ipc endpoint")
       .field("listen_all", &ServeConfig::listen_all, "tcp://*:PORT on every interface")
       .field("batch_size", &ServeConfig::batch_size, "samples per chunk")
-      .field("ring", &ServeConfig::ring, "slots in the shared pool")
+      .field("ring", &ServeConfig::ring, "slots in the shared pool (0: sized by ring_memory)")
+      .field("ring_memory", &ServeConfig::ring_memory,
+             "bytes of shared memory for a ring sized by memory (0: the host's default)")
       .field("workers", &ServeConfig::workers, "decoding threads")
       .field("min_consumers", &ServeConfig::min_consumers, "consumers to wait for")
       .field("transform", &ServeConfig::transform,

@@ -110,6 +110,7 @@ StreamHost::StreamHost(StreamHostOptions options)
   StreamRules rules;
   rules.slot_count = memory_.pool().slot_count();
   rules.slot_bytes = memory_.pool().slot_bytes();
+  rules.lead_chunks = options_.lead_chunks;
   rules.min_consumers = options_.min_consumers;
   rules.stall_policy = options_.stall_policy;
   rules.stall_timeout_s = options_.stall_timeout_s;

@@ -60,6 +60,8 @@ struct StreamHostOptions {
   // Pool geometry: K slots of slot_bytes each. More slots = more lag allowed between consumers
   // and more retained chunks for late joiners, at slot_bytes each.
   uint32_t ring_slots = 8;
+  // Chunks the producer may fill ahead of every reader (StreamRules::lead_chunks); 0: the ring.
+  uint32_t lead_chunks = 0;
   uint64_t slot_bytes = 0;     // required
   uint32_t chunk_size = 0;     // the chunk size, announced to consumers as their default batch size
   uint64_t epoch_samples = 0;  // samples per epoch (0: unknown until the producer says)

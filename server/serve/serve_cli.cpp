@@ -158,9 +158,16 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
   add_choice(cmd, "--on-error", c.on_error, ServeConfig::kOnError,
              "bad samples: raise (fail the stream) or skip (count them)");
   group("Stream");
-  cmd->add_option("--ring", c.ring, "slots in the shared pool")
-      ->check(kPositive)
+  cmd->add_option("--ring", c.ring,
+                  "slots in the shared pool (0: as many as --ring-memory holds, 8 on a GPU; the "
+                  "window in which trainers of different speeds drift apart for free)")
+      ->check(kNonNegative)
       ->capture_default_str();
+  cmd->add_option("--ring-memory", c.ring_memory,
+                  "shared memory for a ring sized by memory, e.g. 512MiB (default: 1 GiB, at most "
+                  "1/16 of available memory and 1/4 of free /dev/shm)")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("auto");
   // Under torchrun (or any launcher that sets them) a server per rank shards by itself.
   cmd->add_option("--rank", c.rank, "this server's shard (DistributedSampler semantics)")
       ->envname("RANK")
@@ -264,6 +271,7 @@ std::vector<std::string> serve_command_line(const ServeConfig& c) {
   put_flag("--no-shuffle", !c.shuffle);
   put("--min-consumers", c.min_consumers, d.min_consumers);
   put("--ring", c.ring, d.ring);
+  put("--ring-memory", c.ring_memory, d.ring_memory);
   put("--rank", c.rank, d.rank);
   put("--world-size", c.world_size, d.world_size);
   put_flag("--every-rank", c.every_rank);

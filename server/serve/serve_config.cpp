@@ -6,6 +6,7 @@
 #include "decoders/view_spec.h"
 #include "protocol/endpoint.h"
 #include "protocol/messages.h"
+#include "server/serve/ring_size.h"
 #ifdef BATCHCAST_HAVE_CUDA
 #include "shm/cuda_pool.h"
 #endif
@@ -113,12 +114,14 @@ std::vector<TensorConversion> ServeConfig::conversions() const {
 std::vector<ServeConfig> ServeConfig::rank_configs() const {
   std::vector<ServeConfig> out;
   const std::string base = endpoint.empty() ? protocol::default_endpoint() : endpoint;
+  const uint64_t rank_ring_memory = default_ring_memory(read_host_memory()) / world_size;
   for (uint32_t r = 0; r < world_size; ++r) {
     ServeConfig c = *this;
     c.every_rank = false;
     c.rank = r;
     c.endpoint = protocol::rank_endpoint(base, r);
     c.workers = std::max(1u, workers / world_size);
+    if (!ring && !ring_memory) c.ring_memory = rank_ring_memory;
     if (!metrics_dir.empty()) c.metrics_dir = metrics_dir + "/rank" + std::to_string(r);
     if (!cuda_devices_.empty())
       c.device = "cuda:" + std::to_string(cuda_devices_[r % cuda_devices_.size()]);
@@ -133,7 +136,6 @@ StreamHostOptions ServeConfig::server_options(const SampleSource& source,
   StreamHostOptions so;
   so.endpoint = endpoint;
   so.allow_remote = listen_all;
-  so.ring_slots = ring;
 #ifdef BATCHCAST_HAVE_CUDA
   so.cuda_devices = cuda_devices_;
   so.slot_bytes =
@@ -141,6 +143,15 @@ StreamHostOptions ServeConfig::server_options(const SampleSource& source,
 #else
   so.slot_bytes = SlotLayout::plan(source.tensors(), batch_size).bytes;
 #endif
+  if (ring) {
+    so.ring_slots = ring;
+  } else if (on_gpu()) {
+    so.ring_slots = kMinRingSlots;
+  } else {
+    const uint64_t budget = ring_memory ? ring_memory : default_ring_memory(read_host_memory());
+    so.ring_slots = ring_slots_for(budget, so.slot_bytes);
+    so.lead_chunks = std::min(kRingLeadChunks, so.ring_slots);
+  }
   so.chunk_size = batch_size;
   so.epoch_samples = epoch_samples;
   so.epochs = epochs;

@@ -41,7 +41,10 @@ struct ServeConfig {
   std::string endpoint;  // empty: the per-user default ipc endpoint
   bool listen_all = false;
   uint32_t batch_size = 64;
-  uint32_t ring = 8;
+  // Slots in the pool; 0: as many as ring_memory holds (server/serve/ring_size.h), the producer then
+  // running at most kRingLeadChunks ahead of every reader; a GPU pool: kMinRingSlots.
+  uint32_t ring = 0;
+  uint64_t ring_memory = 0;  // bytes; 0: default_ring_memory() of this host (split between ranks)
   uint32_t workers = std::max(1u, std::thread::hardware_concurrency());
   uint32_t min_consumers = 1;
 

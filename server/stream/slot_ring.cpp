@@ -4,7 +4,8 @@
 
 namespace batchcast {
 
-std::optional<uint32_t> SlotRing::begin_fill(uint64_t seq, const ReuseRule& may_reuse) {
+std::optional<uint32_t> SlotRing::begin_fill(uint64_t seq, const ReuseRule& may_reuse,
+                                             std::optional<uint64_t>* evicted) {
   std::optional<uint32_t> chosen;
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].state == SlotState::kFree) {
@@ -24,7 +25,11 @@ std::optional<uint32_t> SlotRing::begin_fill(uint64_t seq, const ReuseRule& may_
   }
   if (!chosen) return std::nullopt;
   auto& s = slots_[*chosen];
-  if (s.state == SlotState::kPublished) by_seq_.erase(s.seq);
+  if (evicted) evicted->reset();
+  if (s.state == SlotState::kPublished) {
+    by_seq_.erase(s.seq);
+    if (evicted) *evicted = s.seq;
+  }
   s.state = SlotState::kFilling;
   s.seq = seq;
   s.delivered = false;

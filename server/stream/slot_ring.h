@@ -41,7 +41,9 @@ class SlotRing {
   // `may_reuse(old_seq, delivered)` accepts, and marks it filling with `seq`. nullopt if there
   // is none. The owner decides about chunks never delivered (see StreamState's reuse rule).
   using ReuseRule = std::function<bool(uint64_t old_seq, bool delivered)>;
-  std::optional<uint32_t> begin_fill(uint64_t seq, const ReuseRule& may_reuse);
+  // `evicted`, if given, is set to the published chunk the slot held (nullopt for a free slot).
+  std::optional<uint32_t> begin_fill(uint64_t seq, const ReuseRule& may_reuse,
+                                     std::optional<uint64_t>* evicted = nullptr);
   // filling -> published.
   void finish_fill(uint32_t slot);
 

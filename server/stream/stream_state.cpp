@@ -28,6 +28,16 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive, ResolveView 
 
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
+  // Far enough ahead of every reader: a wait for the readers, not for a slot (nobody holds the
+  // stream back), so it is producer time blocked but never a stall.
+  if (rules_.lead_chunks && chunks_ahead() >= rules_.lead_chunks) {
+    if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
+    blocked_since_.reset();
+    if (!ahead_since_) ahead_since_ = now;
+    return std::nullopt;
+  }
+  if (ahead_since_) counters_.producer_blocked_s += now - *ahead_since_;
+  ahead_since_.reset();
   // On a producer that regenerates, the stream's chunks pin at most the ring minus a reserve:
   // a consumer that catches up pins its merge chunk and all after it, and must find slots for
   // its private chunks or it never reaches that chunk. Rings of 8 slots and more keep the
@@ -46,15 +56,16 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
   }
-  auto slot = ring_.begin_fill(next_acquire_seq_, [this, now](uint64_t seq, bool delivered) {
-    return may_reuse(seq, delivered, now);
-  });
+  std::optional<uint64_t> evicted;
+  auto slot = ring_.begin_fill(
+      next_acquire_seq_,
+      [this, now](uint64_t seq, bool delivered) { return may_reuse(seq, delivered, now); },
+      &evicted);
   if (!slot) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
   }
-  for (auto it = descriptors_.begin(); it != descriptors_.end();)
-    it = ring_.find_published(it->first) ? std::next(it) : descriptors_.erase(it);
+  if (evicted) descriptors_.erase(*evicted);
   if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
   blocked_since_.reset();
   return Fill{next_acquire_seq_++, *slot, std::nullopt};
@@ -65,12 +76,13 @@ std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
   auto request = private_.next_request();
   if (!request) return std::nullopt;
   uint64_t seq = private_.next_seq();
+  std::optional<uint64_t> evicted;
   auto slot = ring_.begin_fill(
-      seq, [this, now](uint64_t old, bool delivered) { return may_reuse(old, delivered, now); });
+      seq, [this, now](uint64_t old, bool delivered) { return may_reuse(old, delivered, now); },
+      &evicted);
   if (!slot) return std::nullopt;
   private_.take_request(seq);
-  for (auto it = descriptors_.begin(); it != descriptors_.end();)
-    it = ring_.find_published(it->first) ? std::next(it) : descriptors_.erase(it);
+  if (evicted) descriptors_.erase(*evicted);
   return Fill{seq, *slot, request->chunk};
 }
 
@@ -89,12 +101,23 @@ StreamState::SlotCount StreamState::count_slots(double now) const {
   return n;
 }
 
+uint32_t StreamState::chunks_ahead() const {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < ring_.size(); ++i) {
+    const SlotEntry& e = ring_.slot(i);
+    if (protocol::is_private_seq(e.seq)) continue;
+    if (e.state == SlotState::kFilling || (e.state == SlotState::kPublished && !e.delivered)) ++n;
+  }
+  return n;
+}
+
 uint32_t StreamState::catch_up_slots() const {
   // A private chunk takes a slot only while it is filled, waits for its turn and travels: its
   // consumer copies it out on arrival and releases the slot at once (client/chunk_copy.h),
   // whatever its user does (holds every batch, reads another loader first). So these slots serve
   // any number of consumers catching up at once; three let one be filled while others travel.
-  return std::min(rules_.slot_count - 1, std::max<uint32_t>(3, rules_.slot_count / 4));
+  // More would only take a large ring's window from the stream.
+  return std::min(rules_.slot_count - 1, std::clamp<uint32_t>(rules_.slot_count / 4, 3, 16));
 }
 
 uint64_t StreamState::tail_begin() const {

@@ -13,6 +13,9 @@
 // Rules (each is unit-tested in tests/cpp/server/stream_state_test.cpp):
 // - Chunks are published in seq order whatever the order of publish() calls.
 // - Nothing is delivered before `min_consumers` attached; nothing undelivered is overwritten.
+// - Lead: with rules.lead_chunks, the producer fills at most that many chunks nobody was sent
+//   yet; the rest of the ring is the window that lets readers of different speeds drift apart.
+//   Waiting there is the producer's blocked time but never a stall: nobody holds the stream.
 // - Reuse: a slot is refilled only if nobody holds its chunk, no active consumer's cursor is at
 //   or before it, and it was delivered to someone or some consumer's cursor is past it. Under
 //   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
@@ -77,6 +80,11 @@ enum class StallPolicy { kWait, kSkip, kDecouple };
 
 struct StreamRules {
   uint32_t slot_count = 8;
+  // Chunks the producer may have filling or published without sending them to anyone: how far
+  // it runs ahead of the most advanced reader. 0: the ring alone bounds it. A ring sized by
+  // memory (a window for readers of different speeds) sets it, so that the window fills only
+  // with chunks someone read and others still need, never with a burst of decoding ahead.
+  uint32_t lead_chunks = 0;
   uint64_t slot_bytes = 0;  // descriptors are validated against it
   uint32_t min_consumers = 1;
   StallPolicy stall_policy = StallPolicy::kDecouple;
@@ -190,7 +198,8 @@ class StreamState {
   // Producer time blocked up to `now`, a block still going on included (stats() adds a block
   // when it ends: a rate taken over a tick would put a whole long block into one tick).
   double producer_blocked_s(double now) const {
-    return counters_.producer_blocked_s + (blocked_since_ ? now - *blocked_since_ : 0.0);
+    return counters_.producer_blocked_s + (blocked_since_ ? now - *blocked_since_ : 0.0) +
+           (ahead_since_ ? now - *ahead_since_ : 0.0);
   }
   uint64_t consumers_now() const { return consumers_.size(); }
   // Attached and not closing: a consumer that said Goodbye while its user still holds batches
@@ -242,6 +251,8 @@ class StreamState {
     uint32_t pinned_stream = 0;  // the stream's chunks that are not: filling, held or pinned
   };
   SlotCount count_slots(double now) const;
+  // The stream's chunks filling, or published and sent to nobody yet (rules.lead_chunks).
+  uint32_t chunks_ahead() const;
   // Slots kept for the private chunks of consumers catching up: max(3, a quarter ring), at most
   // the ring less one.
   uint32_t catch_up_slots() const;
@@ -292,7 +303,8 @@ class StreamState {
   bool finished_ = false;
   uint64_t end_seq_ = 0;
   std::string failure_;
-  std::optional<double> blocked_since_;  // the producer's first refused acquire
+  std::optional<double> blocked_since_;  // the producer's first acquire refused a slot
+  std::optional<double> ahead_since_;    // ... refused for running rules.lead_chunks ahead
   bool stall_logged_ = false;            // this block of the producer was logged
   bool said_cannot_decouple_ = false;    // decouple without regeneration: said once
   std::optional<double> last_watch_;     // watch_stalls' previous call

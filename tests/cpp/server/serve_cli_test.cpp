@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "server/serve/ring_size.h"
 
 namespace batchcast {
 namespace {
@@ -30,6 +31,7 @@ ServeConfig unusual() {
   c.listen_all = true;
   c.batch_size = 7;
   c.ring = 3;
+  c.ring_memory = uint64_t{3} << 29;
   c.workers = c.workers + 5;
   c.min_consumers = 2;
   c.device = "cuda:1";
@@ -75,6 +77,7 @@ TEST(ServeCliTest, CommandLineRebuildsEverySetting) {
   EXPECT_EQ(r.listen_all, c.listen_all);
   EXPECT_EQ(r.batch_size, c.batch_size);
   EXPECT_EQ(r.ring, c.ring);
+  EXPECT_EQ(r.ring_memory, c.ring_memory);
   EXPECT_EQ(r.workers, c.workers);
   EXPECT_EQ(r.min_consumers, c.min_consumers);
   EXPECT_EQ(r.device, c.device);
@@ -119,6 +122,7 @@ TEST(ServeCliTest, SyntheticCommandLineRebuildsItsSource) {
   EXPECT_EQ(parse(serve_command_line(c)).file_list, "/etc/os-release");
 }
 
+<<<<<<< HEAD
 // A bad view is refused by the command line, naming the field.
 TEST(ServeCliTest, ABadViewIsRefusedNamingTheField) {
   try {
@@ -128,6 +132,27 @@ TEST(ServeCliTest, ABadViewIsRefusedNamingTheField) {
     EXPECT_NE(std::string(e.what()).find("size must be in 1..16384"), std::string::npos)
         << e.what();
   }
+=======
+TEST(ServeCliTest, RingMemoryTakesSizesWithUnits) {
+  EXPECT_EQ(parse({"--ring-memory", "512MiB"}).ring_memory, uint64_t{512} << 20);
+  EXPECT_EQ(parse({"--ring-memory", "2G"}).ring_memory, uint64_t{2} << 30);
+  EXPECT_THROW(parse({"--ring-memory", "lots"}), CLI::ParseError);
+}
+
+// The rule of a ring sized by memory, on made-up hosts.
+TEST(RingSize, TheBudgetIsAGibibyteUnlessTheHostIsShortOfMemoryOrShm) {
+  constexpr uint64_t GiB = uint64_t{1} << 30;
+  EXPECT_EQ(default_ring_memory({64 * GiB, 32 * GiB}), GiB);
+  EXPECT_EQ(default_ring_memory({8 * GiB, 32 * GiB}), GiB / 2) << "a sixteenth of available";
+  EXPECT_EQ(default_ring_memory({64 * GiB, GiB}), GiB / 4) << "a quarter of free /dev/shm";
+  EXPECT_EQ(default_ring_memory({0, 0}), GiB) << "what cannot be read does not limit it";
+}
+
+TEST(RingSize, SlotsAreWhatTheBudgetHoldsWithinTheOldRingAndTheCap) {
+  EXPECT_EQ(ring_slots_for(100 << 20, 1 << 20), 100u);
+  EXPECT_EQ(ring_slots_for(100 << 20, 50 << 20), kMinRingSlots) << "never fewer than before";
+  EXPECT_EQ(ring_slots_for(uint64_t{1} << 30, 1024), kMaxRingSlots);
+>>>>>>> main
 }
 
 TEST(ServeCliTest, ASettingWithoutAnOptionIsAnError) {

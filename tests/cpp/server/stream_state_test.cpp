@@ -1236,5 +1236,58 @@ TEST(StreamState, AViewAddedAtAttachGetsItsWholeEpochInItsOwnPool) {
   EXPECT_EQ(s.state.view_count(), 2u);
 }
 
+// A ring sized by memory (rules.lead_chunks): the producer fills only `lead` chunks nobody was
+// sent; the rest of the ring is a window in which consumers drift apart without holding anyone.
+StreamRules windowed(uint32_t slots, uint32_t lead) {
+  StreamRules r = regenerating(slots, 100);
+  r.lead_chunks = lead;
+  r.epochs = 0;
+  return r;
+}
+
+TEST(StreamState, WithALeadTheProducerFillsThatManyChunksAheadOfEveryReader) {
+  Stream s(windowed(64, 4));
+  EXPECT_EQ(s.produce_until_refused(), 4) << "before anyone reads: the lead, not the ring";
+  s.join("a", 2);
+  s.tick();
+  EXPECT_EQ(s.consume("a"), (Seqs{0, 1}));
+  EXPECT_EQ(s.produce_until_refused(), 2) << "two were sent: two more may be filled";
+  s.now += 5;
+  EXPECT_EQ(s.produce_until_refused(), 0);
+  s.tick();
+  EXPECT_EQ(s.state.stats().decouplings, 0u) << "waiting for readers holds nobody back";
+  EXPECT_GE(s.state.producer_blocked_s(s.now), 5.0) << "but it is time the producer waited";
+}
+
+TEST(StreamState, APausedConsumerFallsBehindInTheWindowWithoutHoldingTheOthersBack) {
+  Stream s(windowed(64, 4));
+  s.join("a", 1000);
+  s.join("b", 1);
+  s.produce(1);
+  s.tick();
+  EXPECT_EQ(s.consume("b"), Seqs{0});
+  s.consume("a");
+  // b pauses (asks for nothing more) while a reads on, a second per chunk: past b's bound.
+  int read = 0;
+  for (; read < 60; ++read) {
+    auto f = s.fill();
+    if (!f) break;
+    s.publish(*f, 100);
+    s.now += 1;
+    s.tick();
+    s.consume("a");
+  }
+  // The window: b may pin the ring less the catch-up reserve (16) before the producer waits.
+  EXPECT_EQ(read, 64 - 16);
+  EXPECT_EQ(s.state.stats().decouplings, 0u) << "b held nobody back while the window lasted";
+  // b comes back: it reads on from chunk 1 in the shared chunks, nothing regenerated.
+  s.credit("b", 1000);
+  s.tick();
+  const Seqs got = s.consume("b");
+  ASSERT_EQ(got.size(), static_cast<size_t>(read));
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], i + 1);
+  EXPECT_EQ(s.state.stats().chunks_regenerated, 0u);
+}
+
 }  // namespace
 }  // namespace batchcast

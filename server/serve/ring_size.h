@@ -1,0 +1,40 @@
+// How many slots a host pool gets when `--ring` is not given: as many as a memory budget holds,
+// so that readers of different speeds drift apart inside the ring (a slow or paused trainer
+// costs the others nothing until the window is used up) instead of being decoupled at once.
+//
+// The budget by default is what the host can spare without a second thought: at most 1 GiB, a
+// sixteenth of the memory available and a quarter of the free space of /dev/shm (the pool is
+// reserved there in full when it is created). The slot count stays within [kMinRingSlots,
+// kMaxRingSlots]: the old fixed ring is the floor; the cap bounds the server's per-chunk
+// bookkeeping. A GPU pool keeps kMinRingSlots: device memory belongs to the trainers.
+//
+// Pure functions over a HostMemory reading, so the rule is tested without the host's state;
+// read_host_memory() is the one place that reads it. Thread-safe.
+#pragma once
+
+#include <cstdint>
+
+namespace batchcast {
+
+constexpr uint32_t kMinRingSlots = 8;
+constexpr uint32_t kMaxRingSlots = 1024;
+// How far the producer runs ahead of every reader in a memory-sized ring (StreamRules::
+// lead_chunks): the old ring's depth, enough to keep the workers busy.
+constexpr uint32_t kRingLeadChunks = 8;
+constexpr uint64_t kMaxRingMemory = uint64_t{1} << 30;
+
+struct HostMemory {
+  uint64_t available = 0;  // MemAvailable of /proc/meminfo, bytes
+  uint64_t shm_free = 0;   // free bytes of the filesystem at /dev/shm
+};
+
+// The host's reading; a field it cannot read is 0 (and then does not limit the budget).
+HostMemory read_host_memory();
+
+// min(kMaxRingMemory, available / 16, shm_free / 4), ignoring fields that are 0.
+uint64_t default_ring_memory(const HostMemory& host);
+
+// budget / slot_bytes, clamped to [kMinRingSlots, kMaxRingSlots].
+uint32_t ring_slots_for(uint64_t budget, uint64_t slot_bytes);
+
+}  // namespace batchcast
