@@ -163,7 +163,6 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
-<<<<<<< HEAD
   StreamHostOptions so = c.server_options(*source_, plan_->epoch_samples());
   auto* images = c.synthetic || c.on_gpu() ? nullptr : static_cast<ImageSource*>(source_.get());
   if (images)
@@ -171,6 +170,11 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
                     chunk = c.batch_size](const std::string& text) {
       return answer_view(*images, transform, chunk, text);
     };
+  spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
+               so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
+               so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
+                                    std::to_string(so.ring_slots - so.lead_chunks) + " chunks"
+                              : "");
   core_ = std::make_unique<StreamHost>(std::move(so));
   for (const auto& text : c.views) {
     StreamHostOptions::ViewAnswer view =
@@ -178,15 +182,6 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
     if (!view.error.empty()) throw Error("--view " + view.error);
     if (view.view == core_->view_count()) core_->add_view(view.slot_bytes, std::move(view.specs));
   }
-=======
-  const StreamHostOptions so = c.server_options(*source_, plan_->epoch_samples());
-  core_ = std::make_unique<StreamHost>(so);
-  spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
-               so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
-               so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
-                                    std::to_string(so.ring_slots - so.lead_chunks) + " chunks"
-                              : "");
->>>>>>> main
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
     stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),

@@ -104,11 +104,12 @@ def test_views_up_front_each_equal_its_own_pipeline(folder, endpoint):
     views = {"own": None, "center": "size=40,crop=center,output=float32",
              "small": {"size": 32, "flip": 1.0, "scale": (0.3, 1.0), "seed": 9}}
     with serve(folder, endpoint, views=[views["center"], views["small"]], min_consumers=3):
-        assert os.path.exists(segment_of(endpoint) + ".v1")
-        assert os.path.exists(segment_of(endpoint) + ".v2")
         loaders = {n: batchcast.Loader(endpoint, view=v, timeout=60, framework="torch")
                    for n, v in views.items()}
         results = in_threads(loaders, 2)
+        assert os.path.exists(segment_of(endpoint) + ".v1")
+        assert os.path.exists(segment_of(endpoint) + ".v2")
+        assert not os.path.exists(segment_of(endpoint) + ".v3"), "one pool per view"
         for n, v in views.items():
             check_view(folder, v, results[n])
             assert results[n][0][0][0].shape == {"own": (56, 56, 3), "center": (3, 40, 40),

@@ -122,7 +122,6 @@ TEST(ServeCliTest, SyntheticCommandLineRebuildsItsSource) {
   EXPECT_EQ(parse(serve_command_line(c)).file_list, "/etc/os-release");
 }
 
-<<<<<<< HEAD
 // A bad view is refused by the command line, naming the field.
 TEST(ServeCliTest, ABadViewIsRefusedNamingTheField) {
   try {
@@ -132,7 +131,8 @@ TEST(ServeCliTest, ABadViewIsRefusedNamingTheField) {
     EXPECT_NE(std::string(e.what()).find("size must be in 1..16384"), std::string::npos)
         << e.what();
   }
-=======
+}
+
 TEST(ServeCliTest, RingMemoryTakesSizesWithUnits) {
   EXPECT_EQ(parse({"--ring-memory", "512MiB"}).ring_memory, uint64_t{512} << 20);
   EXPECT_EQ(parse({"--ring-memory", "2G"}).ring_memory, uint64_t{2} << 30);
@@ -152,7 +152,6 @@ TEST(RingSize, SlotsAreWhatTheBudgetHoldsWithinTheOldRingAndTheCap) {
   EXPECT_EQ(ring_slots_for(100 << 20, 1 << 20), 100u);
   EXPECT_EQ(ring_slots_for(100 << 20, 50 << 20), kMinRingSlots) << "never fewer than before";
   EXPECT_EQ(ring_slots_for(uint64_t{1} << 30, 1024), kMaxRingSlots);
->>>>>>> main
 }
 
 TEST(ServeCliTest, ASettingWithoutAnOptionIsAnError) {
