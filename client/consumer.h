@@ -90,6 +90,10 @@ struct ConsumerOptions {
   // (stall policy decouple: it then reads what it missed as private chunks); 0: the
   // server's --stall-timeout.
   double stall_timeout_s = 0;
+  // The view it reads (docs/views.md): a view text over the server's transform, e.g.
+  // "size=160,crop=center"; empty: the server's own. A view the server cannot make is refused
+  // with an Error naming the field.
+  std::string view;
   // Called with what it waits for, on the waiting thread, holding no lock (see Errors above).
   std::function<void(const std::string& what, double waited_s)> on_waiting;
 };

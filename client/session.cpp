@@ -82,6 +82,7 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
   hello.name = options.name;
   hello.late_join = options.late_join;
   hello.stall_timeout_s = options.stall_timeout_s > 0 ? options.stall_timeout_s : 0;
+  hello.view = options.view;
   socket_.send(zmq::buffer(protocol::encode(hello)), zmq::send_flags::none);
 
   const double start = monotonic_seconds();
@@ -95,6 +96,9 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
       zmq::message_t msg;
       (void)socket_.recv(msg, zmq::recv_flags::none);
       auto r = protocol::decode(msg.data(), msg.size());
+      if (r.message && std::holds_alternative<protocol::ErrorMessage>(*r.message))
+        throw Error("the server at " + endpoint_ + " refused this consumer: " +
+                    std::get<protocol::ErrorMessage>(*r.message).message);
       if (!r.message || !std::holds_alternative<protocol::Welcome>(*r.message))
         throw Error("unexpected answer from " + endpoint_ + " (" +
                     (r.message ? "not a welcome" : r.error) + "); is a batchcast server there?");

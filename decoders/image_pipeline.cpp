@@ -257,37 +257,100 @@ void ImagePipeline::process(const std::string& path, uint64_t epoch, uint64_t in
 
 void ImagePipeline::process_bytes(const uint8_t* data, size_t size, const std::string& name,
                                   uint64_t epoch, uint64_t index, void* out) const {
-  const int out_size = options_.image_size;
+  const ImagePipeline* self = this;
+  process_views_bytes(&self, &out, 1, data, size, name, epoch, index);
+}
 
+void process_views(const ImagePipeline* const* views, void* const* outs, size_t count,
+                   const std::string& path, uint64_t epoch, uint64_t index) {
+  ScratchBuffer& buffer = file_buffer();
+  size_t size = read_image_file(path, buffer);
+  process_views_bytes(views, outs, count, buffer.data(), size, path, epoch, index);
+}
+
+void process_views_bytes(const ImagePipeline* const* views, void* const* outs, size_t count,
+                         const uint8_t* data, size_t size, const std::string& name, uint64_t epoch,
+                         uint64_t index) {
+  const ImagePipeline* first = nullptr;
+  for (size_t v = 0; v < count && !first; ++v)
+    if (outs[v]) first = views[v];
+  if (!first) return;
   // 1. The checks every decoder runs, then the decoded source pixels (other formats than JPEG
-  // are decoded whole, image_decode.h; JPEG decodes only the crop, below).
-  const SampleHeader header = check_sample(data, size, name, options_.max_image_pixels);
-  const ImageFormat format = header.format;
+  // are decoded whole, once, image_decode.h; JPEG decodes only the crops, below).
+  const int64_t max_pixels = first->options().max_image_pixels;
+  const SampleHeader header = check_sample(data, size, name, max_pixels);
+  const bool jpeg = header.format == ImageFormat::kJpeg;
   int width = static_cast<int>(header.width);
   int height = static_cast<int>(header.height);
-  RgbView source;
-  if (format != ImageFormat::kJpeg) {
-    source = decode_image(format, data, size, name, options_.max_image_pixels);
-    width = source.width;  // the decoder's, should the header have claimed another size
-    height = source.height;
+  RgbView whole;
+  if (!jpeg) {
+    whole = decode_image(header.format, data, size, name, max_pixels);
+    width = whole.width;  // the decoder's, should the header have claimed another size
+    height = whole.height;
   }
 
-  // 2. Source rectangle, output geometry and flip; 3. decode just that rectangle (DCT-scaled
-  // when it is much larger than needed).
-  const SampleGeometry g =
-      geometry(width, height, format == ImageFormat::kJpeg, epoch, index, name);
+  // 2. Each view's source rectangle, output geometry and flip.
+  std::vector<SampleGeometry> geometries(count);
+  for (size_t v = 0; v < count; ++v)
+    if (outs[v]) geometries[v] = views[v]->geometry(width, height, jpeg, epoch, index, name);
+
+  if (!jpeg) {
+    for (size_t v = 0; v < count; ++v) {
+      if (!outs[v]) continue;
+      const PixelRect& crop = geometries[v].crop;
+      RgbView source = whole;
+      source.pixels +=
+          static_cast<size_t>(crop.top) * whole.stride + static_cast<size_t>(crop.left) * 3;
+      source.width = crop.width;
+      source.height = crop.height;
+      views[v]->finish(source, geometries[v], outs[v]);
+    }
+    return;
+  }
+  // 3. JPEG: one cropped decode per DCT scaling factor the views chose, of the union of their
+  // rectangles at that factor. A cropped decode's pixels equal the full decode's, so each
+  // view's rectangle cut from the union is what its own decode gives: a view's bytes never
+  // depend on the other views. Views whose crops need no scaling (most, at training sizes)
+  // share one decode.
+  std::vector<bool> done(count, false);
+  for (size_t v = 0; v < count; ++v) {
+    if (!outs[v] || done[v]) continue;
+    const ScalingFactor factor = geometries[v].factor;
+    auto same_factor = [&](size_t w) {
+      return outs[w] && !done[w] && geometries[w].factor.num == factor.num &&
+             geometries[w].factor.denom == factor.denom;
+    };
+    PixelRect area = geometries[v].scaled;
+    for (size_t w = v + 1; w < count; ++w) {
+      if (!same_factor(w)) continue;
+      const PixelRect& r = geometries[w].scaled;
+      const int right = std::max(area.left + area.width, r.left + r.width);
+      const int bottom = std::max(area.top + area.height, r.top + r.height);
+      area.left = std::min(area.left, r.left);
+      area.top = std::min(area.top, r.top);
+      area.width = right - area.left;
+      area.height = bottom - area.top;
+    }
+    const RgbView decoded = decode_jpeg_region(data, size, name, header.jpeg, factor, area);
+    for (size_t w = v; w < count; ++w) {
+      if (!same_factor(w)) continue;
+      const PixelRect& r = geometries[w].scaled;
+      RgbView source = decoded;
+      source.pixels += static_cast<size_t>(r.top - area.top) * decoded.stride +
+                       static_cast<size_t>(r.left - area.left) * 3;
+      source.width = r.width;
+      source.height = r.height;
+      views[w]->finish(source, geometries[w], outs[w]);
+      done[w] = true;
+    }
+  }
+}
+
+void ImagePipeline::finish(const RgbView& source, const SampleGeometry& g, void* out) const {
+  const int out_size = options_.image_size;
   const int resize_w = g.resize_w;
   const int resize_h = g.resize_h;
-  if (format == ImageFormat::kJpeg) {
-    source = decode_jpeg_region(data, size, name, header.jpeg, g.factor, g.scaled);
-  } else {
-    source.pixels +=
-        static_cast<size_t>(g.crop.top) * source.stride + static_cast<size_t>(g.crop.left) * 3;
-    source.width = g.crop.width;
-    source.height = g.crop.height;
-  }
-
-  // 4. Resize (bilinear, no antialias), then flip and normalise straight into `out`.
+  // Resize (bilinear, no antialias), then flip and normalise straight into `out`.
   cv::Mat source_mat(source.height, source.width, CV_8UC3, const_cast<uint8_t*>(source.pixels),
                      source.stride);
   const bool direct_uint8 = options_.output == DType::kUInt8 &&

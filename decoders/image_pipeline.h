@@ -19,6 +19,7 @@
 #include "common/dtype.h"
 #include "decoders/crop_params.h"
 #include "decoders/jpeg_decode.h"
+#include "decoders/rgb_view.h"
 #include "decoders/scratch_buffer.h"
 
 namespace batchcast {
@@ -121,6 +122,9 @@ class ImagePipeline {
   // Throws SampleError(name, ...) when eval's resized image would exceed max_image_pixels.
   SampleGeometry geometry(int width, int height, bool jpeg, uint64_t epoch, uint64_t index,
                           const std::string& name) const;
+  // The last step of process(): `source` (the pixels of g.scaled, decoded with g.factor) resized,
+  // cut, flipped and normalised into `out`.
+  void finish(const RgbView& source, const SampleGeometry& g, void* out) const;
 
  private:
   PipelineOptions options_;
@@ -130,6 +134,18 @@ class ImagePipeline {
   std::array<std::array<uint16_t, 256>, 3> half_lut_{};     // float16 or bfloat16 bits
   std::array<std::array<uint8_t, 256>, 3> identity_lut_{};  // planar uint8: the value itself
 };
+
+// Views: several pipelines made from one read and decode of each sample. Writes views[v]'s
+// output of the file at `path` into outs[v] (a null out skips that view), byte for byte what
+// views[v]->process() writes: the file is read and checked once (against the first view's
+// max_image_pixels), other formats are decoded once, and a JPEG once per DCT scaling factor the
+// views' crops choose (once when they agree), as the union of their rectangles. Thread-safe as
+// process(); throws as process().
+void process_views(const ImagePipeline* const* views, void* const* outs, size_t count,
+                   const std::string& path, uint64_t epoch, uint64_t index);
+void process_views_bytes(const ImagePipeline* const* views, void* const* outs, size_t count,
+                         const uint8_t* data, size_t size, const std::string& name, uint64_t epoch,
+                         uint64_t index);
 
 // Reads the whole file at `path` into `buffer`; returns its size. Throws SampleError(path, reason)
 // for a missing, unreadable, empty, non-regular file or a directory.

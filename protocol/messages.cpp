@@ -85,6 +85,7 @@ void write_body(Writer& w, const Hello& m) {
   w.put(static_cast<uint8_t>(m.late_join));
   w.put(m.device_index);
   w.put(m.stall_timeout_s);
+  w.put_string(m.view);
 }
 void read_body(Reader& r, Hello& m) {
   m.pid = r.get<uint32_t>();
@@ -96,6 +97,7 @@ void read_body(Reader& r, Hello& m) {
   m.device_index = r.get<uint32_t>();
   m.stall_timeout_s = r.get<double>();
   if (!(m.stall_timeout_s >= 0 && m.stall_timeout_s < 1e9)) r.fail("stall_timeout_s out of range");
+  m.view = r.get_string();
 }
 
 void write_body(Writer& w, const Welcome& m) {

@@ -29,7 +29,8 @@ constexpr uint32_t kMagic = 0x53414342;  // "BCAS"
 // 2: adds Seek and SeekReply; the messages of version 1 keep their layouts.
 // 3: a CUDA Welcome lists one arena per GPU of the pool (serve --device cuda:0,cuda:1).
 // 4: Hello carries the consumer's stall bound, a server's Heartbeat what the consumer waits for.
-constexpr uint16_t kVersion = 4;
+// 5: Hello carries the view the consumer reads; a refused Hello is answered with an ErrorMessage.
+constexpr uint16_t kVersion = 5;
 constexpr size_t kMaxTensors = 16;
 constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxString = 1024;
@@ -67,6 +68,9 @@ struct Hello {
   // Seconds this consumer may hold the stream back before the server decouples it (stall
   // policy decouple) or leaves it behind (skip); 0: the server's stall_timeout.
   double stall_timeout_s = 0;
+  // The view it reads (docs/views.md): a view text (decoders/view_spec.h) over the server's
+  // transform; empty: the server's own.
+  std::string view;
 };
 
 // One GPU's copy of a CUDA pool: the GPU's UUID (indices differ under CUDA_VISIBLE_DEVICES), the

@@ -26,7 +26,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         return track(args[1:])
     if command == "bench":
-        from .tools.bench.collocated import main as bench
+        if "--views" in args:  # docs/views.md: a sweep of views against its DataLoaders
+            from .tools.bench.views import main as bench
+        else:
+            from .tools.bench.collocated import main as bench
 
         bench(args[1:])
         return 0

@@ -93,9 +93,15 @@ def _qualified(obj: Any) -> Optional[str]:
     return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', kind)}"
 
 
+# The fingerprint's fields that are a view of the stream (docs/views.md), not the stream: they
+# may differ between the trainers of a key when both pipelines run natively.
+VIEW_FIELDS = ("transform", "transforms")
+
+
 def fingerprint(loader: torch.utils.data.DataLoader, seed: Optional[int]) -> Dict[str, Any]:
-    """What makes two pipelines one stream: dataset type, root, length and transforms, the
-    sampler (type, shuffle, seed, replicas, rank), batch size, drop_last, collate_fn."""
+    """What makes two pipelines one stream: dataset type, root, length, the sampler (type,
+    shuffle, seed, replicas, rank), batch size, drop_last, collate_fn; and what they make of each
+    sample (VIEW_FIELDS: the transforms)."""
     dataset = loader.dataset
     try:
         length: Optional[int] = len(dataset)  # type: ignore[arg-type]
@@ -279,10 +285,11 @@ class SharedStream:
         fd = _lock(self.paths["lock"])
         try:
             state = self._running_producer()
+            view = ""
             if state is None:
                 state = self._start_producer()
             else:
-                self._check_fingerprint(state.get("fingerprint", {}))
+                view = self._check_fingerprint(state.get("fingerprint", {}))
             self._wait_socket(int(state["pid"]))
             _log.debug("DataLoader(share=%r): producer %s serving", self.key, state["pid"])
             # Attach while holding the lock: the producer decides to exit under it, so it
@@ -294,6 +301,7 @@ class SharedStream:
                 drop_last=self._pipeline["drop_last"],
                 late_join="replay" if state.get("regenerates") else "next_epoch",
                 name=f"share:{self.effective_key}:{os.getpid()}",
+                view=view or None,
                 **self._loader_args,
             )
             self._release_claim()  # counted: the producer no longer needs it
@@ -302,19 +310,35 @@ class SharedStream:
         finally:
             os.close(fd)  # releases the lock
 
-    def _check_fingerprint(self, running: Dict[str, Any]) -> None:
-        differ = [
-            f"{name}: running {running.get(name)!r}, this process {mine!r}"
-            for name, mine in self._fingerprint.items()
-            if running.get(name) != mine
-        ]
-        if differ:
-            raise ValueError(
-                f"DataLoader(share={self.key!r}): the stream of that key serves another "
-                "pipeline; " + "; ".join(differ) + ". One key is one pipeline: use another "
-                "share key for this one (or the same dataset, transform, sampler, batch_size, "
-                "drop_last and collate_fn)"
-            )
+    def _check_fingerprint(self, running: Dict[str, Any]) -> str:
+        """"" when this pipeline is the running stream's; the view text this trainer reads
+        when only the transform differs and both run natively on a host pool (docs/views.md);
+        else ValueError naming what differs."""
+        differ = [name for name, mine in self._fingerprint.items() if running.get(name) != mine]
+        if not differ:
+            return ""
+        plan = self._pipeline.get("native")
+        if set(differ) <= set(VIEW_FIELDS) and plan is not None and plan.device == "cpu":
+            # Another view of one stream: the server decodes each sample once for both and
+            # derives this view's seed from the stream's (the same transform: the same bytes).
+            return _batchcast.view_text(plan.transform, with_seed=False)
+        lines = "; ".join(
+            f"{name}: running {running.get(name)!r}, this process {self._fingerprint[name]!r}"
+            for name in differ
+        )
+        if set(differ) <= set(VIEW_FIELDS):
+            why = ("only the transform differs, and a transform joins a stream as another view "
+                   "only when both trainers' pipelines are recognised torchvision ImageFolder "
+                   "pipelines decoded natively into a host pool (batchcast._torchvision_plan; "
+                   "DataLoader(native=True), no pin_memory)")
+        else:
+            why = ("one key is one stream: use another share key for this one (or the same "
+                   "dataset, sampler, batch_size, drop_last and collate_fn; a transform that "
+                   "differs joins as another view)")
+        raise ValueError(
+            f"DataLoader(share={self.key!r}): the stream of that key serves another "
+            f"pipeline; {lines}. {why}"
+        )
 
     def _running_producer(self) -> Optional[Dict[str, Any]]:
         try:

@@ -44,6 +44,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _batchcast, _tensor_names
+from ._views import ViewLike, view_text
 
 __all__ = ["Loader", "LoaderStats"]
 
@@ -201,6 +202,13 @@ class Loader(Closeable):
         name: shown in the server's log and metrics.
         framework: ``"torch"`` tensors (default), ``"numpy"`` arrays (numpy.from_dlpack), or
             ``"dlpack"`` objects with ``__dlpack__`` for any other framework.
+        view: what this Loader makes of each decoded sample (docs/views.md): a view text such
+            as ``"size=160,crop=center"`` or a dict ``{"size": 160, "scale": (0.35, 1)}`` over
+            the server's transform (fields size, crop random|center, scale, ratio, flip, resize,
+            interpolation, output, layout, mean, std, seed). Loaders of one view share its
+            slots (identical bytes); a view the server does not serve yet is added, and its
+            first epoch regenerated for this Loader. None: the server's own. A view the
+            pipeline cannot make raises batchcast.BatchcastError naming the field.
         rank: with a server of every rank (``serve --every-rank``, one node-wide server for
             DDP jobs), read this rank's shard (its stream at ``rank_endpoint(endpoint, rank)``).
     """
@@ -220,6 +228,7 @@ class Loader(Closeable):
         pin_memory: bool = False,
         rank: Optional[int] = None,
         stall_timeout: Optional[float] = None,
+        view: ViewLike = None,
     ) -> None:
         if rank is not None:  # a server of every rank (serve --every-rank): this rank's stream
             endpoint = _batchcast.rank_endpoint(endpoint or _batchcast.default_endpoint(), rank)
@@ -248,6 +257,7 @@ class Loader(Closeable):
             _cuda_index(device),
             bool(copy and copy.pin_copies),
             float(stall_timeout or 0.0),
+            view_text(view),
         )
         self.endpoint = endpoint or _batchcast.default_endpoint()
         self.device = device

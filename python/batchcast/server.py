@@ -27,6 +27,7 @@ from typing import Any, List, Optional, Sequence
 
 from . import _batchcast
 from ._exit_guard import ExitGuard
+from ._views import view_text
 
 __all__ = ["Server", "serve", "serve_args", "serve_config", "find_binary"]
 
@@ -196,7 +197,9 @@ def serve_config(
     image_size)); ``mean``/``std`` (3 values), ``scale``/``ratio`` (MIN, MAX of
     RandomResizedCrop), ``flip_p``, ``interpolation`` ("bilinear" or "nearest") and
     ``uint8_layout`` ("hwc" or "chw", for ``output="uint8"``) are torchvision's parameters of
-    the same names.
+    the same names. ``views=[...]`` serves further views of the stream from its first chunk
+    (each a view text or dict as ``Loader(view=...)`` takes; docs/views.md): every sample is
+    decoded once for all of them.
     """
     if config is None:
         if (data is None) == (settings.get("synthetic") is None):
@@ -208,6 +211,8 @@ def serve_config(
                     endpoint=endpoint or config.endpoint or _batchcast.default_endpoint())
     if settings.get("transform") is not None:
         config.transform = settings.pop("transform")
+    if settings.get("views") is not None:  # texts or dicts (Loader(view=...)'s forms)
+        settings["views"] = [view_text(v) for v in settings["views"]]
     transform = config.transform  # the config's own: fields set on it stay there
     for name, value in settings.items():
         if value is None:

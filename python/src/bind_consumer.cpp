@@ -322,7 +322,7 @@ void bind_consumer(py::module_& m) {
       .def(py::init([](const std::string& endpoint, uint32_t batch_size, bool drop_last,
                        double timeout, uint32_t prefetch, uint32_t max_held,
                        const std::string& late_join, const std::string& name, int cuda_device,
-                       bool pin_memory, double stall_timeout) {
+                       bool pin_memory, double stall_timeout, const std::string& view) {
              ConsumerOptions o;
              o.endpoint = endpoint;
              o.batch_size = batch_size;
@@ -335,6 +335,7 @@ void bind_consumer(py::module_& m) {
              o.cuda_device = cuda_device;
              o.pin_memory = pin_memory;
              o.stall_timeout_s = stall_timeout;
+             o.view = view;
              // At WARNING: Python's default logging shows it (nothing waits in silence).
              auto owned = std::make_shared<std::atomic<bool>>(true);
              o.on_waiting = [owned](const std::string& what, double) {
@@ -349,7 +350,7 @@ void bind_consumer(py::module_& m) {
            py::arg("endpoint") = "", py::arg("batch_size") = 0, py::arg("drop_last") = false,
            py::arg("timeout") = 60.0, py::arg("prefetch") = 2, py::arg("max_held") = 2,
            py::arg("late_join") = "replay", py::arg("name") = "", py::arg("cuda_device") = -1,
-           py::arg("pin_memory") = false, py::arg("stall_timeout") = 0.0)
+           py::arg("pin_memory") = false, py::arg("stall_timeout") = 0.0, py::arg("view") = "")
       .def("next", &PyConsumer::next,
            "The next batch of the current epoch, or None at its end (and forever after the "
            "stream's end).")

@@ -11,6 +11,7 @@
 #include "decoders/dataset.h"
 #include "decoders/image_pipeline.h"
 #include "decoders/make_dataset.h"
+#include "decoders/view_spec.h"
 #include "python/src/bindings.h"
 #include "python/src/settings_class.h"
 
@@ -66,6 +67,12 @@ void bind_decoders(py::module_& m) {
                              })
       .def_property_readonly("classes", &Dataset::classes);
 
+  m.def("resolve_view", &resolve_view, py::arg("view"), py::arg("transform"),
+        "The options of the view a Loader(view=`view`) reads from a server whose transform "
+        "(its seed the stream's) is `transform` (docs/views.md; decoders/view_spec.h). Raises "
+        "naming the field the pipeline cannot make.");
+  m.def("view_text", &view_spec_text, py::arg("options"), py::arg("with_seed") = true,
+        "The canonical view text of `options`.");
   m.def(
       "make_dataset",
       [](const std::string& out_dir, const std::string& source_dir, int classes,

@@ -79,6 +79,8 @@ void bind_serve(py::module_& m) {
       .field("min_consumers", &ServeConfig::min_consumers, "consumers to wait for")
       .field("transform", &ServeConfig::transform,
              "the PipelineOptions (its seed: shuffling's and augmentation's)")
+      .field("views", &ServeConfig::views,
+             "further views from the first chunk on: view texts (docs/views.md)")
       .field("device", &ServeConfig::device, "'cpu', 'cuda:K', 'cuda:0,cuda:1', 'all', ...")
       .named("decoder", &ServeConfig::decoder, ServeConfig::kDecoders, "'cpu', 'nvjpeg' or 'mixed'")
       .field("epochs", &ServeConfig::epochs, "epochs to serve (0: until stopped)")

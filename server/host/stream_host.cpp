@@ -119,11 +119,27 @@ StreamHost::StreamHost(StreamHostOptions options)
   rules.epochs = options_.epochs;
   rules.epoch_samples = options_.epoch_samples;
   rules.regenerates = options_.regenerates;
-  rules.welcome = welcome();
+  rules.welcome = welcome(memory_);
+  StreamState::ResolveView resolve;
+  if (options_.find_view) {
+    resolve = [this](const std::string& view) {  // on the loop, under mu_
+      StreamState::ViewChoice choice;
+      try {
+        StreamHostOptions::ViewAnswer answer = options_.find_view(view);
+        choice.view = answer.view;
+        choice.error = answer.error;
+        if (choice.error.empty() && answer.view == state_->view_count())
+          add_view_locked(answer.slot_bytes, std::move(answer.specs));
+      } catch (const std::exception& e) {
+        choice.error = e.what();
+      }
+      return choice;
+    };
+  }
   state_.emplace(
       std::move(rules),
       [this](const std::string& identity, const protocol::Message& m) { return send(identity, m); },
-      [](pid_t pid) { return process_alive(pid); });
+      [](pid_t pid) { return process_alive(pid); }, std::move(resolve));
   spdlog::info("serving on {} ({} slots x {} MiB in {})", endpoint_, options_.ring_slots,
                memory_.pool().slot_bytes() >> 20,
                memory_.pool().host_slots() ? "/dev/shm/" + memory_.pool().segment_name()
@@ -140,14 +156,14 @@ StreamHost::~StreamHost() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-protocol::Welcome StreamHost::welcome() const {
+protocol::Welcome StreamHost::welcome(const SlotMemory& memory) const {
   protocol::Welcome w;
   w.server_pid = static_cast<uint32_t>(::getpid());
   w.boot_id = boot_id_;
   w.chunk_size = options_.chunk_size;
   w.epochs = options_.epochs;
   w.first_epoch = options_.first_epoch;
-  memory_.describe(w);  // segment, slots, device and (GPU pools) the IPC handles
+  memory.describe(w);  // segment, slots, device and (GPU pools) the IPC handles
   w.heartbeat_interval_s = options_.heartbeat_interval_s;
   w.heartbeat_timeout_s = options_.heartbeat_timeout_s;
   return w;
@@ -173,11 +189,8 @@ std::optional<FillLease> StreamHost::acquire() {
   std::unique_lock lk(mu_);
   while (true) {
     if (stopping_ || state_->failed()) return std::nullopt;
-    if (auto fill = state_->try_acquire(monotonic_seconds())) {
-      memory_.pool().set_slot_seq(fill->slot, SlotPool::kNoChunk);
-      return FillLease{fill->seq, fill->slot, memory_.slot_data(fill->slot),
-                       memory_.pool().slot_bytes(), std::nullopt};
-    }
+    if (auto fill = state_->try_acquire(monotonic_seconds()))
+      return lease(fill->seq, fill->slot, std::nullopt);
     // Re-check periodically: under stall_policy=skip a consumer becomes skippable with time.
     slot_freed_.wait_for(lk, std::chrono::milliseconds(50));
   }
@@ -187,11 +200,8 @@ std::optional<FillLease> StreamHost::acquire_private(double timeout_s) {
   std::unique_lock lk(mu_);
   const double deadline = timeout_s < 0 ? 1e300 : monotonic_seconds() + timeout_s;
   while (!stopping_ && !state_->failed() && !state_->all_ended()) {
-    if (auto fill = state_->try_acquire_private(monotonic_seconds())) {
-      memory_.pool().set_slot_seq(fill->slot, SlotPool::kNoChunk);
-      return FillLease{fill->seq, fill->slot, memory_.slot_data(fill->slot),
-                       memory_.pool().slot_bytes(), fill->regenerate};
-    }
+    if (auto fill = state_->try_acquire_private(monotonic_seconds()))
+      return lease(fill->seq, fill->slot, fill->regenerate);
     if (monotonic_seconds() >= deadline) break;
     slot_freed_.wait_for(lk, std::chrono::milliseconds(50));
   }
@@ -216,12 +226,50 @@ void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& 
     // The slot's sequence word is written while the chunk is complete and before any consumer
     // can be sent its descriptor (the state publishes it, in order, at the earliest now).
     memory_.pool().set_slot_seq(lease.slot, lease.seq);
+    for (size_t v = 1; v < lease.views.size(); ++v)
+      view_memory_[v - 1]->pool().set_slot_seq(lease.slot, lease.seq);
     bool was_failed = state_->failed();
     state_->publish(lease.seq, lease.slot, position, std::move(tensors));
     if (!was_failed && state_->failed()) failure = state_->failure();
   }
   if (!failure.empty()) stream_failed(failure);  // an invalid chunk failed the stream
   wake();
+}
+
+FillLease StreamHost::lease(uint64_t seq, uint32_t slot, std::optional<ChunkAddress> regenerate) {
+  FillLease l{seq, slot, memory_.slot_data(slot), memory_.pool().slot_bytes(), {}, regenerate};
+  memory_.pool().set_slot_seq(slot, SlotPool::kNoChunk);
+  l.views.push_back(l.data);
+  for (auto& view : view_memory_) {
+    view->pool().set_slot_seq(slot, SlotPool::kNoChunk);
+    l.views.push_back(view->slot_data(slot));
+  }
+  return l;
+}
+
+uint32_t StreamHost::add_view(uint64_t slot_bytes, StreamState::ViewSpecs specs) {
+  std::lock_guard lk(mu_);
+  return add_view_locked(slot_bytes, std::move(specs));
+}
+
+uint32_t StreamHost::view_count() const {
+  std::lock_guard lk(mu_);
+  return state_->view_count();
+}
+
+uint32_t StreamHost::add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs) {
+  if (!options_.cuda_devices.empty())
+    throw Error(
+        "views other than the server's own transform need a host pool (serve --device "
+        "cpu); a GPU pool serves one view");
+  const uint32_t index = state_->view_count();
+  view_memory_.push_back(std::make_unique<SlotMemory>(
+      SlotMemory::create(memory_.pool().segment_name() + ".v" + std::to_string(index),
+                         memory_.pool().slot_count(), slot_bytes, {})));
+  state_->add_view(welcome(*view_memory_.back()), std::move(specs));
+  spdlog::info("view {}: {} slots x {} KiB in /dev/shm/{}", index, memory_.pool().slot_count(),
+               slot_bytes >> 10, view_memory_.back()->pool().segment_name());
+  return index;
 }
 
 void StreamHost::finish() {

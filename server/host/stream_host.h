@@ -18,6 +18,10 @@
 // protocol::failure_record_path(), so that a consumer arriving after this process exited still
 // learns why; it outlives the process on purpose and the next server binding the endpoint
 // removes it.
+// Views (stream_state.h, docs/views.md): the pool above is view 0's; add_view() (or a consumer's
+// Hello.view that options.find_view maps to a new view) creates a further pool with the same
+// slot count, laid out for that view's tensors (segment "<pool>.v<K>", removed with the core).
+// A lease carries the slot of every view that existed when it was acquired.
 // GPU pools (cuda_devices set, CUDA builds only): the slots are an ArenaSet, one arena per GPU
 // listed (the first is where producers write; shm/arena_set.h), created before the endpoint is
 // bound and freed after the loop stops; the shared segment keeps the header and sequence words;
@@ -29,6 +33,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -80,6 +85,16 @@ struct StreamHostOptions {
   // Empty: a host pool. Else the GPUs (this process's indices) that each hold the whole pool;
   // producers write on the first.
   std::vector<int> cuda_devices;
+  // A consumer's Hello.view -> its view: an index below view_count(), or view_count() with the
+  // new view's slot bytes and tensors (the host then adds it), or an error refusing the consumer.
+  // Called on the event loop under the core's lock. Empty: only Hello.view "" (view 0) is served.
+  struct ViewAnswer {
+    uint32_t view = 0;
+    uint64_t slot_bytes = 0;       // a new view: its slots' size
+    StreamState::ViewSpecs specs;  // a new view: its tensors in its slot
+    std::string error;
+  };
+  std::function<ViewAnswer(const std::string& view)> find_view;
 };
 
 // A slot handed to a producer to fill.
@@ -88,6 +103,8 @@ struct FillLease {
   uint32_t slot = 0;
   uint8_t* data = nullptr;  // host memory, or device memory in a GPU pool
   uint64_t capacity = 0;
+  // The slot in every view's pool that existed at acquire (views[0] == data).
+  std::vector<uint8_t*> views;
   // acquire_private(): the chunk of the stream to fill again (its position is the producer's
   // to state in publish()).
   std::optional<ChunkAddress> regenerate;
@@ -123,6 +140,12 @@ class StreamHost {
   // Stops the loop and wakes every waiter (SIGINT/SIGTERM/SIGHUP path). Idempotent.
   void stop();
 
+  // A view more, before or while the stream runs: its pool (`slot_bytes` a slot) and its index;
+  // `specs` lay out its chunks (the producer's SlotLayout). Chunks acquired from now on carry it.
+  // Throws Error for a GPU pool (views are served from host pools).
+  uint32_t add_view(uint64_t slot_bytes, StreamState::ViewSpecs specs);
+  uint32_t view_count() const;
+
   void set_epoch_samples(uint64_t samples);
   bool regenerates() const { return options_.regenerates; }
   StreamStats stats() const;
@@ -139,7 +162,10 @@ class StreamHost {
   void wake();
   // The stream has just failed (once): records `message` for later consumers, wakes producers.
   void stream_failed(const std::string& message);
-  protocol::Welcome welcome() const;  // what every consumer is told about the pool
+  // What a consumer of `memory` (view 0's: memory_) is told about the pool.
+  protocol::Welcome welcome(const SlotMemory& memory) const;
+  uint32_t add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs);  // under mu_
+  FillLease lease(uint64_t seq, uint32_t slot, std::optional<ChunkAddress> regenerate);
 
   StreamHostOptions options_;
   std::string ipc_path_;  // declared before endpoint_: resolve_endpoint() fills it
@@ -156,6 +182,8 @@ class StreamHost {
   std::condition_variable finished_cv_;
   // Under mu_. Built once the pool (and GPU arena) exist: its Welcome names them.
   std::optional<StreamState> state_;
+  // Under mu_: the pools of views 1, 2, ... (unique_ptr: a slot pointer handed out stays valid).
+  std::vector<std::unique_ptr<SlotMemory>> view_memory_;
   std::atomic<bool> stopping_{false};
   std::thread loop_thread_;
 };

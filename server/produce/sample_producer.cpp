@@ -17,6 +17,9 @@ namespace {
 // publishes it.
 struct ChunkJob {
   FillLease lease;
+  // Per view of the lease (views[v] of view v): its tensors and their layout in its slot.
+  std::vector<std::vector<SampleTensor>> view_tensors;
+  std::vector<SlotLayout> view_layouts;
   protocol::ChunkPosition position;
   std::vector<protocol::TensorSpec> tensors;
   std::shared_ptr<const std::vector<uint64_t>> order;  // the epoch's sample order
@@ -79,6 +82,20 @@ SampleProducer::SampleProducer(StreamHost& core, const SampleSource& source, con
                 std::to_string(core_.memory().pool().slot_bytes()));
 }
 
+namespace {
+
+// Where sample `position` of each view's tensors goes in the chunk's slots.
+std::vector<std::vector<uint8_t*>> sample_outs(const ChunkJob& job, uint32_t position) {
+  std::vector<std::vector<uint8_t*>> outs;
+  outs.reserve(job.view_layouts.size());
+  for (size_t v = 0; v < job.view_layouts.size(); ++v)
+    outs.push_back(
+        job.view_layouts[v].sample_outs(job.lease.views[v], job.view_tensors[v], position));
+  return outs;
+}
+
+}  // namespace
+
 bool SampleProducer::run() {
   TaskQueue queue;
   std::atomic<bool> failed{false};
@@ -92,8 +109,7 @@ bool SampleProducer::run() {
         if (options_.stage)
           options_.stage->fill(job.lease.slot, task.position, index, job.position.epoch);
         else
-          source_.fill(index, job.position.epoch,
-                       layout_.sample_outs(job.lease.data, tensors_, task.position));
+          source_.fill_views(index, job.position.epoch, sample_outs(job, task.position));
         return;
       } catch (const SampleError& e) {
         if (options_.on_error == OnErrorPolicy::kRaise) throw;
@@ -180,6 +196,13 @@ bool SampleProducer::run() {
       return false;
     }
     job->order = std::move(order);
+    if (!options_.stage) {
+      for (uint32_t v = 0; v < lease.views.size(); ++v) {
+        job->view_tensors.push_back(v == 0 ? tensors_ : source_.view_tensors(v));
+        job->view_layouts.push_back(
+            v == 0 ? layout_ : SlotLayout::plan(job->view_tensors.back(), options_.chunk_size));
+      }
+    }
     job->tensors = slot_layout_.specs(slot_tensors_, pos.sample_count);
     job->remaining = pos.sample_count;
     for (uint32_t p = 0; p < pos.sample_count; ++p) queue.push({job, p});

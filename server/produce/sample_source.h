@@ -2,8 +2,8 @@
 // memory. Implementations: SyntheticSource (bytes derived from the sample index, for tests and
 // the transport benchmark) and ImageSource (decoders/ pipeline over an image folder).
 //
-// Thread-safety: fill() is called concurrently from the producer's worker threads, each call
-// writing only its own sample's memory. Ownership: the producer owns its source.
+// Thread-safety: fill() and fill_views() are called concurrently from the producer's worker
+// threads, each call writing only its own sample's memory. Ownership: the producer owns its source.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +39,14 @@ class SampleSource {
   // Writes sample `index` (augmented for `epoch`) into outs[t] for each tensor t.
   // Throws SampleError naming the file and the reason when the sample is bad.
   virtual void fill(uint64_t index, uint64_t epoch, const std::vector<uint8_t*>& outs) const = 0;
+  // Views (ImageSource; docs/views.md): view `view`'s tensors (view 0: tensors()), and every
+  // view of a sample at once, outs[v][t] for tensor t of view v (outs.size() views, from one read
+  // and decode). A source without views has view 0 only: these default to tensors() and fill().
+  virtual std::vector<SampleTensor> view_tensors(uint32_t /*view*/) const { return tensors(); }
+  virtual void fill_views(uint64_t index, uint64_t epoch,
+                          const std::vector<std::vector<uint8_t*>>& outs) const {
+    fill(index, epoch, outs[0]);
+  }
 };
 
 }  // namespace batchcast

@@ -12,12 +12,15 @@
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "common/process.h"
+#include "decoders/view_spec.h"
 #include "metrics/collector.h"
 #include "server/host/stream_host.h"
 #include "server/produce/chunk_stage.h"
 #include "server/produce/image_source.h"
 #include "server/produce/sample_producer.h"
+#include "server/produce/slot_layout.h"
 #include "server/produce/synthetic_source.h"
 #include "server/serve/signal_watcher.h"
 #include "server/stream/stream_plan.h"
@@ -129,6 +132,30 @@ void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint6
   }
 }
 
+// A consumer's (or --view's) view text -> a view of `source` (decoders/view_spec.h's
+// resolve_view over the transform as configured: a field it derives, such as eval's resize
+// size, is derived again for the view's own size): a view it has, or a new one, with its slot
+// layout for chunks of `chunk` samples.
+StreamHostOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOptions& transform,
+                                          uint32_t chunk, const std::string& text) {
+  StreamHostOptions::ViewAnswer answer;
+  try {
+    const PipelineOptions view = resolve_view(text, transform);
+    if (auto known = source.find_view(view)) {
+      answer.view = *known;
+      return answer;
+    }
+    answer.view = source.add_view(view);
+    std::vector<SampleTensor> tensors = source.view_tensors(answer.view);
+    SlotLayout layout = SlotLayout::plan(tensors, chunk);
+    answer.slot_bytes = layout.bytes;
+    answer.specs = [layout, tensors](uint32_t samples) { return layout.specs(tensors, samples); };
+  } catch (const Error& e) {
+    answer.error = e.what();
+  }
+  return answer;
+}
+
 }  // namespace
 
 ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
@@ -136,13 +163,25 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
-  const StreamHostOptions so = c.server_options(*source_, plan_->epoch_samples());
-  core_ = std::make_unique<StreamHost>(so);
+  StreamHostOptions so = c.server_options(*source_, plan_->epoch_samples());
+  auto* images = c.synthetic || c.on_gpu() ? nullptr : static_cast<ImageSource*>(source_.get());
+  if (images)
+    so.find_view = [images, transform = c.pipeline_options(),
+                    chunk = c.batch_size](const std::string& text) {
+      return answer_view(*images, transform, chunk, text);
+    };
   spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
                so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
                so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
                                     std::to_string(so.ring_slots - so.lead_chunks) + " chunks"
                               : "");
+  core_ = std::make_unique<StreamHost>(std::move(so));
+  for (const auto& text : c.views) {
+    StreamHostOptions::ViewAnswer view =
+        answer_view(*images, c.pipeline_options(), c.batch_size, text);
+    if (!view.error.empty()) throw Error("--view " + view.error);
+    if (view.view == core_->view_count()) core_->add_view(view.slot_bytes, std::move(view.specs));
+  }
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
     stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),

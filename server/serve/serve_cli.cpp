@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "decoders/view_spec.h"
 
 namespace batchcast {
 namespace {
@@ -38,6 +39,18 @@ const CLI::Validator kNonZero(
 // The forms shm/device_identity.h parses (whether the device exists is validate()'s check).
 const CLI::Validator kDevice([](std::string& device) { return device_list_error(device); },
                              "cpu|cuda[:K]|GPU-<uuid>|MIG-<uuid>[,...]|all");
+
+// A view's text (decoders/view_spec.h): the error names the field.
+const CLI::Validator kViewSpec(
+    [](std::string& text) -> std::string {
+      try {
+        parse_view_spec(text);
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return {};
+    },
+    "FIELD=VALUE,...");
 
 // A number for which `holds` is true; otherwise "must be RULE (got TEXT)".
 CLI::Validator number_that(bool (*holds)(double), const std::string& rule,
@@ -106,6 +119,13 @@ void add_serve_options(CLI::App* cmd, ServeConfig& c) {
              "resize filter: bilinear or nearest (nearest: CPU decoder only)");
   add_choice(cmd, "--uint8-layout", c.transform.uint8_layout, kUint8LayoutNames,
              "uint8 samples as hwc (S,S,3) or chw (3,S,S, as PILToTensor)");
+  cmd->add_option("--view", c.views,
+                  "a further view of the stream, served from its first chunk (repeat for more): "
+                  "FIELD=VALUE,... over the transform above, fields size, crop (random|center), "
+                  "scale and ratio (MIN:MAX), flip, resize, interpolation, output, layout, mean "
+                  "and std (R:G:B), seed (default: derived from --seed and the view); "
+                  "docs/views.md")
+      ->check(kViewSpec);
   cmd->add_option("--workers", c.workers, "decoding threads")
       ->check(kPositive)
       ->capture_default_str();
@@ -269,6 +289,10 @@ std::vector<std::string> serve_command_line(const ServeConfig& c) {
   put_name("--interpolation", t.interpolation, dt.interpolation, kInterpolationNames);
   put_name("--uint8-layout", t.uint8_layout, dt.uint8_layout, kUint8LayoutNames);
   put_name("--output", t.output, dt.output, kOutputNames);
+  for (const auto& view : c.views) {
+    args.push_back("--view");
+    args.push_back(view);
+  }
   put("--workers", c.workers, d.workers);
   put("--device", c.device, d.device);
   put_name("--decoder", c.decoder, d.decoder, ServeConfig::kDecoders);

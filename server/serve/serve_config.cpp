@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "decoders/view_spec.h"
 #include "protocol/endpoint.h"
 #include "protocol/messages.h"
 #include "server/serve/ring_size.h"
@@ -47,6 +48,14 @@ void ServeConfig::validate() {
   const auto devices = parse_device_list(device);
   if (!devices) throw Error("--device " + device_list_error(device));
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
+  if (!views.empty()) {
+    if (synthetic) throw Error("--view makes images; --synthetic has none: drop --view");
+    if (on_gpu)
+      throw Error(
+          "--view: a GPU pool serves one view; serve views from a host pool "
+          "(--device cpu) or start one server per view");
+    for (const auto& text : views) parse_view_spec(text, transform);  // names the bad field
+  }
   if (gpu_decoding()) {
     const std::string flag = decoder_flag();
     if (t.interpolation != Interpolation::kBilinear)

@@ -52,6 +52,10 @@ struct ServeConfig {
   // The command line binds its options to these fields (serve_cli.cpp); Python builds it as
   // _batchcast.PipelineOptions. Its seed is the stream's too (shuffling and augmentation).
   PipelineOptions transform;
+  // Further views served from the first chunk on (docs/views.md): texts of decoders/view_spec.h
+  // read over `transform`, e.g. "size=160,crop=center". Consumers may add views when they attach
+  // (Loader(view=...)); both need an image source in a host pool.
+  std::vector<std::string> views;
   OnErrorPolicy on_error = OnErrorPolicy::kRaise;
   // cpu, cuda, cuda:K, or a GPU-<uuid> / MIG-<uuid> (a MIG instance), or several GPUs
   // (cuda:0,cuda:1 or all: the pool on each, shm/arena_set.h): shm/device_identity.h.

@@ -53,7 +53,7 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
       send_(c.identity, protocol::SeekReply{target.epoch, target.sample, available,
                                             message.substr(0, protocol::kMaxString)});
   };
-  const uint64_t tail = tail_begin();
+  const uint64_t tail = tail_for(c);
   for (uint64_t seq = tail; seq < next_publish_seq_; ++seq) {
     if (holds(descriptors_.at(seq).position, target)) {  // retained: shared from there
       c.next_seq = seq;
@@ -73,7 +73,17 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
     std::optional<ChunkAddress> until;
     uint64_t position = stream_position_;
     c.next_seq = next_publish_seq_;
-    if (!ahead && next.epoch - target.epoch <= 1) {
+    if (!ahead && next.epoch - target.epoch <= 1 && next_publish_seq_ < view_since(c)) {
+      // Its view's first chunk is not published yet: merge there, that many chunks ahead of
+      // the stream's next (stream chunks are numbered consecutively, skipped ones too).
+      c.next_seq = view_since(c);
+      const auto [at, before] = address_ahead(c.next_seq);
+      until = at;
+      position = before;
+      const uint64_t missed =
+          (at.epoch - from.epoch) * rules_.epoch_samples + at.index * chunk - from.index * chunk;
+      position = position > missed ? position - missed : 0;
+    } else if (!ahead && next.epoch - target.epoch <= 1) {
       // Catch up and merge catch_up_slots() past the oldest retained chunk: the chunks before
       // the merge chunk stay reusable, so there are slots to regenerate into.
       uint64_t join = std::min<uint64_t>(next_publish_seq_, tail + catch_up_slots());
@@ -107,13 +117,28 @@ void StreamState::on_seek(ConsumerRecord& c, protocol::Seek target, bool reply) 
                     "Producer(regenerate=...))");
 }
 
+std::pair<ChunkAddress, uint64_t> StreamState::address_ahead(uint64_t seq) const {
+  const uint64_t chunk = rules_.welcome.chunk_size;
+  const uint64_t per_epoch = chunks_per_epoch();
+  const protocol::Seek next = stream_next();
+  ChunkAddress at{next.epoch, next.sample / chunk};
+  uint64_t position = stream_position_;
+  for (uint64_t k = next_publish_seq_; k < seq; ++k) {
+    position += std::min<uint64_t>(chunk, rules_.epoch_samples - at.index * chunk);
+    at = at.index + 1 == per_epoch ? ChunkAddress{at.epoch + 1, 0}
+                                   : ChunkAddress{at.epoch, at.index + 1};
+  }
+  return {at, position};
+}
+
 bool StreamState::deliver_private(ConsumerRecord& c) {
   auto* p = private_.find(c.id);
   if (p->rejoin && try_rejoin(c, *p)) return false;
   if (p->until && !(p->next_send < *p->until)) {  // reached its merge chunk
     ChunkAddress at = p->next_send;
     abandon(private_.stop(c.id));
-    if (c.next_seq < next_publish_seq_ && !ring_.find_published(c.next_seq))
+    if (c.next_seq < next_publish_seq_ &&
+        (!ring_.find_published(c.next_seq) || c.next_seq < view_since(c)))
       on_seek(c, {at.epoch, at.index * rules_.welcome.chunk_size}, false);  // left behind
     return false;
   }
@@ -128,7 +153,7 @@ bool StreamState::deliver_private(ConsumerRecord& c) {
   if (it == p->ready.end()) return true;
   ChunkDescriptor d = it->second;
   d.position.stream_position = p->stream_position;
-  if (!send_(c.identity, d)) return true;
+  if (!send_chunk(c, d)) return true;
   ring_.add_holder(d.slot, c.id);
   private_.forget(d.seq);
   --c.credits;
@@ -148,8 +173,8 @@ bool StreamState::deliver_sought(ConsumerRecord& c) {
   }
   if (c.next_seq >= next_publish_seq_) return true;
   auto slot = ring_.find_published(c.next_seq);
-  if (!slot) {
-    auto oldest = ring_.oldest_published_from(c.next_seq);
+  if (!slot || c.next_seq < view_since(c)) {
+    auto oldest = ring_.oldest_published_from(std::max(c.next_seq, view_since(c)));
     c.next_seq = oldest && !protocol::is_private_seq(*oldest) ? *oldest : next_publish_seq_;
     return false;
   }

@@ -104,7 +104,7 @@ bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
   if (next_publish_seq_ < p.decoupled_at + rules_.slot_count) return false;
   const uint64_t window = std::max<uint32_t>(1, (rules_.slot_count - catch_up_slots()) / 2);
   const uint64_t per_epoch = chunks_per_epoch();
-  const uint64_t tail = tail_begin();
+  const uint64_t tail = tail_for(c);
   std::optional<uint64_t> seq;
   const protocol::Seek next = stream_next();
   if (p.next_send == ChunkAddress{next.epoch, next.sample / rules_.welcome.chunk_size}) {
@@ -121,7 +121,7 @@ bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
     if (!(ChunkAddress{d.epoch, d.index_in_epoch} == p.next_send)) return false;
     seq = at;
   }
-  if (!seq) return false;
+  if (!seq || *seq < view_since(c)) return false;
   abandon(private_.stop(c.id));
   c.next_seq = *seq;
   spdlog::info("{} caught up: it reads the shared stream again", label(c, false));

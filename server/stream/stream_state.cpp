@@ -17,10 +17,11 @@ constexpr uint64_t kLoggedDrops = 20;
 
 }  // namespace
 
-StreamState::StreamState(StreamRules rules, Send send, Alive alive)
+StreamState::StreamState(StreamRules rules, Send send, Alive alive, ResolveView resolve_view)
     : rules_(std::move(rules)),
       send_(std::move(send)),
       alive_(std::move(alive)),
+      resolve_view_(std::move(resolve_view)),
       ring_(rules_.slot_count) {
   counters_.ring_slots = rules_.slot_count;
 }
@@ -301,7 +302,21 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
 }
 
 void StreamState::on_hello(const std::string& identity, const protocol::Hello& hello, double now) {
+  ViewChoice choice;
+  if (resolve_view_)
+    choice = resolve_view_(hello.view);
+  else if (!hello.view.empty())
+    choice.error =
+        "this server serves one view, its own (views of an image folder are served by batchcast "
+        "serve from a host pool); ask for none";
+  if (!choice.error.empty()) {  // refused: it is told why and never attached
+    spdlog::warn("refused a consumer (pid {}{}): {}", hello.pid,
+                 hello.name.empty() ? "" : ", " + hello.name, choice.error);
+    send_(identity, protocol::ErrorMessage{choice.error.substr(0, protocol::kMaxString)});
+    return;
+  }
   ConsumerRecord r;
+  r.view = choice.view;
   r.identity = identity;
   r.pid = static_cast<pid_t>(hello.pid);
   r.local = !hello.boot_id.empty() && hello.boot_id == rules_.welcome.boot_id;
@@ -327,22 +342,28 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   r.waiting_epoch_start = hello.late_join == protocol::LateJoin::kNextEpoch;
   auto& added = consumers_.add(std::move(r));
 
-  protocol::Welcome w = rules_.welcome;
+  protocol::Welcome w = added.view ? views_[added.view - 1].welcome : rules_.welcome;
   w.consumer_id = added.id;
   w.epoch_samples = rules_.epoch_samples;
   send_(identity, w);
-  spdlog::info("consumer {} attached ({}pid {}{}, starts at chunk {})", added.id,
+  spdlog::info("consumer {} attached ({}pid {}{}{}, starts at chunk {})", added.id,
                added.name.empty() ? "" : added.name + ", ", added.pid,
-               added.local ? "" : ", remote", added.next_seq);
+               added.local ? "" : ", remote",
+               added.view ? ", view " + std::to_string(added.view) : "", added.next_seq);
   // A replay joiner that would start mid-epoch gets that epoch whole when the producer can
   // regenerate what the ring no longer holds (the sweep case: nobody waits for a boundary).
   if (hello.late_join != protocol::LateJoin::kReplay || !chunks_per_epoch()) return;
+  // A consumer of a view added by its Hello starts where any other would; the chunks made before
+  // its view existed are regenerated for it.
+  const bool before_view = added.next_seq < view_since(added);
   auto first = descriptors_.find(added.next_seq);
   if (first != descriptors_.end()) {
-    if (first->second.position.index_in_epoch != 0)
+    if (first->second.position.index_in_epoch != 0 || before_view)
       on_seek(added, {first->second.position.epoch, 0}, false);
   } else if (newest_ && !newest_->epoch_end) {
     on_seek(added, {newest_->epoch, 0}, false);
+  } else if (before_view) {
+    on_seek(added, stream_next(), false);  // an epoch start, made before its view existed
   }
 }
 
@@ -394,8 +415,10 @@ void StreamState::deliver() {
       }
       if (c.credits == 0 || c.next_seq >= next_publish_seq_) break;
       auto slot = ring_.find_published(c.next_seq);
-      if (!slot) {  // reused before this consumer was sent it (late join, or left behind)
-        auto oldest = ring_.oldest_published_from(c.next_seq);
+      if (!slot || c.next_seq < view_since(c)) {
+        // Reused before this consumer was sent it (late join, or left behind), or acquired
+        // before its view existed.
+        auto oldest = ring_.oldest_published_from(std::max(c.next_seq, view_since(c)));
         c.next_seq = oldest && !protocol::is_private_seq(*oldest) ? *oldest : next_publish_seq_;
         continue;
       }
@@ -410,7 +433,7 @@ void StreamState::deliver() {
         }
         c.waiting_epoch_start = false;
       }
-      if (!send_(c.identity, d)) break;
+      if (!send_chunk(c, d)) break;
       ring_.add_holder(*slot, c.id);
       --c.credits;
       ++c.next_seq;

@@ -46,6 +46,13 @@
 // - End to every consumer after finish(), and to a consumer in answer to its Goodbye (nothing
 //   follows); fail() sends the error to everyone, also later joiners, and delivers no more chunks.
 //
+// - Views: each view (add_view) has its own pool with the same slots; a chunk is in every view
+//   that existed when it was acquired (stream or private). A consumer reads one view (Hello.view,
+//   mapped by the injected ResolveView; a view refused there is answered with an ErrorMessage),
+//   is welcomed with that view's pool and sent that view's tensors; the chunks acquired before
+//   its view existed count, for it, as chunks the ring no longer holds (regenerated when the
+//   producer can).
+//
 // The seek rules (on_seek, the private and sought deliveries, wanted) are defined in
 // stream_seek.cpp, the rest in stream_state.cpp.
 //
@@ -130,8 +137,23 @@ class StreamState {
   // False: the message was not taken (peer gone, queue full).
   using Send = std::function<bool(const std::string& identity, const protocol::Message& message)>;
   using Alive = std::function<bool(pid_t pid)>;
+  // A consumer's Hello.view -> the view it reads (it may call add_view first), or the message
+  // refusing it. Empty: only "" (view 0) is served.
+  struct ViewChoice {
+    uint32_t view = 0;
+    std::string error;
+  };
+  using ResolveView = std::function<ViewChoice(const std::string& view)>;
 
-  StreamState(StreamRules rules, Send send, Alive alive);
+  StreamState(StreamRules rules, Send send, Alive alive, ResolveView resolve_view = {});
+
+  // A view's tensors in its slot for a chunk of `sample_count` samples (what its consumers'
+  // descriptors carry instead of the producer's).
+  using ViewSpecs = std::function<std::vector<protocol::TensorSpec>(uint32_t sample_count)>;
+  // A view more (index returned; view 0 is the pool of rules.welcome): its pool's Welcome and
+  // its tensors. Chunks acquired from now on carry it.
+  uint32_t add_view(protocol::Welcome welcome, ViewSpecs specs);
+  uint32_t view_count() const { return static_cast<uint32_t>(views_.size()) + 1; }
 
   // Producer side. A slot for chunk `seq` to be filled, or nullopt while the reuse rule keeps
   // every slot (time spent refused counts as producer_blocked_s).
@@ -193,6 +215,14 @@ class StreamState {
   // nothing more can be sent to it now, false to look at it again.
   bool deliver_private(ConsumerRecord& c);
   bool deliver_sought(ConsumerRecord& c);
+  // Sends chunk `d` to `c` with the tensors of c's view; false if the send was refused.
+  bool send_chunk(const ConsumerRecord& c, const protocol::ChunkDescriptor& d);
+  // The first stream chunk c's view is in, and the first private one.
+  uint64_t view_since(const ConsumerRecord& c) const {
+    return c.view ? views_[c.view - 1].since_seq : 0;
+  }
+  // tail_begin() for `c`: the retained chunks that hold its view.
+  uint64_t tail_for(const ConsumerRecord& c) const { return std::max(tail_begin(), view_since(c)); }
   void deliver();
   void check_liveness(double now);
   // Holding back, decoupling, the stall log and what each consumer is told it waits for.
@@ -232,7 +262,11 @@ class StreamState {
   // Where the stream's next chunk will sit: after the newest published one.
   protocol::Seek stream_next() const;
   uint64_t chunks_per_epoch() const;  // 0 unless the producer regenerates and both are known
-  uint64_t end_epoch() const {        // first epoch not served (0: unbounded)
+  // Where stream chunk `seq` (not published yet) will sit, and the samples before it in the
+  // stream: counted on from stream_next() (stream chunks are numbered consecutively, skipped
+  // ones too). Needs chunks_per_epoch().
+  std::pair<ChunkAddress, uint64_t> address_ahead(uint64_t seq) const;
+  uint64_t end_epoch() const {  // first epoch not served (0: unbounded)
     return rules_.epochs ? rules_.welcome.first_epoch + rules_.epochs : 0;
   }
   // Private chunks nobody will be sent: their slots may be reused.
@@ -243,6 +277,13 @@ class StreamState {
   StreamRules rules_;
   Send send_;
   Alive alive_;
+  ResolveView resolve_view_;
+  struct View {
+    protocol::Welcome welcome;
+    ViewSpecs specs;
+    uint64_t since_seq;  // first stream chunk acquired with it
+  };
+  std::vector<View> views_;  // views 1, 2, ...
   SlotRing ring_;
   ConsumerRegistry consumers_;
   uint64_t next_acquire_seq_ = 0;

@@ -19,6 +19,7 @@ folder on it, so that its scripts can import the helpers below).
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -54,6 +55,7 @@ def _leaked_files() -> List[str]:
         for path in (segment_of(ep), ep[len("ipc://"):] if ep.startswith("ipc://") else None):
             if path and os.path.exists(path):
                 out.append(path)
+        out += glob.glob(segment_of(ep) + ".v*")  # the pools of its views
     return out
 
 

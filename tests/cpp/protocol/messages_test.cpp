@@ -31,11 +31,12 @@ T round_trip(const T& m) {
 }
 
 TEST(Messages, EveryTypeRoundTrips) {
-  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1, 2.5};
+  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1, 2.5, "size=160,crop=center"};
   auto h2 = round_trip(h);
   EXPECT_EQ(h2.pid, 1234u);
   EXPECT_EQ(h2.name, "trainer-1");
   EXPECT_EQ(h2.late_join, LateJoin::kNextEpoch);
+  EXPECT_EQ(h2.view, "size=160,crop=center");
   EXPECT_EQ(h2.stall_timeout_s, 2.5);
 
   Welcome w;
@@ -113,8 +114,8 @@ TEST(Messages, EveryTypeRoundTrips) {
 TEST(Messages, NewTypesAreAppended) {
   EXPECT_EQ(encode(Seek{}).substr(6, 2), std::string("\x0a\x00", 2));
   EXPECT_EQ(encode(SeekReply{}).substr(6, 2), std::string("\x0b\x00", 2));
-  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x04\x00\x08\x00\x04\0\0\0\0\0\0\0", 12))
-      << "version 4, End's body unchanged";
+  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x05\x00\x08\x00\x04\0\0\0\0\0\0\0", 12))
+      << "version 5, End's body unchanged";
 }
 
 std::string rejected(const std::string& bytes) {
@@ -171,7 +172,7 @@ TEST(Messages, FieldsOutOfRangeAreRejected) {
   EXPECT_NE(rejected(encode(Heartbeat{1, -1.0})).find("wait_s"), std::string::npos);
   Hello h;
   auto hb = encode(h);
-  hb[hb.size() - 13] = 7;  // late_join (then device_index, stall_timeout_s)
+  hb[hb.size() - 15] = 7;  // late_join (then device_index, stall_timeout_s, an empty view)
   EXPECT_NE(rejected(hb).find("late_join"), std::string::npos);
   h.stall_timeout_s = -1;
   EXPECT_NE(rejected(encode(h)).find("stall_timeout_s"), std::string::npos);

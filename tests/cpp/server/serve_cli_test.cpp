@@ -47,6 +47,7 @@ ServeConfig unusual() {
   c.metrics_interval = 0.2;
   c.status_interval = 0;
   c.fail_linger = 1.5;
+  c.views = {"size=24,crop=center", "size=16,scale=0.5:1,seed=3"};
   PipelineOptions& t = c.transform;
   t.image_size = 33;
   t.train = false;
@@ -92,6 +93,7 @@ TEST(ServeCliTest, CommandLineRebuildsEverySetting) {
   EXPECT_EQ(r.metrics_interval, c.metrics_interval);
   EXPECT_EQ(r.status_interval, c.status_interval);
   EXPECT_EQ(r.fail_linger, c.fail_linger);
+  EXPECT_EQ(r.views, c.views);
   const PipelineOptions& a = r.transform;
   const PipelineOptions& b = c.transform;
   EXPECT_EQ(a.image_size, b.image_size);
@@ -118,6 +120,17 @@ TEST(ServeCliTest, SyntheticCommandLineRebuildsItsSource) {
   c = ServeConfig{};
   c.file_list = "/etc/os-release";
   EXPECT_EQ(parse(serve_command_line(c)).file_list, "/etc/os-release");
+}
+
+// A bad view is refused by the command line, naming the field.
+TEST(ServeCliTest, ABadViewIsRefusedNamingTheField) {
+  try {
+    parse({"--view", "size=0", "--data", "/tmp"});
+    FAIL() << "no throw";
+  } catch (const CLI::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("size must be in 1..16384"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ServeCliTest, RingMemoryTakesSizesWithUnits) {

@@ -56,11 +56,13 @@ class Stream {
               inbox[id].push_back(m);
               return true;
             },
-            [this](pid_t pid) { return dead.count(pid) == 0; }) {}
+            [this](pid_t pid) { return dead.count(pid) == 0; },
+            [this](const std::string& view) { return resolve_view(view); }) {}
 
   void hello(const std::string& id, protocol::LateJoin late_join = protocol::LateJoin::kReplay,
-             bool local = true) {
+             bool local = true, const std::string& view = "") {
     protocol::Hello h;
+    h.view = view;
     h.pid = pid_of(id);
     h.boot_id = local ? kBoot : "another-host";
     h.late_join = late_join;
@@ -189,7 +191,27 @@ class Stream {
     return out;
   }
 
+  // Views: "" is view 0; a view named "size=N" is added on first use (N uint8 bytes a sample,
+  // its pool "pool.vK"); any other name is refused.
+  StreamState::ViewChoice resolve_view(const std::string& view) {
+    if (view.empty()) return {};
+    if (view.rfind("size=", 0) != 0) return {0, "view '" + view + "': not a view"};
+    if (!views.count(view)) {
+      protocol::Welcome w;
+      w.segment_name = "pool.v" + std::to_string(state.view_count());
+      const int64_t bytes = std::stoll(view.substr(5));
+      views[view] = state.add_view(w, [bytes](uint32_t n) {
+        const int64_t samples = n;
+        return std::vector<protocol::TensorSpec>{
+            {"#0", DType::kUInt8, {samples, bytes}, {bytes, 1}, 0},
+            {"#1", DType::kInt64, {samples}, {1}, 256}};
+      });
+    }
+    return {views[view], ""};
+  }
+
   double now = 1000;
+  std::map<std::string, uint32_t> views;
   std::set<pid_t> dead;
   std::set<std::string> refusing;
   std::map<std::string, std::vector<Message>> inbox;
@@ -1165,6 +1187,53 @@ TEST(StreamState, BeforeMinConsumersHeartbeatsSayHowManyAreAttached) {
   auto a = s.take<protocol::Heartbeat>("a");
   ASSERT_FALSE(a.empty());
   EXPECT_EQ(a.back().waiting_for, "min_consumers not met: 1 of 3 consumers attached");
+}
+
+// Views: a consumer reads its view's pool and tensors; one whose view is added by its Hello
+// mid-epoch gets that epoch whole, the chunks made before its view regenerated for it, then
+// the shared stream from the first chunk made with its view; a view that cannot be made is
+// refused with an ErrorMessage and nobody else notices.
+TEST(StreamState, AViewAddedAtAttachGetsItsWholeEpochInItsOwnPool) {
+  constexpr uint64_t kPerEpoch = 4;
+  Stream s(regenerating(8, kPerEpoch));
+  s.lead("a", 2, kPerEpoch);  // epoch 0 is two chunks along
+  s.hello("bad", protocol::LateJoin::kReplay, true, "colour=red");
+  auto refused = s.take<protocol::ErrorMessage>("bad");
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].message.find("colour=red"), std::string::npos);
+  EXPECT_TRUE(s.take<protocol::Welcome>("bad").empty());
+  EXPECT_EQ(s.state.consumers_now(), 1u);
+
+  s.hello("b", protocol::LateJoin::kReplay, true, "size=6");
+  auto welcome = s.take<protocol::Welcome>("b");
+  ASSERT_EQ(welcome.size(), 1u);
+  EXPECT_EQ(welcome[0].segment_name, "pool.v1");
+  s.credit("b", 100);
+  std::vector<ChunkDescriptor> got;
+  for (int round = 0; round < 10 && got.size() < 2 * kPerEpoch; ++round) {
+    s.regenerate(kPerEpoch);
+    if (auto f = s.fill()) s.publish(*f, kPerEpoch);
+    s.tick();
+    s.consume("a");
+    for (auto& d : s.take<ChunkDescriptor>("b")) {
+      s.release("b", d);
+      got.push_back(d);
+    }
+  }
+  ASSERT_GE(got.size(), 2 * kPerEpoch);
+  for (size_t i = 0; i < 2 * kPerEpoch; ++i) {
+    EXPECT_EQ(got[i].position.epoch, i / kPerEpoch) << i;
+    EXPECT_EQ(got[i].position.index_in_epoch, i % kPerEpoch) << i;
+    ASSERT_EQ(got[i].tensors.size(), 2u);
+    EXPECT_EQ(got[i].tensors[0].shape, (std::vector<int64_t>{kChunk, 6})) << "its view's tensor";
+    EXPECT_EQ(got[i].tensors[1].offset, 256u) << "laid out in its view's slot";
+  }
+  EXPECT_TRUE(protocol::is_private_seq(got[0].seq)) << "made before its view: regenerated";
+  EXPECT_FALSE(protocol::is_private_seq(got[2 * kPerEpoch - 1].seq)) << "merged: shared";
+  // A second consumer of the same view reads the same pool.
+  s.hello("c", protocol::LateJoin::kReplay, true, "size=6");
+  EXPECT_EQ(s.take<protocol::Welcome>("c").at(0).segment_name, "pool.v1");
+  EXPECT_EQ(s.state.view_count(), 2u);
 }
 
 // A ring sized by memory (rules.lead_chunks): the producer fills only `lead` chunks nobody was
