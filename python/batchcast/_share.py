@@ -13,15 +13,14 @@ Protocol (files ``/tmp/batchcast-<uid>-<effective key>.{sock,lock,json,log}``): 
 lock on ``.lock`` a trainer reads ``.json`` (the producer's pid, the pipeline's fingerprint);
 with no live producer it pickles the pipeline (a native plan alone, else the dataset, sampler,
 loader arguments, plus its sys.path, cwd and main script) and starts ``python -m
-batchcast._share_producer`` through ``sh -c '... &'`` (reparented to init, own session, output
-appended to ``.log``), handing it the read end of a pipe, the claim: the producer does not exit
-for want of Loaders while the starting trainer holds the write end (until it attached, closed,
-or died). A native plan's producer starts when the DataLoader is made (:meth:`start`), so its
-start-up overlaps the trainer's own; any other at the first iteration (the dataset is pickled
-then, as torch's workers would see it). At the first iteration, under the lock, the trainer
-waits for the socket and attaches, so the producer, which decides to exit under the same lock,
-counts it. The effective key is KEY, plus ``-rank<r>of<w>`` when the trainer is one of w > 1
-distributed ranks: rank r of every job shares one stream.
+batchcast._share_producer`` through ``sh -c '... &'`` (own session, output to ``.log``) with the
+read end of a pipe, the claim: the producer does not exit for want of Loaders while the starting
+trainer holds the write end (until it attached, closed, or died). A native plan's producer
+starts when the DataLoader is made (:meth:`start`), overlapping the trainer's start-up; any other
+at the first iteration (the dataset pickled as torch's workers would see it). There, under the
+lock, the trainer waits for the socket and attaches, so the producer, which decides to exit
+under the same lock, counts it. The effective key is KEY, plus ``-rank<r>of<w>`` for one of
+w > 1 distributed ranks: rank r of every job shares one stream.
 """
 
 from __future__ import annotations
@@ -102,12 +101,8 @@ def fingerprint(loader: torch.utils.data.DataLoader, seed: Optional[int]) -> Dic
     """What makes two pipelines one stream: dataset type, root, length, the sampler (type,
     shuffle, seed, replicas, rank), batch size, drop_last, collate_fn; and what they make of each
     sample (VIEW_FIELDS: the transforms)."""
-    dataset = loader.dataset
-    try:
-        length: Optional[int] = len(dataset)  # type: ignore[arg-type]
-    except TypeError:
-        length = None
-    sampler = loader.sampler
+    dataset, sampler = loader.dataset, loader.sampler
+    length = len(dataset) if hasattr(dataset, "__len__") else None  # type: ignore[arg-type]
     described = {
         name: _plain(getattr(sampler, name))
         for name in ("shuffle", "seed", "num_replicas", "rank", "drop_last", "replacement")

@@ -40,6 +40,23 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
   // keep the producer waiting as much as its cursor does).
   for (const auto& [id, c] : consumers_.all())
     if (pins_stream(c, now) && c.next_seq < next_publish_seq_) ids.push_back(id);
+  // And those that keep the oldest chunks still held, sent to them and not read yet (their
+  // credits are used up): on a small ring (a GPU pool's 8 slots) a reader with prefetched
+  // chunks in hand fills it as surely as a cursor left behind, and the others then wait for
+  // each of its releases in lockstep.
+  for (const auto& [seq, slot] : ring_.published()) {
+    if (protocol::is_private_seq(seq)) continue;
+    bool blamed = false;
+    for (uint64_t id : ring_.slot(slot).holders) {
+      auto it = consumers_.all().find(id);
+      if (it == consumers_.all().end()) continue;
+      const ConsumerRecord& c = it->second;
+      if (c.credits || !pins_stream(c, now) || private_.find(id)) continue;
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+      blamed = true;
+    }
+    if (blamed) break;
+  }
   return ids;
 }
 
@@ -79,12 +96,16 @@ void StreamState::decouple(ConsumerRecord& c) {
   if (auto* p = private_.find(c.id)) {  // catching up too slowly: stop pinning its merge chunk
     p->until.reset();
     p->rejoin = true;
-  } else {
-    auto d = descriptors_.find(c.next_seq);
-    if (d == descriptors_.end()) return;
+  } else if (auto d = descriptors_.find(c.next_seq); d != descriptors_.end()) {
     const auto& at = d->second.position;
     abandon(private_.start(c.id, {at.epoch, at.index_in_epoch}, std::nullopt, at.stream_position,
                            true));
+  } else if (c.next_seq >= next_publish_seq_) {  // sent everything: it holds what it was sent
+    const protocol::Seek next = stream_next();
+    abandon(private_.start(c.id, {next.epoch, next.sample / rules_.welcome.chunk_size},
+                           std::nullopt, stream_position_, true));
+  } else {
+    return;
   }
   private_.find(c.id)->decoupled_at = next_publish_seq_;
   c.next_seq = next_publish_seq_;

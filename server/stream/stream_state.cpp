@@ -26,106 +26,6 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive, ResolveView 
   counters_.ring_slots = rules_.slot_count;
 }
 
-std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
-  if (!failure_.empty() || finished_) return std::nullopt;
-  // Far enough ahead of every reader: a wait for the readers, not for a slot (nobody holds the
-  // stream back), so it is producer time blocked but never a stall.
-  if (rules_.lead_chunks && chunks_ahead() >= rules_.lead_chunks) {
-    if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
-    blocked_since_.reset();
-    if (!ahead_since_) ahead_since_ = now;
-    return std::nullopt;
-  }
-  if (ahead_since_) counters_.producer_blocked_s += now - *ahead_since_;
-  ahead_since_.reset();
-  // On a producer that regenerates, the stream's chunks pin at most the ring minus a reserve:
-  // a consumer that catches up pins its merge chunk and all after it, and must find slots for
-  // its private chunks or it never reaches that chunk. Rings of 8 slots and more keep the
-  // reserve at all times, so that a catch-up starts at once even while the other consumers do
-  // not read (they pin every chunk they have not read: two loaders of one process would wait
-  // for each other for ever); smaller rings only while someone catches up (their consumers may
-  // hold all but one slot, max_held). And a private chunk asked for goes first: the stream
-  // leaves it the last reusable slot.
-  const bool keep_reserve = rules_.regenerates && chunks_per_epoch() &&
-                            (rules_.slot_count >= 8 || private_.catching_up());
-  const uint32_t reserve = keep_reserve ? catch_up_slots() : 0;
-  const bool asked = private_.next_request().has_value();
-  const SlotCount slots = reserve || asked ? count_slots(now) : SlotCount{};
-  if ((reserve && slots.pinned_stream + reserve >= rules_.slot_count) ||
-      (asked && slots.reusable <= 1)) {
-    if (!blocked_since_) blocked_since_ = now;
-    return std::nullopt;
-  }
-  std::optional<uint64_t> evicted;
-  auto slot = ring_.begin_fill(
-      next_acquire_seq_,
-      [this, now](uint64_t seq, bool delivered) { return may_reuse(seq, delivered, now); },
-      &evicted);
-  if (!slot) {
-    if (!blocked_since_) blocked_since_ = now;
-    return std::nullopt;
-  }
-  if (evicted) descriptors_.erase(*evicted);
-  if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
-  blocked_since_.reset();
-  return Fill{next_acquire_seq_++, *slot, std::nullopt};
-}
-
-std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
-  if (!failure_.empty()) return std::nullopt;
-  auto request = private_.next_request();
-  if (!request) return std::nullopt;
-  uint64_t seq = private_.next_seq();
-  std::optional<uint64_t> evicted;
-  auto slot = ring_.begin_fill(
-      seq, [this, now](uint64_t old, bool delivered) { return may_reuse(old, delivered, now); },
-      &evicted);
-  if (!slot) return std::nullopt;
-  private_.take_request(seq);
-  if (evicted) descriptors_.erase(*evicted);
-  return Fill{seq, *slot, request->chunk};
-}
-
-StreamState::SlotCount StreamState::count_slots(double now) const {
-  SlotCount n;
-  for (uint32_t i = 0; i < ring_.size(); ++i) {
-    const SlotEntry& e = ring_.slot(i);
-    const bool reusable =
-        e.state == SlotState::kFree || (e.state == SlotState::kPublished && e.holders.empty() &&
-                                        may_reuse(e.seq, e.delivered, now));
-    if (reusable)
-      ++n.reusable;
-    else if (!protocol::is_private_seq(e.seq))
-      ++n.pinned_stream;
-  }
-  return n;
-}
-
-uint32_t StreamState::chunks_ahead() const {
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < ring_.size(); ++i) {
-    const SlotEntry& e = ring_.slot(i);
-    if (protocol::is_private_seq(e.seq)) continue;
-    if (e.state == SlotState::kFilling || (e.state == SlotState::kPublished && !e.delivered)) ++n;
-  }
-  return n;
-}
-
-uint32_t StreamState::catch_up_slots() const {
-  // A private chunk takes a slot only while it is filled, waits for its turn and travels: its
-  // consumer copies it out on arrival and releases the slot at once (client/chunk_copy.h),
-  // whatever its user does (holds every batch, reads another loader first). So these slots serve
-  // any number of consumers catching up at once; three let one be filled while others travel.
-  // More would only take a large ring's window from the stream.
-  return std::min(rules_.slot_count - 1, std::clamp<uint32_t>(rules_.slot_count / 4, 3, 16));
-}
-
-uint64_t StreamState::tail_begin() const {
-  uint64_t tail = next_publish_seq_;
-  while (tail > 0 && ring_.published().count(tail - 1)) --tail;
-  return tail;
-}
-
 protocol::Seek StreamState::stream_next() const {
   if (!newest_) return {rules_.welcome.first_epoch, 0};
   if (newest_->epoch_end) return {newest_->epoch + 1, 0};
@@ -232,27 +132,6 @@ StreamStats StreamState::stats() const {
                            private_.find(id) && private_.find(id)->rejoin, c.held_back_s});
   s.consumers.insert(s.consumers.end(), departed_.begin(), departed_.end());
   return s;
-}
-
-// A chunk with no holders may be overwritten when no active consumer still has it ahead of
-// its cursor, and it was delivered to someone, or some consumer's cursor is already past it (a
-// consumer that joined after it and started later). A chunk nobody has seen or passed (before
-// the stream starts, or while nobody is attached) is never discarded.
-bool StreamState::may_reuse(uint64_t old_seq, bool delivered, double now) const {
-  // A private chunk is its consumer's alone: reusable once sent (and released) or abandoned.
-  if (protocol::is_private_seq(old_seq)) return delivered || !private_.owner(old_seq);
-  bool passed = false;
-  for (const auto& [id, c] : consumers_.all()) {
-    const auto* p = private_.find(id);
-    if (p && !p->until) {  // private for good: it needs no shared chunk
-      passed = true;
-      continue;
-    }
-    if (c.next_seq > old_seq) passed = true;
-    if (c.next_seq > old_seq || !pins_stream(c, now)) continue;
-    return false;  // this consumer has not been sent the chunk yet
-  }
-  return delivered || (started_ && passed);
 }
 
 void StreamState::receive(const std::string& identity, const void* data, size_t size, double now) {

@@ -21,7 +21,8 @@
 //   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
 // - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
 //   stream back (the producer waits for a slot, another consumer was sent every published chunk,
-//   and it pins published chunks it was not sent yet) for its stall bound stops pinning: it
+//   and it pins published chunks it was not sent yet, or, its credits used up, keeps the oldest
+//   chunks still held: lockstep on a small ring) for its stall bound stops pinning: it
 //   reads from its position on in private chunks (nothing lost) and merges back once it has
 //   caught up: the stream went on a ring's worth without it, and it reached a chunk the stream
 //   still holds within half the room the stream has ahead of its slowest reader. Without
@@ -54,7 +55,8 @@
 //   producer can).
 //
 // The seek rules (on_seek, the private and sought deliveries, wanted) are defined in
-// stream_seek.cpp, the rest in stream_state.cpp.
+// stream_seek.cpp, the slots (acquire, reuse, lead, reserve) in stream_slots.cpp, the stalls in
+// stream_stalls.cpp, the views in stream_views.cpp, the rest in stream_state.cpp.
 //
 // Thread-safety: none; the owner serialises every call. Lifetime: the injected functions must
 // outlive it.
