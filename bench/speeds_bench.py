@@ -54,7 +54,8 @@ def trainer(args: argparse.Namespace) -> None:
     dataset = torchvision.datasets.ImageFolder(args.data, transform=tf)
     cuda = bool(args.model)
     loader = batchcast.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                                  drop_last=True, num_workers=args.workers, pin_memory=cuda,
+                                  drop_last=True, num_workers=args.workers,
+                                  pin_memory=cuda and not args.no_pin,
                                   share=args.key or None,
                                   **({"stall_timeout": args.stall_timeout} if args.key else {}))
     step = train_step(args.model, len(dataset.classes)) if cuda else None
@@ -206,6 +207,8 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
         a = argparse.Namespace(**{**vars(args), "workers": own})
         cmds.append(trainer_cmd(a, key, 0.0, done if i else None, None if i else done,
                                 model=model, image_size=size))
+        if len({s for _, s in models}) > 1:  # views of one key need a host pool (docs/views.md)
+            cmds[-1].append("--no-pin")
     results = run_trainers(cmds, dict(os.environ))
     log = share_log(key) if key else ""
     chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", log)
@@ -264,6 +267,7 @@ def main() -> None:
                    "instead of sleeping, each at its image size (default --image-size; other "
                    "sizes join the key as views): each alone, all on one key, all on their own "
                    "DataLoaders (the first runs --seconds, the others until it is done)")
+    p.add_argument("--no-pin", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
     p.add_argument("--done-file", help=argparse.SUPPRESS)
     p.add_argument("--stall-timeout", type=float, help=argparse.SUPPRESS)
