@@ -207,7 +207,9 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
         a = argparse.Namespace(**{**vars(args), "workers": own})
         cmds.append(trainer_cmd(a, key, 0.0, done if i else None, None if i else done,
                                 model=model, image_size=size))
-        if len({s for _, s in models}) > 1:  # views of one key need a host pool (docs/views.md)
+        # Views of one share key need a host pool (docs/views.md): every run reads one then,
+        # the alone runs too, so that they compare.
+        if len({s for _, s in parse_models(args.models, args.image_size)}) > 1:
             cmds[-1].append("--no-pin")
     results = run_trainers(cmds, dict(os.environ))
     log = share_log(key) if key else ""
