@@ -78,6 +78,17 @@ std::vector<TensorConversion> conversions(bool normalise) {
 }
 
 // A GPU slot for one chunk of kBatch images under `conv`, in whole 4 KiB pages.
+// A one-view pool on `arenas` (CudaStage's ViewOf).
+CudaStage::ViewOf one_view(const ArenaSet& arenas, const std::vector<TensorConversion>& conv) {
+  return [&arenas, conv](uint32_t) { return CudaStage::View{&arenas, conv}; };
+}
+
+// A lease of `slot` of a one-view pool, as StreamHost hands them out.
+FillLease lease_of(uint64_t seq, uint32_t slot, const ArenaSet& arenas, uint64_t slot_bytes) {
+  uint8_t* data = arenas.primary().slot_data(slot);
+  return FillLease{seq, slot, data, slot_bytes, {data}, std::nullopt};
+}
+
 uint64_t gpu_slot_bytes(const std::vector<TensorConversion>& conv) {
   return (SlotLayout::plan(CudaStage::converted(image_tensors(), conv), kBatch).bytes + 4095) /
          4096 * 4096;
@@ -111,15 +122,15 @@ void bandwidth() {
     ArenaSet arenas({0}, 4, slot_bytes);
     const DeviceArena& arena = arenas.primary();
     StampSource source;
-    CudaStage stage(arenas, source, conv, kBatch);
+    CudaStage stage(source, one_view(arenas, conv), kBatch);
     uint64_t staged_bytes = SlotLayout::plan(staged, kBatch).bytes;
     const int chunks = 200;
     auto run = [&](int n) {
       for (int i = 0; i < n; ++i) {
         uint32_t slot = static_cast<uint32_t>(i % 4);
-        stage.begin(slot, kBatch);
-        stage.upload(FillLease{static_cast<uint64_t>(i), slot, arena.slot_data(slot), slot_bytes},
-                     kBatch);
+        const FillLease lease = lease_of(static_cast<uint64_t>(i), slot, arenas, slot_bytes);
+        stage.begin(lease, kBatch);
+        stage.upload(lease, kBatch);
       }
       for (uint32_t slot = 0; slot < 4; ++slot) arena.wait_for_slot(slot);
     };
@@ -155,14 +166,14 @@ void copies() {
     auto rate = [&](const std::vector<std::unique_ptr<ArenaSet>>& sets) {
       std::vector<std::unique_ptr<CudaStage>> stages;
       for (const auto& set : sets)
-        stages.push_back(std::make_unique<CudaStage>(*set, source, conv, kBatch));
+        stages.push_back(std::make_unique<CudaStage>(source, one_view(*set, conv), kBatch));
       auto run = [&](uint32_t n) {
         for (uint32_t i = 0; i < n; ++i)
           for (size_t k = 0; k < stages.size(); ++k) {
             const uint32_t slot = i % slots;
-            stages[k]->begin(slot, kBatch);
-            stages[k]->upload(FillLease{i, slot, sets[k]->primary().slot_data(slot), slot_bytes},
-                              kBatch);
+            const FillLease lease = lease_of(i, slot, *sets[k], slot_bytes);
+            stages[k]->begin(lease, kBatch);
+            stages[k]->upload(lease, kBatch);
           }
         for (const auto& set : sets)
           for (uint32_t slot = 0; slot < slots; ++slot) set->wait_for_slot(slot);
@@ -231,7 +242,7 @@ void latency(const char* self, bool normalise) {
   so.cuda_devices = {0};
   StreamHost core(so);
   StampSource source;
-  CudaStage stage(*core.memory().arenas(), source, conv, kBatch);
+  CudaStage stage(source, one_view(*core.memory().arenas(), conv), kBatch);
   std::string ep = core.endpoint();
   int pipe_fd[2];
   if (::pipe(pipe_fd) != 0) throw Error("pipe");
@@ -245,7 +256,7 @@ void latency(const char* self, bool normalise) {
   for (uint32_t c = 0; c < chunks; ++c) {
     auto lease = core.acquire();
     if (!lease) break;
-    stage.begin(lease->slot, kBatch);
+    stage.begin(*lease, kBatch);
     protocol::ChunkPosition position;
     std::vector<protocol::TensorSpec> tensors;
     position.index_in_epoch = c;
@@ -255,7 +266,7 @@ void latency(const char* self, bool normalise) {
     position.epoch_end = c + 1 == chunks;
     tensors = slot_layout.specs(slot_tensors, kBatch);
     // The clock starts when the chunk's last sample is "decoded" (sample 0's label is read).
-    for (uint32_t p = kBatch; p-- > 0;) stage.fill(lease->slot, p, c * kBatch + p, 0);
+    for (uint32_t p = kBatch; p-- > 0;) stage.fill(*lease, p, c * kBatch + p, 0);
     stage.upload(*lease, kBatch);
     core.publish(*lease, position, std::move(tensors));
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // paced: no queueing

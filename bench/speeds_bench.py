@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from dropin_bench import run_trainers  # bench/ is the script's folder: on sys.path
 
@@ -54,7 +54,8 @@ def trainer(args: argparse.Namespace) -> None:
     dataset = torchvision.datasets.ImageFolder(args.data, transform=tf)
     cuda = bool(args.model)
     loader = batchcast.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                                  drop_last=True, num_workers=args.workers, pin_memory=cuda,
+                                  drop_last=True, num_workers=args.workers,
+                                  pin_memory=cuda and not args.no_pin,
                                   share=args.key or None,
                                   **({"stall_timeout": args.stall_timeout} if args.key else {}))
     step = train_step(args.model, len(dataset.classes)) if cuda else None
@@ -114,9 +115,10 @@ def train_step(model_name: str, classes: int) -> Any:
 
 def trainer_cmd(args: argparse.Namespace, key: str, sleep: float, stop: Optional[str],
                 done: Optional[str], stall_timeout: Optional[float] = None,
-                pause: float = 0.0, model: str = "") -> List[str]:
+                pause: float = 0.0, model: str = "", image_size: int = 0) -> List[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--data", args.data,
-           "--batch-size", str(args.batch_size), "--image-size", str(args.image_size),
+           "--batch-size", str(args.batch_size),
+           "--image-size", str(image_size or args.image_size),
            "--workers", str(args.workers), "--seconds", str(args.seconds), "--key", key,
            "--sleep", str(sleep), "--pause", str(pause), "--pause-every", str(args.pause_every)]
     if model:
@@ -180,10 +182,20 @@ def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float],
     return row
 
 
-def run_models(args: argparse.Namespace, name: str, models: List[str], shared: bool
-               ) -> List[Dict[str, Any]]:
-    """Trainers of `models` side by side (the first runs --seconds, the others until it is done):
-    on one key, or each on its own DataLoader with cores/N workers. Samples/s per trainer."""
+def parse_models(text: str, image_size: int) -> List[Tuple[str, int]]:
+    """--models MODEL[:SIZE],...: each trainer's model and image size (default --image-size)."""
+    out = []
+    for item in text.split(","):
+        model, _, size = item.partition(":")
+        out.append((model, int(size) if size else image_size))
+    return out
+
+
+def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]],
+               shared: bool) -> List[Dict[str, Any]]:
+    """Trainers of `models` (model, image size) side by side (the first runs --seconds, the
+    others until it is done): on one key (trainers of other image sizes join it as views,
+    docs/views.md), or each on its own DataLoader with cores/N workers. Samples/s per trainer."""
     out = os.path.abspath(os.path.join(args.out, name))
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -191,32 +203,36 @@ def run_models(args: argparse.Namespace, name: str, models: List[str], shared: b
     key = f"speeds-bench-{os.getpid()}-{name}" if shared else ""
     own = args.workers if shared else max(1, (os.cpu_count() or 2) // len(models))
     cmds = []
-    for i, model in enumerate(models):
+    for i, (model, size) in enumerate(models):
         a = argparse.Namespace(**{**vars(args), "workers": own})
         cmds.append(trainer_cmd(a, key, 0.0, done if i else None, None if i else done,
-                                model=model))
+                                model=model, image_size=size))
+        # Views of one share key need a host pool (docs/views.md): every run reads one then,
+        # the alone runs too, so that they compare.
+        if len({s for _, s in parse_models(args.models, args.image_size)}) > 1:
+            cmds[-1].append("--no-pin")
     results = run_trainers(cmds, dict(os.environ))
     log = share_log(key) if key else ""
     chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", log)
-    return [{"run": name, "model": m, "samples_s": r["samples"] / r["wall_s"],
+    return [{"run": name, "model": f"{m}:{size}", "samples_s": r["samples"] / r["wall_s"],
              "half_samples_s": r["half_samples"] / r["half_s"],
              "chunks_published": int(chunks.group(1)) if chunks else None,
              "chunks_regenerated": int(chunks.group(2)) if chunks else None,
              "decouplings": int(chunks.group(3)) if chunks else None,
              "share_log_warnings": [ln for ln in log.splitlines() if "WARN" in ln.upper()][:5]}
-            for m, r in zip(models, results)]
+            for (m, size), r in zip(models, results)]
 
 
 def main_models(args: argparse.Namespace) -> None:
-    fast, slow = args.models.split(",")
+    models = parse_models(args.models, args.image_size)
+    runs = [(f"{m}:{s} alone", [(m, s)], True) for m, s in models]
+    runs += [("one key", models, True), (f"{len(models)} DataLoaders", models, False)]
     rows: List[Dict[str, Any]] = []
-    for name, models, shared in [(f"{fast} alone", [fast], True), (f"{slow} alone", [slow], True),
-                                 ("one key", [fast, slow], True),
-                                 ("two DataLoaders", [fast, slow], False)]:
-        rows += run_models(args, name, models, shared)
-        print(json.dumps(rows[-len(models):]), file=sys.stderr, flush=True)
+    for name, group, shared in runs:
+        rows += run_models(args, name, group, shared)
+        print(json.dumps(rows[-len(group):]), file=sys.stderr, flush=True)
     alone = {r["model"]: r["samples_s"] for r in rows if r["run"].endswith("alone")}
-    print(f"batch {args.batch_size}, image {args.image_size}, {os.cpu_count()} cores, "
+    print(f"batch {args.batch_size}, image sizes as listed, {os.cpu_count()} cores, "
           f"{args.seconds:g} s; share producer workers {args.workers}\n")
     print("| run | model | samples/s | share of alone | 2nd half samples/s | decouplings | "
           "chunks regenerated / published |")
@@ -249,8 +265,11 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--pause", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--model", default="", help=argparse.SUPPRESS)
-    p.add_argument("--models", help="FAST,SLOW: two torchvision models trained on the GPU instead "
-                   "of sleeping: each alone, both on one key, both on their own DataLoaders")
+    p.add_argument("--models", help="MODEL[:SIZE],...: torchvision models trained on the GPU "
+                   "instead of sleeping, each at its image size (default --image-size; other "
+                   "sizes join the key as views): each alone, all on one key, all on their own "
+                   "DataLoaders (the first runs --seconds, the others until it is done)")
+    p.add_argument("--no-pin", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
     p.add_argument("--done-file", help=argparse.SUPPRESS)
     p.add_argument("--stall-timeout", type=float, help=argparse.SUPPRESS)

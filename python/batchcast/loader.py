@@ -245,7 +245,8 @@ class Loader(Closeable):
         self._consumer: Optional[Any] = None
         copy = _DeviceCopy(device, pin_memory) if framework == "torch" else None
         self._convert = self._converter(framework, copy)
-        self._consumer = _batchcast.Consumer(
+        # The Consumer's arguments less the view (set_view attaches again with another).
+        self._consumer_args = (
             endpoint or "",
             batch_size or 0,
             drop_last,
@@ -257,8 +258,10 @@ class Loader(Closeable):
             _cuda_index(device),
             bool(copy and copy.pin_copies),
             float(stall_timeout or 0.0),
-            view_text(view),
         )
+        self._view = view_text(view)
+        self._next_view: Optional[str] = None  # set_view's, taken at the next epoch start
+        self._consumer = _batchcast.Consumer(*self._consumer_args, self._view)
         self.endpoint = endpoint or _batchcast.default_endpoint()
         self.device = device
         self.drop_last = drop_last
@@ -271,11 +274,38 @@ class Loader(Closeable):
 
     def __iter__(self) -> Iterator[Any]:
         consumer = self._open()
+        if self._next_view is not None:
+            consumer = self._switch_view(consumer)
         if self._in_epoch:
             # The previous iteration stopped early (break): like a new pass over torch's
             # DataLoader, this one starts at the next epoch; the server skips the rest.
             self.seek(int(consumer.epoch) + 1)
         return self._epoch(consumer)
+
+    def set_view(self, view: ViewLike) -> None:
+        """Reads ``view`` (as the constructor's ``view``) from the next epoch on: progressive
+        resizing. The next iteration attaches again with the new view at the start of the epoch
+        after the last one this Loader began (or where a seek put it), so that every epoch is
+        read whole in one view. A view the server refuses raises there, naming the field."""
+        self._open()
+        self._next_view = view_text(view)
+
+    def _switch_view(self, consumer: Any) -> Any:
+        """Attaches again with set_view's view at the next epoch's start (see set_view)."""
+        view, self._next_view = self._next_view, None
+        if view == self._view:
+            return consumer
+        if self._in_epoch:  # stopped early: the next iteration is the next epoch's, as __iter__
+            at: Tuple[Optional[int], int] = (int(consumer.epoch) + 1, 0)
+        else:
+            at = self._position
+        fresh = _batchcast.Consumer(*self._consumer_args, view)  # refused: this one stays
+        self._consumer, self._view = fresh, view
+        consumer.close()
+        self._in_epoch = False
+        if at[0] is not None:
+            self.seek(at[0], at[1])
+        return fresh
 
     def _epoch(self, consumer: Any) -> Iterator[Any]:
         first = True

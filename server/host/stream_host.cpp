@@ -128,8 +128,20 @@ StreamHost::StreamHost(StreamHostOptions options)
         StreamHostOptions::ViewAnswer answer = options_.find_view(view);
         choice.view = answer.view;
         choice.error = answer.error;
-        if (choice.error.empty() && answer.view == state_->view_count())
-          add_view_locked(answer.slot_bytes, std::move(answer.specs));
+        // A view whose pool could not be made stays with the view provider (its index taken):
+        // later new views would not line up with it, so none is added after one failed.
+        if (choice.error.empty() && answer.view >= state_->view_count()) {
+          if (!views_closed_.empty()) {
+            choice.error = views_closed_;
+          } else {
+            try {
+              add_view_locked(answer.slot_bytes, std::move(answer.specs));
+            } catch (const std::exception& e) {
+              views_closed_ = std::string("this server adds no views any more: ") + e.what();
+              throw;
+            }
+          }
+        }
       } catch (const std::exception& e) {
         choice.error = e.what();
       }
@@ -258,18 +270,32 @@ uint32_t StreamHost::view_count() const {
 }
 
 uint32_t StreamHost::add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs) {
-  if (!options_.cuda_devices.empty())
-    throw Error(
-        "views other than the server's own transform need a host pool (serve --device "
-        "cpu); a GPU pool serves one view");
   const uint32_t index = state_->view_count();
-  view_memory_.push_back(std::make_unique<SlotMemory>(
-      SlotMemory::create(memory_.pool().segment_name() + ".v" + std::to_string(index),
-                         memory_.pool().slot_count(), slot_bytes, {})));
+  const std::string name = memory_.pool().segment_name() + ".v" + std::to_string(index);
+  const uint32_t slots = memory_.pool().slot_count();
+  const auto& gpus = options_.cuda_devices;
+  try {
+    // A GPU view's Welcome carries its own events, as many as view 0's: within kMaxCudaSlots,
+    // checked when the pool was created.
+    view_memory_.push_back(
+        std::make_unique<SlotMemory>(SlotMemory::create(name, slots, slot_bytes, gpus)));
+  } catch (const Error& e) {
+    if (gpus.empty()) throw;
+    throw Error("view " + std::to_string(index) + " needs a GPU pool of its own (" +
+                std::to_string(slots) + " slots x " + std::to_string(slot_bytes >> 20) +
+                " MiB on each of " + std::to_string(gpus.size()) +
+                " GPU(s)) and it could not be made: " + e.what() +
+                "; serve fewer views, a smaller --ring, or this view from another server");
+  }
   state_->add_view(welcome(*view_memory_.back()), std::move(specs));
-  spdlog::info("view {}: {} slots x {} KiB in /dev/shm/{}", index, memory_.pool().slot_count(),
-               slot_bytes >> 10, view_memory_.back()->pool().segment_name());
+  spdlog::info("view {}: {} slots x {} KiB in {}", index, slots, slot_bytes >> 10,
+               gpus.empty() ? "/dev/shm/" + name : "a GPU pool (header /dev/shm/" + name + ")");
   return index;
+}
+
+const SlotMemory& StreamHost::view_memory(uint32_t view) const {
+  std::lock_guard lk(mu_);
+  return view == 0 ? memory_ : *view_memory_.at(view - 1);
 }
 
 void StreamHost::finish() {

@@ -21,7 +21,8 @@
 // Views (stream_state.h, docs/views.md): the pool above is view 0's; add_view() (or a consumer's
 // Hello.view that options.find_view maps to a new view) creates a further pool with the same
 // slot count, laid out for that view's tensors (segment "<pool>.v<K>", removed with the core).
-// A lease carries the slot of every view that existed when it was acquired.
+// A lease carries the slot of every view that existed when it was acquired. A GPU pool's view
+// has its own arenas on the same GPUs (a header segment "<pool>.v<K>" as for view 0).
 // GPU pools (cuda_devices set, CUDA builds only): the slots are an ArenaSet, one arena per GPU
 // listed (the first is where producers write; shm/arena_set.h), created before the endpoint is
 // bound and freed after the loop stops; the shared segment keeps the header and sequence words;
@@ -142,9 +143,11 @@ class StreamHost {
 
   // A view more, before or while the stream runs: its pool (`slot_bytes` a slot) and its index;
   // `specs` lay out its chunks (the producer's SlotLayout). Chunks acquired from now on carry it.
-  // Throws Error for a GPU pool (views are served from host pools).
+  // A GPU pool's view gets arenas of its own on the pool's GPUs; Error if they cannot be made.
   uint32_t add_view(uint64_t slot_bytes, StreamState::ViewSpecs specs);
   uint32_t view_count() const;
+  // View `view`'s pool (0: memory()); lives as long as the host.
+  const SlotMemory& view_memory(uint32_t view) const;
 
   void set_epoch_samples(uint64_t samples);
   bool regenerates() const { return options_.regenerates; }
@@ -184,6 +187,7 @@ class StreamHost {
   std::optional<StreamState> state_;
   // Under mu_: the pools of views 1, 2, ... (unique_ptr: a slot pointer handed out stays valid).
   std::vector<std::unique_ptr<SlotMemory>> view_memory_;
+  std::string views_closed_;  // under mu_: why no view is added any more (a view's pool failed)
   std::atomic<bool> stopping_{false};
   std::thread loop_thread_;
 };

@@ -23,12 +23,13 @@ class ChunkStage {
   virtual ~ChunkStage() = default;
   // The tensors as they sit in a slot: dtype and per-sample shape.
   virtual std::vector<SampleTensor> slot_tensors() const = 0;
-  // Called once per chunk of `samples` samples, from the producer thread, before any fill() for
-  // `slot`: waits until the previous upload from the slot's host-side memory is done.
-  virtual void begin(uint32_t slot, uint32_t samples) = 0;
-  // Prepares sample `index` of `epoch` as sample `position` of the chunk in `slot`. Called from
-  // the worker threads, concurrently for different positions. Throws SampleError for a bad sample.
-  virtual void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) = 0;
+  // Called once per chunk of `samples` samples, from one thread at a time, before any fill() for
+  // the lease's slot: waits until the previous upload from the slot's host-side memory is done.
+  virtual void begin(const FillLease& lease, uint32_t samples) = 0;
+  // Prepares sample `index` of `epoch` as sample `position` of the lease's chunk (in the slot of
+  // every view the lease carries). Called from the worker threads, concurrently for different
+  // positions. Throws SampleError for a bad sample.
+  virtual void fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) = 0;
   // Queues the chunk's copy (and conversion) into its slot and marks when it is done for the
   // consumers. Called from one thread, chunks in the order their last sample was filled; may
   // block on the device. Throws Error if the device fails.

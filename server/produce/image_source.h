@@ -25,8 +25,6 @@ namespace batchcast {
 
 class ImageSource : public SampleSource {
  public:
-  static constexpr uint32_t kMaxViews = 16;
-
   ImageSource(Dataset dataset, PipelineOptions options) : dataset_(std::move(dataset)) {
     views_[0] = std::make_unique<const ImagePipeline>(options);
     texts_[0] = view_spec_text(views_[0]->options(), true);

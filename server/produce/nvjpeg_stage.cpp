@@ -96,14 +96,16 @@ NvjpegStage::~NvjpegStage() {
                  cpu_samples_.load(), engine_samples_.load());
 }
 
-void NvjpegStage::begin(uint32_t slot, uint32_t samples) {
+void NvjpegStage::begin(const FillLease& lease, uint32_t samples) {
+  const uint32_t slot = lease.slot;
   // The slot's event is recorded after its last upload; once that is done, nothing on the device
   // reads this slot's host-side samples, crops, labels or jobs any more.
   arenas_.wait_for_slot(slot);
   if (split_) cpu_chunk_[slot] = split_->queue(samples);
 }
 
-void NvjpegStage::fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) {
+void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) {
+  const uint32_t slot = lease.slot;
   const size_t at = static_cast<size_t>(slot) * chunk_size_ + position;
   PreparedSample& s = samples_[at];
   const DatasetEntry& entry = source_.dataset()[index];

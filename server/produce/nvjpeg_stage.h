@@ -65,8 +65,8 @@ class NvjpegStage : public ChunkStage {
   NvjpegStage& operator=(const NvjpegStage&) = delete;
 
   std::vector<SampleTensor> slot_tensors() const override { return source_.tensors(); }
-  void begin(uint32_t slot, uint32_t samples) override;
-  void fill(uint32_t slot, uint32_t position, uint64_t index, uint64_t epoch) override;
+  void begin(const FillLease& lease, uint32_t samples) override;
+  void fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) override;
   void upload(const FillLease& lease, uint32_t sample_count) override;
 
   const char* backend() const { return decoder_.backend(); }

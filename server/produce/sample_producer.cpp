@@ -107,7 +107,7 @@ bool SampleProducer::run() {
       try {
         uint64_t index = order[(p + attempt) % order.size()];
         if (options_.stage)
-          options_.stage->fill(job.lease.slot, task.position, index, job.position.epoch);
+          options_.stage->fill(job.lease, task.position, index, job.position.epoch);
         else
           source_.fill_views(index, job.position.epoch, sample_outs(job, task.position));
         return;
@@ -189,7 +189,7 @@ bool SampleProducer::run() {
     const auto& pos = job->position;
     try {
       std::lock_guard lk(begin_mu);
-      if (options_.stage) options_.stage->begin(lease.slot, pos.sample_count);
+      if (options_.stage) options_.stage->begin(lease, pos.sample_count);
     } catch (const std::exception& ex) {
       failed = true;
       core_.fail(ex.what());

@@ -33,6 +33,7 @@ inline std::string tuple_tensor_name(size_t i) { return "#" + std::to_string(i);
 
 class SampleSource {
  public:
+  static constexpr uint32_t kMaxViews = 16;  // the most views a source serves
   virtual ~SampleSource() = default;
   virtual uint64_t size() const = 0;
   virtual std::vector<SampleTensor> tensors() const = 0;

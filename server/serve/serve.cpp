@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -158,18 +159,87 @@ StreamHostOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOpt
 
 }  // namespace
 
+// The views of a GPU pool decoded on the CPU (docs/views.md). View v is known by its options as
+// asked (view_spec_text with seed: two outputs of one crop are two views); the source's view v is
+// their uint8 HWC staging and conversions[v] turns it into the view's output on the GPU
+// (CudaStage). Views are answered on the event loop and read by the stage's begin() on the
+// producer thread: under mu.
+struct GpuViews {
+  std::mutex mu;
+  std::vector<std::string> texts;
+#ifdef BATCHCAST_HAVE_CUDA
+  std::vector<std::vector<TensorConversion>> conversions;
+#endif
+};
+
+#ifdef BATCHCAST_HAVE_CUDA
+
+namespace {
+
+StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& source,
+                                              const ServeConfig& c, const std::string& text) {
+  StreamHostOptions::ViewAnswer answer;
+  try {
+    const PipelineOptions view = resolve_view(text, c.transform);
+    const std::string key = view_spec_text(view, true);
+    std::lock_guard lk(views.mu);
+    for (uint32_t v = 0; v < views.texts.size(); ++v)
+      if (views.texts[v] == key) {
+        answer.view = v;
+        return answer;
+      }
+    std::vector<TensorConversion> conversions = c.conversions(view);
+    if (source.view_count() != views.texts.size())
+      throw Error("this server adds no views any more (an earlier view could not be made)");
+    answer.view = source.add_view(c.staged(view));
+    std::vector<SampleTensor> tensors =
+        CudaStage::converted(source.view_tensors(answer.view), conversions);
+    views.texts.push_back(key);
+    views.conversions.push_back(conversions);
+    SlotLayout layout = SlotLayout::plan(tensors, c.batch_size);
+    answer.slot_bytes = layout.bytes;
+    answer.specs = [layout, tensors](uint32_t samples) { return layout.specs(tensors, samples); };
+  } catch (const Error& e) {
+    answer.error = e.what();
+  }
+  return answer;
+}
+
+}  // namespace
+#endif
+
 ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   source_ = make_source(c);
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
   StreamHostOptions so = c.server_options(*source_, plan_->epoch_samples());
-  auto* images = c.synthetic || c.on_gpu() ? nullptr : static_cast<ImageSource*>(source_.get());
-  if (images)
-    so.find_view = [images, transform = c.pipeline_options(),
-                    chunk = c.batch_size](const std::string& text) {
+  auto* images = c.synthetic ? nullptr : static_cast<ImageSource*>(source_.get());
+  std::function<StreamHostOptions::ViewAnswer(const std::string&)> find_view;
+  if (images && !c.on_gpu())
+    find_view = [images, transform = c.pipeline_options(),
+                 chunk = c.batch_size](const std::string& text) {
       return answer_view(*images, transform, chunk, text);
     };
+#ifdef BATCHCAST_HAVE_CUDA
+  if (images && c.on_gpu() && !c.gpu_decoding()) {
+    gpu_views_ = std::make_unique<GpuViews>();
+    gpu_views_->texts.push_back(view_spec_text(c.transform, true));
+    gpu_views_->conversions.push_back(c.conversions());
+    find_view = [views = gpu_views_.get(), images, &c = config_](const std::string& text) {
+      return answer_gpu_view(*views, *images, c, text);
+    };
+  }
+#endif
+  if (images && c.gpu_decoding())
+    find_view = [flag = c.decoder_flag()](const std::string& text) {
+      StreamHostOptions::ViewAnswer answer;
+      if (!text.empty())
+        answer.error = flag + " serves one view, its own; ask for none, or serve views with " +
+                       "--decoder cpu";
+      return answer;
+    };
+  so.find_view = find_view;
   spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
                so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
                so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
@@ -177,8 +247,7 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
                               : "");
   core_ = std::make_unique<StreamHost>(std::move(so));
   for (const auto& text : c.views) {
-    StreamHostOptions::ViewAnswer view =
-        answer_view(*images, c.pipeline_options(), c.batch_size, text);
+    StreamHostOptions::ViewAnswer view = find_view(text);
     if (!view.error.empty()) throw Error("--view " + view.error);
     if (view.view == core_->view_count()) core_->add_view(view.slot_bytes, std::move(view.specs));
   }
@@ -190,8 +259,17 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
   if (c.on_gpu() && !stage_)
-    stage_ = std::make_unique<CudaStage>(*core_->memory().arenas(), *source_, c.conversions(),
-                                         c.batch_size);
+    stage_ = std::make_unique<CudaStage>(
+        *source_,
+        [core = core_.get(), views = gpu_views_.get(), &c = config_](uint32_t view) {
+          CudaStage::View v{core->view_memory(view).arenas(), c.conversions()};
+          if (views) {  // an image folder's views (a synthetic source has view 0 only)
+            std::lock_guard lk(views->mu);
+            v.conversions = views->conversions.at(view);
+          }
+          return v;
+        },
+        c.batch_size);
   if (const ArenaSet* arenas = core_->memory().arenas(); arenas && arenas->arenas().size() > 1)
     spdlog::info("the pool is on {} GPUs, every chunk copied from the first: {}",
                  arenas->arenas().size(), arenas->describe_copies());

@@ -19,6 +19,7 @@
 namespace batchcast {
 
 class ChunkStage;
+struct GpuViews;
 class MetricsCollector;
 class SampleSource;
 class SampleProducer;
@@ -48,6 +49,8 @@ class ServeRun {
   ServeConfig config_;
   std::unique_ptr<SampleSource> source_;
   std::unique_ptr<StreamPlan> plan_;
+  // GPU pools decoded on the CPU: their views (read by the core's event loop: outlives it).
+  std::unique_ptr<GpuViews> gpu_views_;
   std::unique_ptr<StreamHost> core_;
   std::unique_ptr<ChunkStage> stage_;  // destroyed before the stream host whose arena it borrows
   std::unique_ptr<MetricsCollector> collector_;

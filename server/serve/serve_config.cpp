@@ -50,10 +50,10 @@ void ServeConfig::validate() {
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (!views.empty()) {
     if (synthetic) throw Error("--view makes images; --synthetic has none: drop --view");
-    if (on_gpu)
-      throw Error(
-          "--view: a GPU pool serves one view; serve views from a host pool "
-          "(--device cpu) or start one server per view");
+    if (on_gpu && gpu_decoding())
+      throw Error("--view: " + decoder_flag() +
+                  " serves one view; --decoder cpu serves views on a GPU pool (or start one "
+                  "server per view)");
     for (const auto& text : views) parse_view_spec(text, transform);  // names the bad field
   }
   if (gpu_decoding()) {
@@ -91,22 +91,21 @@ void ServeConfig::validate() {
 #endif
 }
 
-PipelineOptions ServeConfig::pipeline_options() const {
-  PipelineOptions p = transform;
-  if (on_gpu() && !gpu_decoding() && transform.output != DType::kUInt8) {
-    p.output = DType::kUInt8;  // HWC: what the GPU conversion reads
-    p.uint8_layout = Uint8Layout::kHWC;
+PipelineOptions ServeConfig::staged(PipelineOptions view) const {
+  if (on_gpu() && !gpu_decoding() && view.output != DType::kUInt8) {
+    view.output = DType::kUInt8;  // HWC: what the GPU conversion reads
+    view.uint8_layout = Uint8Layout::kHWC;
   }
-  return p;
+  return view;
 }
 
 #ifdef BATCHCAST_HAVE_CUDA
-std::vector<TensorConversion> ServeConfig::conversions() const {
-  if (!on_gpu() || gpu_decoding() || synthetic || transform.output == DType::kUInt8) return {};
+std::vector<TensorConversion> ServeConfig::conversions(const PipelineOptions& view) const {
+  if (!on_gpu() || gpu_decoding() || synthetic || view.output == DType::kUInt8) return {};
   TensorConversion images;  // tensor #0; the labels (#1) are copied unchanged
-  images.normalize = transform.output;
-  images.mean = transform.mean;
-  images.std = transform.std;
+  images.normalize = view.output;
+  images.mean = view.mean;
+  images.std = view.std;
   return {images};
 }
 #endif

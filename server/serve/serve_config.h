@@ -41,8 +41,8 @@ struct ServeConfig {
   std::string endpoint;  // empty: the per-user default ipc endpoint
   bool listen_all = false;
   uint32_t batch_size = 64;
-  // Slots in the pool; 0: as many as ring_memory holds (server/serve/ring_size.h), the producer then
-  // running at most kRingLeadChunks ahead of every reader; a GPU pool: kMinRingSlots.
+  // Slots in the pool; 0: as many as ring_memory holds (server/serve/ring_size.h), the producer
+  // then running at most kRingLeadChunks ahead of every reader; a GPU pool: kMinRingSlots.
   uint32_t ring = 0;
   uint64_t ring_memory = 0;  // bytes; 0: default_ring_memory() of this host (split between ranks)
   uint32_t workers = std::max(1u, std::thread::hardware_concurrency());
@@ -100,10 +100,15 @@ struct ServeConfig {
   // What ImageSource decodes: `transform`, except that a GPU pool without GPU decoding stages
   // uint8 HWC and normalises on the GPU (conversions()), so the CPU never writes floats it
   // would have to upload.
-  PipelineOptions pipeline_options() const;
+  PipelineOptions pipeline_options() const { return staged(transform); }
+  // The same for a view of the stream (decoders/view_spec.h's resolve_view): what ImageSource
+  // decodes for it.
+  PipelineOptions staged(PipelineOptions view) const;
 #ifdef BATCHCAST_HAVE_CUDA
-  // Per source tensor: what the GPU does to it between staging and slot.
-  std::vector<TensorConversion> conversions() const;
+  // Per source tensor of the transform (or of a view): what the GPU does to it between staging
+  // and slot.
+  std::vector<TensorConversion> conversions() const { return conversions(transform); }
+  std::vector<TensorConversion> conversions(const PipelineOptions& view) const;
 #endif
   // After validate(), with every_rank: one validated config per rank, as described above.
   std::vector<ServeConfig> rank_configs() const;

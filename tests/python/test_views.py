@@ -282,3 +282,152 @@ def test_a_share_key_refuses_another_stream_naming_the_stream_field(folder, new_
     assert "transform" not in str(e.value).split(". ")[0]
     other.close()
     first.close()
+
+
+def test_set_view_switches_at_the_next_epoch_every_sample_once(folder, endpoint):
+    """Progressive resizing: Loader.set_view mid-epoch takes effect at the next epoch; the
+    epoch under way finishes in the old view, the next is read whole in the new one, and a
+    trainer of the old view goes on undisturbed."""
+    with serve(folder, endpoint, epochs=3, min_consumers=2, ring=4):
+        other = batchcast.Loader(endpoint, timeout=60)
+        results: Dict[str, List] = {}
+        t = threading.Thread(target=lambda: results.update(other=read(other, 3)))
+        t.start()
+        loader = batchcast.Loader(endpoint, timeout=60)
+        samples = []
+        for k, (x, y) in enumerate(loader):  # epoch 0, in the server's view
+            if k == 1:
+                loader.set_view("size=28,crop=center")
+            samples += [(x[i].numpy().copy(), int(y[i])) for i in range(len(y))]
+        epochs = [samples] + read(loader, 2)  # epochs 1 and 2, in the new view
+        t.join(120)
+        check_view(folder, None, epochs[:1])
+        check_view(folder, "size=28,crop=center", epochs[1:], first_epoch=1)
+        check_view(folder, None, results["other"])
+        loader.set_view(None)  # no further epoch: nothing to read, nothing raised
+        loader.close()
+        other.close()
+
+
+def test_set_view_after_a_break_starts_the_next_epoch_in_the_new_view(folder, endpoint):
+    with serve(folder, endpoint, epochs=2, min_consumers=1, ring=4):
+        loader = batchcast.Loader(endpoint, timeout=60)
+        for _ in loader:
+            break  # epoch 0 left after its first batch
+        loader.set_view("size=20")
+        check_view(folder, "size=20", read(loader, 1), first_epoch=1)
+        loader.close()
+
+
+# GPU pools (serve --device cuda:0, decoder cpu): each view has arenas of its own on the GPU.
+# Run on the GPU machine: pytest -q tests/python/test_views.py -k gpu
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
+                               reason="no CUDA device: torch.cuda is not available")
+
+
+def serve_gpu(folder: str, endpoint: str, transform_=None, **kw):
+    kw.setdefault("epochs", 1)
+    try:
+        return batchcast.serve(folder, endpoint, CHUNK, transform=transform_ or transform(),
+                               shuffle=False, workers=2, device="cuda:0", **kw)
+    except Exception as e:  # a CPU-only build refuses --device cuda at once
+        if "no CUDA support" in str(e) or "no nvJPEG" in str(e):
+            pytest.skip(f"this build cannot serve it: {e}")
+        raise
+
+
+def read_cpu(loader: batchcast.Loader, epochs: int) -> List[List]:
+    """As read(), the GPU batches copied to the host (checked to be CUDA tensors)."""
+    out = []
+    for _ in range(epochs):
+        samples = []
+        for x, y in loader:
+            assert x.is_cuda, x.device
+            x, y = x.cpu(), y.cpu()
+            samples += [(x[k].numpy().copy(), int(y[k])) for k in range(len(y))]
+        out.append(samples)
+    return out
+
+
+GPU_VIEWS = ["size=40,output=float32,seed=9", "size=32,crop=center,flip=1"]
+
+
+@needs_gpu
+def test_gpu_pool_views_each_equal_a_one_view_gpu_server(folder, endpoint):
+    """Two views on a GPU pool decoded on the CPU, plus the server's own: each view's bytes are
+    exactly those of a one-view GPU server whose transform is the view (same crops: the view's
+    seed; same order: unshuffled), and a uint8 view exactly its host pipeline's."""
+    with serve_gpu(folder, endpoint, views=GPU_VIEWS, min_consumers=3):
+        loaders = {v: batchcast.Loader(endpoint, view=v, timeout=60) for v in GPU_VIEWS}
+        loaders["own"] = batchcast.Loader(endpoint, timeout=60)
+        results: Dict[str, List] = {}
+        errors: List[BaseException] = []
+
+        def run(name):
+            try:
+                results[name] = read_cpu(loaders[name], 1)
+            except BaseException as e:  # re-raised below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(n,)) for n in loaders]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for loader in loaders.values():
+            loader.close()
+        if errors:
+            raise errors[0]
+    assert results[GPU_VIEWS[0]][0][0][0].shape == (3, 40, 40)
+    assert results[GPU_VIEWS[1]][0][0][0].shape == (32, 32, 3)
+    check_view(folder, None, results["own"])
+    check_view(folder, GPU_VIEWS[1], results[GPU_VIEWS[1]])  # uint8: copied as decoded
+    for k, view in enumerate(GPU_VIEWS):
+        one = _batchcast.resolve_view(view, transform())
+        ep = watch_endpoint(f"{endpoint}.one{k}")
+        with serve_gpu(folder, ep, transform_=one):
+            with batchcast.Loader(ep, timeout=60) as loader:
+                alone = read_cpu(loader, 1)
+        shared = results[view]
+        assert [s[1] for s in shared[0]] == [s[1] for s in alone[0]]
+        assert all(np.array_equal(x[0], y[0]) for x, y in zip(shared[0], alone[0])), view
+    # The float view normalised on the GPU: the host pipeline's within float rounding.
+    entries = _batchcast.Dataset.image_folder(folder).entries
+    for index, (pixels, _) in enumerate(results[GPU_VIEWS[0]][0]):
+        want = expected(folder, GPU_VIEWS[0], 0, index)
+        assert np.allclose(pixels, want, atol=1e-5), (index, entries[index][0])
+
+
+@needs_gpu
+def test_gpu_pool_view_added_at_attach_gets_its_own_arenas(folder, endpoint):
+    with serve_gpu(folder, endpoint, epochs=2, min_consumers=1, ring=4):
+        own = batchcast.Loader(endpoint, timeout=60)
+        it = iter(own)
+        head = next(it)  # epoch 0 under way
+        late = batchcast.Loader(endpoint, view="size=24,crop=center", timeout=60)
+        got = read_cpu(late, 2)
+        check_view(folder, "size=24,crop=center", got)
+        assert len(head[1]) + sum(len(y) for _, y in it) == CLASSES * PER_CLASS
+        del head
+        own.close()
+        late.close()
+
+
+@needs_gpu
+def test_gpu_pool_set_view_switches_at_the_next_epoch(folder, endpoint):
+    with serve_gpu(folder, endpoint, epochs=2, min_consumers=1, ring=4):
+        loader = batchcast.Loader(endpoint, timeout=60)
+        first = read_cpu(loader, 1)
+        loader.set_view("size=28,output=float32")
+        second = read_cpu(loader, 1)
+        loader.close()
+    check_view(folder, None, first)
+    for index, (pixels, _) in enumerate(second[0]):
+        assert np.allclose(pixels, expected(folder, "size=28,output=float32", 1, index),
+                           atol=1e-5)
+
+
+@needs_gpu
+def test_nvjpeg_pool_refuses_views_naming_the_decoder(folder, endpoint):
+    with pytest.raises(batchcast.BatchcastError, match=r"--decoder nvjpeg serves one view"):
+        serve_gpu(folder, endpoint, views=["size=32"], decoder="nvjpeg")
