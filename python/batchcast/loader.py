@@ -39,11 +39,11 @@ Structure: tensors named ``"#0", "#1", ...`` become a tuple (the native server s
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _batchcast, _tensor_names
+from ._device_copy import DeviceCopy, cuda_index
 from ._views import ViewLike, view_text
 
 __all__ = ["Loader", "LoaderStats"]
@@ -61,77 +61,6 @@ class LoaderStats:
     copies: int  # private copies (spanning chunks, beyond max_held, or of private chunks)
     wait_s: float  # seconds spent waiting for data
     dropped_messages: int  # malformed messages from the server, dropped
-
-
-def _cuda_index(device: Any) -> int:
-    """The CUDA device index `device` names ("cuda:1", torch.device, 1), else -1. A pool in GPU
-    memory is read on that GPU (a pool on several GPUs has an arena on each); one the pool is
-    not on is refused (no silent peer copy)."""
-    if device is None:
-        return -1
-    if isinstance(device, int):
-        return device
-    text = str(device)
-    if not text.startswith("cuda"):
-        return -1
-    if ":" in text:
-        return int(text.split(":", 1)[1])
-    import torch
-
-    return torch.cuda.current_device()
-
-
-class _DeviceCopy:
-    """Moves a batch's tensors to the Loader's ``device``: the one seam between the pool and the
-    trainer's GPU.
-
-    With ``pin_memory`` and a CUDA device, host batches reach the GPU through page-locked memory
-    by ``non_blocking`` copies on the current stream: the host queues them and goes on preparing
-    the next step while the GPU copies (torch's ``pin_memory`` idiom). The consumer
-    page-locks its read-only mapping of the pool once (``batch.pinned`` views) and the slot is
-    released only once the stream has done the copy: an event recorded there when the batch is
-    freed (no host wait, no device-wide sync). Other host batches (private copies, or a pool
-    that could not be page-locked, logged once by the consumer) are staged through torch's
-    pinned allocator, which keeps each buffer until its copy has completed. Without a device,
-    ``pin_memory`` returns pinned host copies, as torch's DataLoader does; without a usable CUDA
-    device it is ignored, with one log line (torch warns likewise).
-    """
-
-    def __init__(self, device: Any, pin_memory: bool) -> None:
-        import torch
-
-        self.device = torch.device(device) if device is not None else None
-        cuda = torch.cuda.is_available()
-        self.pin_host = pin_memory and cuda and self.device is None
-        on_gpu = self.device is not None and self.device.type == "cuda"
-        self.pin_copies = pin_memory and cuda and on_gpu
-        if pin_memory and not (self.pin_host or self.pin_copies):
-            logging.getLogger("batchcast").warning(
-                "pin_memory=True is ignored: %s",
-                "no CUDA device is usable" if not cuda else f"device {self.device} is not a GPU",
-            )
-
-    def stream(self, batch: Any) -> int:
-        """The stream that reads the batch: it waits for a GPU pool's writes, and the slot is
-        released once it has finished (``batch.capsules(stream)``); 0 for host reads."""
-        import torch
-
-        if batch.cuda_device >= 0:
-            return int(torch.cuda.current_stream(batch.cuda_device).cuda_stream)
-        if self.pin_copies and batch.pinned:
-            return int(torch.cuda.current_stream(self.device).cuda_stream)
-        return 0
-
-    def __call__(self, batch: Any, tensors: list) -> list:
-        if self.pin_host and batch.cuda_device < 0:
-            return [t.pin_memory() for t in tensors]
-        if self.device is None:
-            return tensors
-        if not self.pin_copies or batch.cuda_device >= 0:
-            return [t.to(self.device) for t in tensors]
-        if batch.pinned:
-            return [t.to(self.device, non_blocking=True) for t in tensors]
-        return [t.pin_memory().to(self.device, non_blocking=True) for t in tensors]
 
 
 def _structure(names: Sequence[str]) -> Tuple[str, Optional[List[int]]]:
@@ -243,7 +172,7 @@ class Loader(Closeable):
         if (device is not None or pin_memory) and framework != "torch":
             raise ValueError("device= and pin_memory= need framework='torch'")
         self._consumer: Optional[Any] = None
-        copy = _DeviceCopy(device, pin_memory) if framework == "torch" else None
+        copy = DeviceCopy(device, pin_memory) if framework == "torch" else None
         self._convert = self._converter(framework, copy)
         # The Consumer's arguments less the view (set_view attaches again with another).
         self._consumer_args = (
@@ -255,7 +184,7 @@ class Loader(Closeable):
             max_held,
             late_join,
             name or f"loader-{os.getpid()}",
-            _cuda_index(device),
+            cuda_index(device),
             bool(copy and copy.pin_copies),
             float(stall_timeout or 0.0),
         )
@@ -423,7 +352,7 @@ class Loader(Closeable):
     # -- conversion --------------------------------------------------------------------------
 
     @staticmethod
-    def _converter(framework: str, copy: Optional[_DeviceCopy]) -> Callable[["Loader", Any], Any]:
+    def _converter(framework: str, copy: Optional[DeviceCopy]) -> Callable[["Loader", Any], Any]:
         """Returns the function turning a native batch into the user's structure of tensors."""
         if framework == "torch":
             import torch
