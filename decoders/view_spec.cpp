@@ -97,7 +97,8 @@ ViewSpec parse_view_spec(const std::string& text, const PipelineOptions& base) {
         o.train = choice(field, value, kCrops);
       } else if (field == "scale" || field == "ratio") {
         auto v = numbers(field, value, 2);
-        (field == "scale" ? o.scale : o.ratio) = {v[0], v[1]};
+        std::array<double, 2>& range = field == "scale" ? o.scale : o.ratio;
+        range = {v[0], v[1]};
       } else if (field == "flip") {
         o.flip_p = number(field, value);
         if (!(o.flip_p >= 0 && o.flip_p <= 1)) fail(field, "must be in 0..1 (got " + value + ")");
