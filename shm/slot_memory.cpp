@@ -1,5 +1,7 @@
 #include "shm/slot_memory.h"
 
+#include <unistd.h>
+
 #include "common/error.h"
 
 namespace batchcast {
@@ -41,6 +43,10 @@ SlotMemory SlotMemory::attach(const protocol::Welcome& w, bool pin_host, int cud
                                  OnWrite::kCopy);
     return m;
   }
+  // CUDA IPC opens only another process's memory (the exporter gets an invalid context error).
+  if (w.server_pid == static_cast<uint32_t>(::getpid()))
+    throw Error("a GPU pool cannot be read by the process that serves it (CUDA IPC maps another "
+                "process's memory only): read it from another process, or serve a host pool");
 #ifdef BATCHCAST_HAVE_CUDA
   std::vector<DeviceUuid> pool;
   for (const auto& a : w.cuda_arenas) pool.push_back(a.device_uuid);
