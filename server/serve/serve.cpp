@@ -167,6 +167,9 @@ StreamHostOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOpt
 struct GpuViews {
   std::mutex mu;
   std::vector<std::string> texts;
+  // Set once the up-front views (--view) are made: a GPU pool serves those only, for a view
+  // added while chunks are in flight has not been proven on a GPU (docs/views.md).
+  bool sealed = false;
 #ifdef BATCHCAST_HAVE_CUDA
   std::vector<std::vector<TensorConversion>> conversions;
 #endif
@@ -188,6 +191,9 @@ StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& sour
         answer.view = v;
         return answer;
       }
+    if (views.sealed)
+      throw Error("a GPU pool serves the views it was started with (--view, serve(views=)); "
+                  "start the server with this one too, or read a host pool (--device cpu)");
     std::vector<TensorConversion> conversions = c.conversions(view);
     if (source.view_count() != views.texts.size())
       throw Error("this server adds no views any more (an earlier view could not be made)");
@@ -250,6 +256,10 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
     StreamHostOptions::ViewAnswer view = find_view(text);
     if (!view.error.empty()) throw Error("--view " + view.error);
     if (view.view == core_->view_count()) core_->add_view(view.slot_bytes, std::move(view.specs));
+  }
+  if (gpu_views_) {
+    std::lock_guard lk(gpu_views_->mu);
+    gpu_views_->sealed = true;
   }
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
