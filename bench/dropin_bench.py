@@ -112,7 +112,6 @@ def data_side_cpu(out: str) -> float:
 
 
 def run_mode(args: argparse.Namespace, mode: str, n: int) -> Dict[str, Any]:
-    import batchcast
     from batchcast.dataloader import share_paths
 
     out = os.path.abspath(os.path.join(args.out, f"{mode}-{n}"))
@@ -163,10 +162,9 @@ def main() -> None:
     if args.role == "trainer":
         return trainer(args)
 
-    from batchcast.server import find_binary
+    from batchcast.server import make_dataset
 
-    if not (os.path.isdir(args.data) and os.listdir(args.data)):
-        subprocess.run([find_binary(), "make-dataset", "--out", args.data], check=True)
+    make_dataset(args.data)
     rows = []
     for n in [int(x) for x in args.trainers.split(",")]:
         for mode in args.modes.split(","):

@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -277,10 +276,9 @@ def main() -> None:
     if args.role == "trainer":
         return trainer(args)
 
-    from batchcast.server import find_binary
+    from batchcast.server import make_dataset
 
-    if not (os.path.isdir(args.data) and os.listdir(args.data)):
-        subprocess.run([find_binary(), "make-dataset", "--out", args.data], check=True)
+    make_dataset(args.data)
     if args.models:
         return main_models(args)
     # Each pair right after its own alone run: a shared machine's load drifts between runs.

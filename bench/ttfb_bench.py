@@ -42,16 +42,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-
-def dataset(args: argparse.Namespace) -> Any:
-    import torchvision
-    from torchvision import transforms as T
-
-    tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(),
-                    T.ToTensor(), T.Normalize(MEAN, STD)])
-    return torchvision.datasets.ImageFolder(args.data, transform=tf)
+from dropin_bench import dataset  # bench/ is the script's folder: on sys.path
 
 
 def loader_args(args: argparse.Namespace, workers: int) -> Dict[str, Any]:
@@ -271,11 +262,9 @@ def main() -> None:
     if args.role == "case":
         return case(args)
     args.data = os.path.abspath(args.data)
-    if not (os.path.isdir(args.data) and os.listdir(args.data)):
-        from batchcast.server import find_binary
+    from batchcast.server import make_dataset
 
-        subprocess.run([find_binary(), "make-dataset", "--out", args.data, "--classes", "10",
-                        "--per-class", "60"], check=True)
+    make_dataset(args.data, 10, 60)
     runs = [cases(args, rep) for rep in range(args.repeats)]
     parts = anatomy(args)
     report(args, runs, parts)

@@ -29,7 +29,7 @@ from . import _batchcast
 from ._exit_guard import ExitGuard
 from ._views import view_text
 
-__all__ = ["Server", "serve", "serve_args", "serve_config", "find_binary"]
+__all__ = ["Server", "serve", "serve_args", "serve_config", "find_binary", "make_dataset"]
 
 
 def find_binary() -> str:
@@ -48,6 +48,14 @@ def find_binary() -> str:
         f"the native batchcast program is missing ({packaged}): install the package with "
         "pip install . (python/README.md), or set BATCHCAST_BIN to a built server/batchcast"
     )
+
+
+def make_dataset(out: str, classes: int = 10, per_class: int = 40) -> None:
+    """``batchcast make-dataset`` into `out` unless it already holds files (the benchmarks'
+    default data: an ImageNet-like JPEG folder cut from real photos)."""
+    if not (os.path.isdir(out) and os.listdir(out)):
+        subprocess.run([find_binary(), "make-dataset", "--out", out, "--classes", str(classes),
+                        "--per-class", str(per_class)], check=True)
 
 
 def _ipc_path(endpoint: str) -> Optional[str]:

@@ -31,7 +31,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from ...server import find_binary
+from ...server import make_dataset
 from . import probes, report
 from .runner import PEERS, RunError, measure, unavailable
 
@@ -153,9 +153,7 @@ def engine_rate(args: argparse.Namespace) -> Optional[List[str]]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse(argv)
     os.makedirs(args.out, exist_ok=True)
-    if not (os.path.isdir(args.data) and os.listdir(args.data)):
-        subprocess.run([find_binary(), "make-dataset", "--out", args.data, "--classes",
-                        str(args.classes), "--per-class", str(args.per_class)], check=True)
+    make_dataset(args.data, args.classes, args.per_class)
     peers = _names(args.peers) or list(PEERS)
     energy = probes.Energy(args.gpus if args.device.startswith("cuda") else 1)
     meta = dict(probes.machine(), **{k: getattr(args, k) for k in (

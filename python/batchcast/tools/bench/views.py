@@ -23,8 +23,8 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Sequence
 
-from batchcast.server import find_binary
-from batchcast.tools.bench import probes
+from ...server import find_binary, make_dataset
+from . import probes
 
 MODES = ("views", "per-view", "dataloaders")
 SIZES = (224, 192, 160, 128)  # the sweep's resolutions, one per trainer (cycled)
@@ -173,9 +173,7 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse(argv)
     os.makedirs(args.out, exist_ok=True)
-    if not (os.path.isdir(args.data) and os.listdir(args.data)):
-        subprocess.run([find_binary(), "make-dataset", "--out", args.data, "--classes",
-                        str(args.classes), "--per-class", str(args.per_class)], check=True)
+    make_dataset(args.data, args.classes, args.per_class)
     runs = []
     for n in [int(x) for x in args.trainers.split(",") if x]:
         sizes = [SIZES[i % len(SIZES)] for i in range(n)]
