@@ -10,7 +10,6 @@ import gc
 import logging
 import os
 import signal
-import subprocess
 import textwrap
 import threading
 import time

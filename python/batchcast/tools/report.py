@@ -15,7 +15,6 @@ core-seconds per sample, joules per sample and CPU cores. Writes PNGs and index.
 from __future__ import annotations
 
 import argparse
-import csv
 import html
 import math
 import os
