@@ -40,22 +40,29 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
   // keep the producer waiting as much as its cursor does).
   for (const auto& [id, c] : consumers_.all())
     if (pins_stream(c, now) && c.next_seq < next_publish_seq_) ids.push_back(id);
-  // And those that keep the oldest chunks still held, sent to them and not read yet (their
-  // credits are used up): on a small ring (a GPU pool's 8 slots) a reader with prefetched
-  // chunks in hand fills it as surely as a cursor left behind, and the others then wait for
-  // each of its releases in lockstep.
+  // And those that keep the oldest chunk still held, sent to them and not read yet (their
+  // credits used up) while another reader has already released it: on a small ring (a GPU
+  // pool's 8 slots) a reader with prefetched chunks in hand fills it as surely as a cursor left
+  // behind, and the faster ones wait for each of its releases, in lockstep. While every reader
+  // still holds it, nobody is blamed: over time the slower one is its last holder.
   for (const auto& [seq, slot] : ring_.published()) {
     if (protocol::is_private_seq(seq)) continue;
-    bool blamed = false;
-    for (uint64_t id : ring_.slot(slot).holders) {
+    const std::vector<uint64_t>& holders = ring_.slot(slot).holders;
+    if (holders.empty()) continue;
+    const bool released_by_another =
+        std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
+          const ConsumerRecord& c = entry.second;
+          return pins_stream(c, now) && !private_.find(c.id) && c.next_seq > seq &&
+                 std::find(holders.begin(), holders.end(), c.id) == holders.end();
+        });
+    for (uint64_t id : released_by_another ? holders : std::vector<uint64_t>{}) {
       auto it = consumers_.all().find(id);
       if (it == consumers_.all().end()) continue;
       const ConsumerRecord& c = it->second;
       if (c.credits || !pins_stream(c, now) || private_.find(id)) continue;
       if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-      blamed = true;
     }
-    if (blamed) break;
+    break;
   }
   return ids;
 }

@@ -1289,35 +1289,42 @@ TEST(StreamState, APausedConsumerFallsBehindInTheWindowWithoutHoldingTheOthersBa
   EXPECT_EQ(s.state.stats().chunks_regenerated, 0u);
 }
 
-// Lockstep on a small ring (a GPU pool's 8 slots): the slow consumer is sent every chunk (it has
-// credits) but keeps the ones it was sent while its model computes, so the ring fills with its
-// holds and the fast one waits for every release. It holds the stream back as much as a cursor
-// left behind would, and is decoupled the same way.
-TEST(StreamState, AConsumerHoldingItsPrefetchedChunksInLockstepIsDecoupled) {
+// Lockstep on a small ring (a GPU pool's 8 slots): both readers are sent every chunk (they have
+// credits) and keep what they were sent while their models compute; the fast one gives each
+// chunk back at once after its step, the slow one after four. The ring fills with the slow
+// one's holds and the fast one waits for each of its releases: the slow one holds the stream
+// back as a cursor left behind would, and it (not the fast one) is decoupled.
+TEST(StreamState, TheSlowerOfTwoReadersHoldingTheirChunksInLockstepIsDecoupled) {
   constexpr uint64_t kPerEpoch = 100;
   StreamRules r = regenerating(8, kPerEpoch);
   r.epochs = 0;
   r.stall_timeout_s = 3;
   Stream s(r);
-  s.join("fast", 1000);
+  s.join("fast", 2);
   s.join("slow", 5);  // as many as the ring leaves the stream: it is sent every chunk
-  std::vector<ChunkDescriptor> slow_held;
+  std::vector<ChunkDescriptor> fast_held, slow_held;
   uint64_t fast_read = 0, slow_read = 0;
   for (int round = 0; round < 200; ++round) {
     for (auto f = s.fill(); f; f = s.fill()) s.publish(*f, kPerEpoch);
     s.regenerate(kPerEpoch);
     s.tick();
-    fast_read += s.consume("fast").size();
+    for (auto& d : s.take<ChunkDescriptor>("fast")) fast_held.push_back(d);
     for (auto& d : s.take<ChunkDescriptor>("slow")) slow_held.push_back(d);
-    if (round % 4 == 0 && !slow_held.empty()) {  // the slow one reads a chunk every 4 rounds
-      s.release("slow", slow_held.front());
-      slow_held.erase(slow_held.begin());
-      s.credit("slow", 1);
-      ++slow_read;
-    }
+    auto step = [&](const std::string& id, std::vector<ChunkDescriptor>& held, uint64_t& read) {
+      if (held.empty()) return;
+      s.release(id, held.front());  // the step on it is done
+      held.erase(held.begin());
+      s.credit(id, 1);
+      ++read;
+    };
+    step("fast", fast_held, fast_read);
+    if (round % 4 == 0) step("slow", slow_held, slow_read);
     s.now += 0.1;
   }
-  EXPECT_EQ(s.state.stats().decouplings, 1u);
+  const StreamStats st = s.state.stats();
+  EXPECT_EQ(st.decouplings, 1u);
+  for (const auto& c : st.consumers)
+    EXPECT_EQ(c.decoupled, c.pid == s.pid_of("slow")) << "pid " << c.pid;
   EXPECT_GT(fast_read, 2 * slow_read) << "the fast one no longer waits for the slow one";
 }
 
