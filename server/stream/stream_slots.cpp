@@ -83,10 +83,15 @@ StreamState::SlotCount StreamState::count_slots(double now) const {
 }
 
 uint32_t StreamState::chunks_ahead() const {
+  // From the most advanced reader's next chunk: what lies behind it, sent to nobody, a reader
+  // passed (a joiner whose view is newer than those chunks merges past them).
+  uint64_t head = 0;
+  for (const auto& [id, c] : consumers_.all())
+    if (!c.end_sent && !c.closing) head = std::max(head, c.next_seq);
   uint32_t n = 0;
   for (uint32_t i = 0; i < ring_.size(); ++i) {
     const SlotEntry& e = ring_.slot(i);
-    if (protocol::is_private_seq(e.seq)) continue;
+    if (protocol::is_private_seq(e.seq) || e.seq < head) continue;
     if (e.state == SlotState::kFilling || (e.state == SlotState::kPublished && !e.delivered)) ++n;
   }
   return n;

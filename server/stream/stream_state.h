@@ -253,7 +253,8 @@ class StreamState {
     uint32_t pinned_stream = 0;  // the stream's chunks that are not: filling, held or pinned
   };
   SlotCount count_slots(double now) const;
-  // The stream's chunks filling, or published and sent to nobody yet (rules.lead_chunks).
+  // The stream's chunks filling, or published and sent to nobody yet, from the most advanced
+  // reader's next chunk on (rules.lead_chunks).
   uint32_t chunks_ahead() const;
   // Slots kept for the private chunks of consumers catching up: max(3, a quarter ring), at most
   // the ring less one.

@@ -199,6 +199,20 @@ def test_a_view_added_at_attach_gets_whole_epochs(folder, endpoint):
         late.close()
 
 
+def test_a_view_added_while_another_loader_keeps_a_batch_unread_gets_whole_epochs(
+        folder, endpoint):
+    """The other trainer holds a batch and reads nothing more (validation, say): the chunks
+    made before the new view existed hold nobody back, and the new view reads on."""
+    with serve(folder, endpoint, epochs=2, min_consumers=1):
+        own = batchcast.Loader(endpoint, timeout=60)
+        head = next(iter(own))
+        late = batchcast.Loader(endpoint, view="size=24,crop=center", timeout=60)
+        check_view(folder, "size=24,crop=center", read(late, 2))
+        del head
+        own.close()
+        late.close()
+
+
 def train_epochs(loader, size: int, epochs: int, classes: int) -> List[List[int]]:
     """A real training loop (a small CNN, SGD) over `epochs` epochs; each epoch's labels."""
     torch.manual_seed(0)

@@ -1328,5 +1328,37 @@ TEST(StreamState, TheSlowerOfTwoReadersHoldingTheirChunksInLockstepIsDecoupled) 
   EXPECT_GT(fast_read, 2 * slow_read) << "the fast one no longer waits for the slow one";
 }
 
+// The lead counts the chunks ahead of the most advanced reader: chunks a reader that went past
+// them will never be sent (made before its view existed, say) hold nobody's place.
+TEST(StreamState, TheLeadIsCountedFromTheMostAdvancedReader) {
+  constexpr uint64_t kPerEpoch = 4;
+  StreamRules r = regenerating(64, kPerEpoch);
+  r.lead_chunks = 4;
+  r.epochs = 0;
+  Stream s(r);
+  s.join("a", 1);  // reads chunk 0 and keeps it: a trainer busy elsewhere
+  s.produce(1, kPerEpoch);
+  s.tick();
+  ASSERT_EQ(s.seqs("a"), Seqs{0});
+  EXPECT_EQ(s.produce_until_refused(kPerEpoch), 4) << "the lead: nobody was sent these";
+  s.hello("b", protocol::LateJoin::kReplay, true, "size=6");  // a view made from now on
+  s.credit("b", 100);
+  std::vector<ChunkDescriptor> got;
+  for (int round = 0; round < 40 && got.size() < 2 * kPerEpoch; ++round) {
+    s.regenerate(kPerEpoch);
+    if (auto f = s.fill()) s.publish(*f, kPerEpoch);
+    s.tick();
+    for (auto& d : s.take<ChunkDescriptor>("b")) {
+      s.release("b", d);
+      got.push_back(d);
+    }
+  }
+  ASSERT_GE(got.size(), 2 * kPerEpoch) << "b reads on past the chunks made before its view";
+  for (size_t i = 0; i < 2 * kPerEpoch; ++i) {
+    EXPECT_EQ(got[i].position.epoch, i / kPerEpoch) << i;
+    EXPECT_EQ(got[i].position.index_in_epoch, i % kPerEpoch) << i;
+  }
+}
+
 }  // namespace
 }  // namespace batchcast
