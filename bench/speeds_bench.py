@@ -34,30 +34,24 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from dropin_bench import run_trainers  # bench/ is the script's folder: on sys.path
-
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+from dropin_bench import dataset, run_trainers  # bench/ is the script's folder: on sys.path
 
 
 def trainer(args: argparse.Namespace) -> None:
     """One trainer; prints {samples, wall_s, half_samples, half_s} as a JSON line."""
     import torch
-    import torchvision
-    from torchvision import transforms as T
 
     import batchcast
 
     torch.set_num_threads(1)
-    tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(),
-                    T.ToTensor(), T.Normalize(MEAN, STD)])
-    dataset = torchvision.datasets.ImageFolder(args.data, transform=tf)
+    images = dataset(args)
     cuda = bool(args.model)
-    loader = batchcast.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+    loader = batchcast.DataLoader(images, batch_size=args.batch_size, shuffle=True,
                                   drop_last=True, num_workers=args.workers,
                                   pin_memory=cuda and not args.no_pin,
                                   share=args.key or None,
                                   **({"stall_timeout": args.stall_timeout} if args.key else {}))
-    step = train_step(args.model, len(dataset.classes)) if cuda else None
+    step = train_step(args.model, len(images.classes)) if cuda else None
     marks: List[tuple] = []  # (time, samples) after each batch
     samples, start, last_pause = 0, None, None
     done = False
