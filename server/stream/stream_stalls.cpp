@@ -27,12 +27,15 @@ bool StreamState::pins_stream(const ConsumerRecord& c, double now) const {
 std::vector<uint64_t> StreamState::holding_back(double now) const {
   std::vector<uint64_t> ids;
   if (!blocked_since_ || finished_ || !started_) return ids;
+  // A consumer reading the shared stream, and pinning it.
+  auto reads_stream = [&](const ConsumerRecord& c) {
+    return pins_stream(c, now) && !private_.find(c.id);
+  };
   // Someone is held back: a consumer that was sent everything published (read or not), whose
   // next chunk is the one the producer cannot fill. A lone slow consumer holds back nobody.
   const bool someone_waits =
       std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
-        const ConsumerRecord& c = entry.second;
-        return pins_stream(c, now) && !private_.find(c.id) && c.next_seq >= next_publish_seq_;
+        return reads_stream(entry.second) && entry.second.next_seq >= next_publish_seq_;
       });
   if (!someone_waits) return ids;
   // Those holding it back: the consumers that pin published chunks they were not sent yet
@@ -52,14 +55,14 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
     const bool released_by_another =
         std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
           const ConsumerRecord& c = entry.second;
-          return pins_stream(c, now) && !private_.find(c.id) && c.next_seq > seq &&
+          return reads_stream(c) && c.next_seq > seq &&
                  std::find(holders.begin(), holders.end(), c.id) == holders.end();
         });
-    for (uint64_t id : released_by_another ? holders : std::vector<uint64_t>{}) {
+    if (!released_by_another) break;
+    for (uint64_t id : holders) {
       auto it = consumers_.all().find(id);
       if (it == consumers_.all().end()) continue;
-      const ConsumerRecord& c = it->second;
-      if (c.credits || !pins_stream(c, now) || private_.find(id)) continue;
+      if (it->second.credits || !reads_stream(it->second)) continue;
       if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     }
     break;
