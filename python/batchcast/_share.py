@@ -102,7 +102,10 @@ def fingerprint(loader: torch.utils.data.DataLoader, seed: Optional[int]) -> Dic
     shuffle, seed, replicas, rank), batch size, drop_last, collate_fn; and what they make of each
     sample (VIEW_FIELDS: the transforms)."""
     dataset, sampler = loader.dataset, loader.sampler
-    length = len(dataset) if hasattr(dataset, "__len__") else None  # type: ignore[arg-type]
+    try:
+        length: Optional[int] = len(dataset)  # type: ignore[arg-type]
+    except TypeError:  # an IterableDataset, or a ChainDataset of them (its __len__ raises)
+        length = None
     described = {
         name: _plain(getattr(sampler, name))
         for name in ("shuffle", "seed", "num_replicas", "rank", "drop_last", "replacement")
@@ -306,9 +309,8 @@ class SharedStream:
             os.close(fd)  # releases the lock
 
     def _check_fingerprint(self, running: Dict[str, Any]) -> str:
-        """"" when this pipeline is the running stream's; the view text this trainer reads
-        when only the transform differs and both run natively on a host pool (docs/views.md);
-        else ValueError naming what differs."""
+        """"" for the running stream's pipeline; the view text this trainer reads when only the
+        transform differs and both run natively on a host pool; else ValueError naming it."""
         differ = [name for name, mine in self._fingerprint.items() if running.get(name) != mine]
         if not differ:
             return ""
