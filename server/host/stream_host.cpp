@@ -121,33 +121,8 @@ StreamHost::StreamHost(StreamHostOptions options)
   rules.regenerates = options_.regenerates;
   rules.welcome = welcome(memory_);
   StreamState::ResolveView resolve;
-  if (options_.find_view) {
-    resolve = [this](const std::string& view) {  // on the loop, under mu_
-      StreamState::ViewChoice choice;
-      try {
-        StreamHostOptions::ViewAnswer answer = options_.find_view(view);
-        choice.view = answer.view;
-        choice.error = answer.error;
-        // A view whose pool could not be made stays with the view provider (its index taken):
-        // later new views would not line up with it, so none is added after one failed.
-        if (choice.error.empty() && answer.view >= state_->view_count()) {
-          if (!views_closed_.empty()) {
-            choice.error = views_closed_;
-          } else {
-            try {
-              add_view_locked(answer.slot_bytes, std::move(answer.specs));
-            } catch (const std::exception& e) {
-              views_closed_ = std::string("this server adds no views any more: ") + e.what();
-              throw;
-            }
-          }
-        }
-      } catch (const std::exception& e) {
-        choice.error = e.what();
-      }
-      return choice;
-    };
-  }
+  if (options_.find_view)
+    resolve = [this](const std::string& view) { return choose_view_locked(view); };
   state_.emplace(
       std::move(rules),
       [this](const std::string& identity, const protocol::Message& m) { return send(identity, m); },
@@ -259,14 +234,38 @@ FillLease StreamHost::lease(uint64_t seq, uint32_t slot, std::optional<ChunkAddr
   return l;
 }
 
-uint32_t StreamHost::add_view(uint64_t slot_bytes, StreamState::ViewSpecs specs) {
-  std::lock_guard lk(mu_);
-  return add_view_locked(slot_bytes, std::move(specs));
+StreamState::ViewChoice StreamHost::choose_view_locked(const std::string& view) {
+  StreamState::ViewChoice choice;
+  try {
+    StreamHostOptions::ViewAnswer answer = options_.find_view(view);
+    choice.view = answer.view;
+    choice.error = answer.error;
+    // A view whose pool could not be made stays with the view provider (its index taken):
+    // later new views would not line up with it, so none is added after one failed.
+    if (choice.error.empty() && answer.view >= state_->view_count()) {
+      if (!views_closed_.empty()) {
+        choice.error = views_closed_;
+      } else {
+        try {
+          add_view_locked(answer.slot_bytes, std::move(answer.specs));
+        } catch (const std::exception& e) {
+          views_closed_ = std::string("this server adds no views any more: ") + e.what();
+          throw;
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    choice.error = e.what();
+  }
+  return choice;
 }
 
-uint32_t StreamHost::view_count() const {
+uint32_t StreamHost::serve_view(const std::string& view) {
+  if (!options_.find_view) throw Error("this server serves one view, its own");
   std::lock_guard lk(mu_);
-  return state_->view_count();
+  StreamState::ViewChoice choice = choose_view_locked(view);
+  if (!choice.error.empty()) throw Error(choice.error);
+  return choice.view;
 }
 
 uint32_t StreamHost::add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs) {

@@ -18,9 +18,9 @@
 // protocol::failure_record_path(), so that a consumer arriving after this process exited still
 // learns why; it outlives the process on purpose and the next server binding the endpoint
 // removes it.
-// Views (stream_state.h, docs/views.md): the pool above is view 0's; add_view() (or a consumer's
-// Hello.view that options.find_view maps to a new view) creates a further pool with the same
-// slot count, laid out for that view's tensors (segment "<pool>.v<K>", removed with the core).
+// Views (stream_state.h, docs/views.md): the pool above is view 0's; serve_view() (or a
+// consumer's Hello.view that options.find_view maps to a new view) creates a further pool with the
+// same slot count, laid out for that view's tensors (segment "<pool>.v<K>", removed with the core).
 // A lease carries the slot of every view that existed when it was acquired. A GPU pool's view
 // has its own arenas on the same GPUs (a header segment "<pool>.v<K>" as for view 0).
 // GPU pools (cuda_devices set, CUDA builds only): the slots are an ArenaSet, one arena per GPU
@@ -141,11 +141,11 @@ class StreamHost {
   // Stops the loop and wakes every waiter (SIGINT/SIGTERM/SIGHUP path). Idempotent.
   void stop();
 
-  // A view more, before or while the stream runs: its pool (`slot_bytes` a slot) and its index;
-  // `specs` lay out its chunks (the producer's SlotLayout). Chunks acquired from now on carry it.
-  // A GPU pool's view gets arenas of its own on the pool's GPUs; Error if they cannot be made.
-  uint32_t add_view(uint64_t slot_bytes, StreamState::ViewSpecs specs);
-  uint32_t view_count() const;
+  // The view a consumer asking for `view` (a view text) reads, made now if new, exactly as a
+  // consumer's Hello makes it (options.find_view, then its pool), under the same lock, so that
+  // views served up front and consumers attaching meanwhile agree. Chunks acquired from now on
+  // carry it. Throws Error naming why it cannot be served.
+  uint32_t serve_view(const std::string& view);
   // View `view`'s pool (0: memory()); lives as long as the host.
   const SlotMemory& view_memory(uint32_t view) const;
 
@@ -167,6 +167,8 @@ class StreamHost {
   void stream_failed(const std::string& message);
   // What a consumer of `memory` (view 0's: memory_) is told about the pool.
   protocol::Welcome welcome(const SlotMemory& memory) const;
+  // Under mu_: options.find_view's answer for `view`, its pool made if it is new.
+  StreamState::ViewChoice choose_view_locked(const std::string& view);
   uint32_t add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs);  // under mu_
   FillLease lease(uint64_t seq, uint32_t slot, std::optional<ChunkAddress> regenerate);
 

@@ -192,8 +192,9 @@ StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& sour
         return answer;
       }
     if (views.sealed)
-      throw Error("a GPU pool serves the views it was started with (--view, serve(views=)); "
-                  "start the server with this one too, or read a host pool (--device cpu)");
+      throw Error(
+          "a GPU pool serves the views it was started with (--view, serve(views=)); "
+          "start the server with this one too, or read a host pool (--device cpu)");
     std::vector<TensorConversion> conversions = c.conversions(view);
     if (source.view_count() != views.texts.size())
       throw Error("this server adds no views any more (an earlier view could not be made)");
@@ -253,9 +254,11 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
                               : "");
   core_ = std::make_unique<StreamHost>(std::move(so));
   for (const auto& text : c.views) {
-    StreamHostOptions::ViewAnswer view = find_view(text);
-    if (!view.error.empty()) throw Error("--view " + view.error);
-    if (view.view == core_->view_count()) core_->add_view(view.slot_bytes, std::move(view.specs));
+    try {
+      core_->serve_view(text);
+    } catch (const Error& e) {
+      throw Error(std::string("--view ") + e.what());
+    }
   }
   if (gpu_views_) {
     std::lock_guard lk(gpu_views_->mu);
