@@ -127,8 +127,8 @@ StreamHost::StreamHost(StreamHostOptions options)
       std::move(rules),
       [this](const std::string& identity, const protocol::Message& m) { return send(identity, m); },
       [](pid_t pid) { return process_alive(pid); }, std::move(resolve));
-  spdlog::info("serving on {} ({} slots x {} MiB in {})", endpoint_, options_.ring_slots,
-               memory_.pool().slot_bytes() >> 20,
+  spdlog::info("serving on {} ({} slots x {:.1f} MiB in {})", endpoint_, options_.ring_slots,
+               memory_.pool().slot_bytes() / double(1 << 20),
                memory_.pool().host_slots() ? "/dev/shm/" + memory_.pool().segment_name()
                                            : "GPU memory of " + cuda_list(options_.cuda_devices));
   loop_thread_ = std::thread([this] { loop(); });

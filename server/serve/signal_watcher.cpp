@@ -48,6 +48,13 @@ SignalWatcher::~SignalWatcher() {
 }
 
 void SignalWatcher::watch(std::function<void(int)> on_signal) {
+  // The watcher itself never takes the signals (its thread starts with them blocked): a handler
+  // that a sanitizer defers until the interrupted call returns would otherwise wait for the
+  // read() it interrupted, which waits for the byte that handler writes.
+  sigset_t stopping, previous;
+  sigemptyset(&stopping);
+  for (int signo : kStoppingSignals) sigaddset(&stopping, signo);
+  pthread_sigmask(SIG_BLOCK, &stopping, &previous);
   thread_ = std::thread([this, on_signal = std::move(on_signal)] {
     unsigned char byte = 0;
     for (;;) {
@@ -57,6 +64,7 @@ void SignalWatcher::watch(std::function<void(int)> on_signal) {
       on_signal(byte);
     }
   });
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
 void SignalWatcher::stop() {
