@@ -3,7 +3,8 @@
 What it is: :class:`SharedStream` finds or starts the detached producer of a key (module
 ``_share_producer``), checks that it serves the same pipeline, attaches a :class:`Loader` and
 positions it for each iteration (the trainer's ``sampler.epoch``, a resumed position, or the
-next epoch). Helpers: :func:`share_paths`, :func:`distributed_rank`, :func:`fingerprint`.
+next epoch), and switches it to another view of the stream when the trainer's transform changes
+(:meth:`follow`). Helpers: :func:`share_paths`, :func:`distributed_rank`, :func:`native_plan`.
 
 Thread-safety: none; a SharedStream belongs to the DataLoader that made it, used by one thread.
 Ownership and lifetime: the SharedStream owns its Loader (closed by ``close()``); the producer
@@ -41,10 +42,11 @@ import torch
 import torch.utils.data
 
 from . import _batchcast, _torchvision_plan
+from ._fingerprint import view_of
 from ._share_producer import _lock, launch
 from .loader import Loader
 
-__all__ = ["SharedStream", "distributed_rank", "fingerprint", "native_plan", "share_paths"]
+__all__ = ["SharedStream", "distributed_rank", "native_plan", "pipeline_of", "share_paths"]
 
 _log = logging.getLogger("batchcast")
 
@@ -78,55 +80,6 @@ def distributed_rank() -> Tuple[int, int]:
     return int(rank), int(world)
 
 
-def _plain(value: Any) -> Any:
-    """A stable text of a value: no memory addresses (they differ between processes)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
-
-
-def _qualified(obj: Any) -> Optional[str]:
-    if obj is None:
-        return None
-    kind = obj if hasattr(obj, "__qualname__") else type(obj)  # functions name themselves
-    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', kind)}"
-
-
-# The fingerprint's fields that are a view of the stream (docs/views.md), not the stream: they
-# may differ between the trainers of a key when both pipelines run natively.
-VIEW_FIELDS = ("transform", "transforms")
-
-
-def fingerprint(loader: torch.utils.data.DataLoader, seed: Optional[int]) -> Dict[str, Any]:
-    """What makes two pipelines one stream: dataset type, root, length, the sampler (type,
-    shuffle, seed, replicas, rank), batch size, drop_last, collate_fn; and what they make of each
-    sample (VIEW_FIELDS: the transforms)."""
-    dataset, sampler = loader.dataset, loader.sampler
-    try:
-        length: Optional[int] = len(dataset)  # type: ignore[arg-type]
-    except TypeError:  # an IterableDataset, or a ChainDataset of them (its __len__ raises)
-        length = None
-    described = {
-        name: _plain(getattr(sampler, name))
-        for name in ("shuffle", "seed", "num_replicas", "rank", "drop_last", "replacement")
-        if hasattr(sampler, name)
-    }
-    if seed is not None:
-        described["seed"] = seed
-    return {
-        "dataset": _qualified(dataset),
-        "root": _plain(getattr(dataset, "root", None)),
-        "len": length,
-        "transform": _plain(getattr(dataset, "transform", None)),
-        "target_transform": _plain(getattr(dataset, "target_transform", None)),
-        "transforms": _plain(getattr(dataset, "transforms", None)),
-        "sampler": f"{_qualified(sampler)}{sorted(described.items())}",
-        "batch_size": loader.batch_size,
-        "drop_last": loader.drop_last,
-        "collate_fn": _qualified(loader.collate_fn),
-    }
-
-
 def native_plan(
     loader: torch.utils.data.DataLoader,
     user_args: Dict[str, Any],
@@ -154,11 +107,6 @@ def native_plan(
                      "pipeline failed (%s: %s)", type(e).__name__, e)
         return None
     return found if isinstance(found, _torchvision_plan.NativePlan) else None
-
-
-def decoding_of(plan: Optional[_torchvision_plan.NativePlan]) -> str:
-    """How a share's samples are made, as the fingerprint states it: one stream, one way."""
-    return "python" if plan is None else f"native {plan.decoder} decoder, pool on {plan.device}"
 
 
 def _producer_alive(pid: int) -> bool:
@@ -193,6 +141,7 @@ class SharedStream:
         self._loader: Optional[Loader] = None
         self._resume: Optional[Tuple[int, int]] = None
         self._private = False
+        self._view: Optional[str] = None  # follow()'s view; None: the one the fingerprint says
         self._claim: Optional[int] = None  # write end of the claim of a producer we started
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -256,6 +205,13 @@ class SharedStream:
     def stats(self) -> Any:
         return self._loader.stats if self._loader is not None else None
 
+    def follow(self, view: str) -> None:
+        """Reads ``view`` (a view text of the stream) from the next epoch on: the trainer's
+        transform changed (progressive resizing); see Loader.set_view."""
+        self._view = view
+        if self._loader is not None:
+            self._loader.set_view(view)
+
     def close(self) -> None:
         self._release_claim()
         loader, self._loader = self._loader, None
@@ -287,7 +243,10 @@ class SharedStream:
             if state is None:
                 state = self._start_producer()
             else:
-                view = self._check_fingerprint(state.get("fingerprint", {}))
+                view = view_of(self.key, self._fingerprint, state.get("fingerprint", {}),
+                               self._pipeline.get("native"))
+            if self._view is not None:
+                view = self._view
             self._wait_socket(int(state["pid"]))
             _log.debug("DataLoader(share=%r): producer %s serving", self.key, state["pid"])
             # Attach while holding the lock: the producer decides to exit under it, so it
@@ -307,35 +266,6 @@ class SharedStream:
             return self._loader
         finally:
             os.close(fd)  # releases the lock
-
-    def _check_fingerprint(self, running: Dict[str, Any]) -> str:
-        """"" for the running stream's pipeline; the view text this trainer reads when only the
-        transform differs and both run natively on a host pool; else ValueError naming it."""
-        differ = [name for name, mine in self._fingerprint.items() if running.get(name) != mine]
-        if not differ:
-            return ""
-        plan = self._pipeline.get("native")
-        if set(differ) <= set(VIEW_FIELDS) and plan is not None and plan.device == "cpu":
-            # Another view of one stream: the server decodes each sample once for both and
-            # derives this view's seed from the stream's (the same transform: the same bytes).
-            return _batchcast.view_text(plan.transform, with_seed=False)
-        lines = "; ".join(
-            f"{name}: running {running.get(name)!r}, this process {self._fingerprint[name]!r}"
-            for name in differ
-        )
-        if set(differ) <= set(VIEW_FIELDS):
-            why = ("only the transform differs, and a transform joins a stream as another view "
-                   "only when both trainers' pipelines are recognised torchvision ImageFolder "
-                   "pipelines decoded natively into a host pool (batchcast._torchvision_plan; "
-                   "DataLoader(native=True), no pin_memory)")
-        else:
-            why = ("one key is one stream: use another share key for this one (or the same "
-                   "dataset, sampler, batch_size, drop_last and collate_fn; a transform that "
-                   "differs joins as another view)")
-        raise ValueError(
-            f"DataLoader(share={self.key!r}): the stream of that key serves another "
-            f"pipeline; {lines}. {why}"
-        )
 
     def _running_producer(self) -> Optional[Dict[str, Any]]:
         try:

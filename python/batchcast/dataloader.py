@@ -43,6 +43,12 @@ one runs is logged once at INFO (logger ``batchcast``) and is the loader's ``dec
 is running), so that its first chunks are ready by the first iteration; one that no loader read
 exits as soon as the loader that started it is closed or collected.
 
+Progressive resizing: a transform assigned to the dataset between epochs (``dataset.transform
+= T.Compose([T.RandomResizedCrop(160), ...])``) is read from the next iteration on, as another
+view of the same stream (docs/views.md): each epoch whole in one transform, the others' streams
+untouched. Where the pipeline is not native into a host pool, that next iteration raises
+ValueError instead (the producer would go on serving the old transform).
+
 Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
 DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
 without draining the rest. Resume: ``state_dict()`` / ``load_state_dict()`` (torchdata's
@@ -59,7 +65,9 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch.utils.data
 
-from ._share import SharedStream, decoding_of, fingerprint, native_plan, pipeline_of, share_paths
+from . import _batchcast
+from ._fingerprint import decoding_of, fingerprint, joins_as_view, view_fields
+from ._share import SharedStream, native_plan, pipeline_of, share_paths
 from .loader import Closeable
 
 __all__ = ["DataLoader", "share_paths"]
@@ -124,11 +132,10 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         pipeline, chosen_seed = pipeline_of(self, multiprocessing_context)
         user_args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler,
                          batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last)
-        pipeline["native"] = (
-            native_plan(self, user_args, pipeline["seed"], pin_memory, device)
-            if native else None
-        )
+        self._plan_args = (user_args, pipeline["seed"], pin_memory, device)
+        pipeline["native"] = native_plan(self, *self._plan_args) if native else None
         prints = fingerprint(self, chosen_seed)
+        self._view_fields = view_fields(dataset)
         prints["decoding"] = decoding_of(pipeline["native"])
         self._stream = SharedStream(
             share, pipeline, prints,
@@ -146,8 +153,31 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self._stream is None:
             return super().__iter__()
+        self._follow_transform()
         epoch = getattr(self.sampler, "epoch", None)
         return self._stream.iterate(epoch if isinstance(epoch, int) else None)
+
+    def _follow_transform(self) -> None:
+        """Progressive resizing: a dataset whose transform changed since the last iteration is
+        read in the new one from this epoch on, as another view of the same stream."""
+        now = view_fields(self.dataset)
+        if now == self._view_fields:
+            return
+        assert self._stream is not None
+        plan = native_plan(self, *self._plan_args) if self.native else None
+        if not joins_as_view(plan):
+            changed = [name for name, value in now.items() if self._view_fields[name] != value]
+            raise ValueError(
+                f"DataLoader(share={self.share!r}): the dataset's {' and '.join(changed)} "
+                "changed since the loader was made, and its producer would go on serving the "
+                "old one. A share follows a new transform (progressive resizing) only when the "
+                "old and the new are recognised torchvision pipelines decoded natively into a "
+                "host pool (batchcast._torchvision_plan logs why one is not; no pin_memory); "
+                "otherwise make a new DataLoader with another share key for the new transform"
+            )
+        assert plan is not None
+        self._stream.follow(_batchcast.view_text(plan.transform, with_seed=False))
+        self._view_fields = now
 
     # -- share -------------------------------------------------------------------------------
 

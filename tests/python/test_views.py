@@ -280,6 +280,74 @@ def test_dataloaders_of_one_key_with_other_crop_sizes_share_one_stream(folder, n
     small.close()
 
 
+def test_a_dataloader_follows_a_transform_changed_between_epochs(folder, new_key):
+    """Progressive resizing through the drop-in: one trainer assigns a smaller RandomResizedCrop
+    to its dataset after epoch 0 while another keeps its size on the same key. The first reads
+    epoch 1 whole at the new size, the second is untouched, and both read one stream (the same
+    order), decoded by one producer."""
+    import torchvision
+    import torchvision.transforms as T
+
+    def compose(size):
+        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor()])
+
+    key = new_key()
+    growing = torchvision.datasets.ImageFolder(folder, compose(64))
+    steady = torchvision.datasets.ImageFolder(folder, compose(64))
+    loaders = {name: batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, share=key)
+               for name, ds in (("growing", growing), ("steady", steady))}
+    sizes = {"growing": [64, 40, 40], "steady": [64, 64, 64]}
+    labels: Dict[str, List[List[int]]] = {}
+    errors: List[BaseException] = []
+
+    def run(name):
+        try:
+            labels[name] = []
+            for epoch, size in enumerate(sizes[name]):
+                if name == "growing":
+                    growing.transform = compose(size)
+                seen = []
+                for x, y in loaders[name]:
+                    assert x.shape[1:] == (3, size, size), (name, epoch, x.shape)
+                    seen += y.tolist()
+                labels[name].append(seen)
+        except BaseException as e:  # re-raised in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in loaders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    if errors:
+        raise errors[0]
+    targets = sorted(growing.targets)
+    for name in loaders:
+        assert [sorted(e) for e in labels[name]] == [targets] * 3, name
+    assert labels["growing"] == labels["steady"], "one stream: the same order in both views"
+    log = open(share_paths(key)["log"]).read()
+    assert log.count("view 1:") == 1, log[-2000:]  # 40 px: one view, added once
+    for loader in loaders.values():
+        loader.close()
+
+
+def test_a_python_share_refuses_a_changed_transform_naming_it(folder, new_key):
+    """A share decoding in Python runs the dataset its producer took when the loader was made:
+    a transform assigned later would be ignored in silence, so the next iteration refuses it."""
+    import torchvision
+    import torchvision.transforms as T
+
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize(32), T.CenterCrop(32),
+                                                             T.ToTensor()]))
+    loader = batchcast.DataLoader(ds, batch_size=CHUNK, share=new_key(), native=False)
+    assert sum(len(y) for _, y in loader) == CLASSES * PER_CLASS
+    ds.transform = T.Compose([T.Resize(24), T.CenterCrop(24), T.ToTensor()])
+    with pytest.raises(ValueError, match=r"the dataset's transform changed since the loader "
+                                         r"was made.*another share key"):
+        iter(loader)
+    loader.close()
+
+
 def test_a_share_key_refuses_another_stream_naming_the_stream_field(folder, new_key):
     import torchvision
     import torchvision.transforms as T
