@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 import pytest
@@ -80,24 +80,29 @@ def check_view(folder: str, view, epochs: List[List], first_epoch: int = 0) -> N
                 f"view {view!r}, epoch {e}, sample {index}: not the view's own pipeline's bytes"
 
 
-def in_threads(loaders: Dict[str, batchcast.Loader], epochs: int) -> Dict[str, List]:
-    results: Dict[str, List] = {}
+def in_threads(work: Dict[str, Callable[[], Any]], timeout: float = 120) -> Dict[str, Any]:
+    """Runs each callable on a thread of its own; their results by name (an error re-raised)."""
+    results: Dict[str, Any] = {}
     errors: List[BaseException] = []
 
     def run(name: str) -> None:
         try:
-            results[name] = read(loaders[name], epochs)
+            results[name] = work[name]()
         except BaseException as e:  # re-raised below, in the test's thread
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(n,)) for n in loaders]
+    threads = [threading.Thread(target=run, args=(n,)) for n in work]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(timeout)
     if errors:
         raise errors[0]
     return results
+
+
+def read_in_threads(loaders: Dict[str, batchcast.Loader], epochs: int) -> Dict[str, List]:
+    return in_threads({name: (lambda l=l: read(l, epochs)) for name, l in loaders.items()})
 
 
 def test_views_up_front_each_equal_its_own_pipeline(folder, endpoint):
@@ -106,7 +111,7 @@ def test_views_up_front_each_equal_its_own_pipeline(folder, endpoint):
     with serve(folder, endpoint, views=[views["center"], views["small"]], min_consumers=3):
         loaders = {n: batchcast.Loader(endpoint, view=v, timeout=60, framework="torch")
                    for n, v in views.items()}
-        results = in_threads(loaders, 2)
+        results = read_in_threads(loaders, 2)
         assert os.path.exists(segment_of(endpoint) + ".v1")
         assert os.path.exists(segment_of(endpoint) + ".v2")
         assert not os.path.exists(segment_of(endpoint) + ".v3"), "one pool per view"
@@ -127,7 +132,7 @@ def test_consumers_of_one_view_get_identical_bytes(folder, endpoint):
                    "b": batchcast.Loader(endpoint, view={"scale": (0.5, 1), "size": 48},
                                          timeout=60),
                    "own": batchcast.Loader(endpoint, timeout=60)}
-        results = in_threads(loaders, 2)
+        results = read_in_threads(loaders, 2)
         for a, b in zip(results["a"], results["b"]):
             assert all(np.array_equal(x[0], y[0]) for x, y in zip(a, b))
         check_view(folder, view, results["a"])
@@ -252,23 +257,8 @@ def test_dataloaders_of_one_key_with_other_crop_sizes_share_one_stream(folder, n
     big = batchcast.DataLoader(dataset(64), batch_size=CHUNK, shuffle=True, share=key)
     small = batchcast.DataLoader(dataset(40), batch_size=CHUNK, shuffle=True, share=key)
     assert big.native and small.native
-    results: Dict[str, List] = {}
-    errors: List[BaseException] = []
-
-    def run(name, loader, size):
-        try:
-            results[name] = train_epochs(loader, size, 2, CLASSES)
-        except BaseException as e:  # re-raised in the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=a)
-               for a in (("big", big, 64), ("small", small, 40))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    if errors:
-        raise errors[0]
+    results = in_threads({"big": lambda: train_epochs(big, 64, 2, CLASSES),
+                          "small": lambda: train_epochs(small, 40, 2, CLASSES)}, timeout=180)
     targets = sorted(dataset(40).targets)
     for name in ("big", "small"):
         assert [sorted(e) for e in results[name]] == [targets, targets], name
@@ -297,30 +287,20 @@ def test_a_dataloader_follows_a_transform_changed_between_epochs(folder, new_key
     loaders = {name: batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, share=key)
                for name, ds in (("growing", growing), ("steady", steady))}
     sizes = {"growing": [64, 40, 40], "steady": [64, 64, 64]}
-    labels: Dict[str, List[List[int]]] = {}
-    errors: List[BaseException] = []
 
-    def run(name):
-        try:
-            labels[name] = []
-            for epoch, size in enumerate(sizes[name]):
-                if name == "growing":
-                    growing.transform = compose(size)
-                seen = []
-                for x, y in loaders[name]:
-                    assert x.shape[1:] == (3, size, size), (name, epoch, x.shape)
-                    seen += y.tolist()
-                labels[name].append(seen)
-        except BaseException as e:  # re-raised in the test's thread
-            errors.append(e)
+    def run(name: str) -> List[List[int]]:
+        labels = []
+        for epoch, size in enumerate(sizes[name]):
+            if name == "growing":
+                growing.transform = compose(size)
+            seen = []
+            for x, y in loaders[name]:
+                assert x.shape[1:] == (3, size, size), (name, epoch, x.shape)
+                seen += y.tolist()
+            labels.append(seen)
+        return labels
 
-    threads = [threading.Thread(target=run, args=(name,)) for name in loaders]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    if errors:
-        raise errors[0]
+    labels = in_threads({name: (lambda n=name: run(n)) for name in loaders}, timeout=180)
     targets = sorted(growing.targets)
     for name in loaders:
         assert [sorted(e) for e in labels[name]] == [targets] * 3, name
