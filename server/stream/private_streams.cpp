@@ -59,7 +59,7 @@ void PrivateStreams::top_up(uint64_t consumer, uint32_t window, uint64_t chunks_
   }
 }
 
-std::optional<PrivateStreams::Request> PrivateStreams::next_request() {
+std::optional<PrivateStreams::Request> PrivateStreams::next_request() const {
   if (requests_.empty()) return std::nullopt;
   return requests_.front();
 }

@@ -73,7 +73,7 @@ class PrivateStreams {
   // `chunks_per_epoch` per epoch, none from `end_epoch` on (0: no end).
   void top_up(uint64_t consumer, uint32_t window, uint64_t chunks_per_epoch, uint64_t end_epoch);
   // The oldest request still wanted, taken off the queue once `take`; nullopt if none.
-  std::optional<Request> next_request();
+  std::optional<Request> next_request() const;
   void take_request(uint64_t seq);  // the front request is being filled as chunk `seq`
   // Chunk `seq` was filled; false if nobody wants it any more (its slot may be reused at once).
   bool filled(uint64_t seq, protocol::ChunkDescriptor descriptor);

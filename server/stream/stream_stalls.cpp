@@ -24,19 +24,27 @@ bool StreamState::pins_stream(const ConsumerRecord& c, double now) const {
   return !(rules_.stall_policy == StallPolicy::kSkip && stalled);
 }
 
+bool StreamState::private_chunk_waits(double now) const {
+  return private_.next_request() && count_slots(now).pinned_stream == ring_.size();
+}
+
 std::vector<uint64_t> StreamState::holding_back(double now) const {
   std::vector<uint64_t> ids;
-  if (!blocked_since_ || finished_ || !started_) return ids;
+  if (!started_) return ids;
   // A consumer reading the shared stream, and pinning it.
   auto reads_stream = [&](const ConsumerRecord& c) {
     return pins_stream(c, now) && !private_.find(c.id);
   };
   // Someone is held back: a consumer that was sent everything published (read or not), whose
-  // next chunk is the one the producer cannot fill. A lone slow consumer holds back nobody.
+  // next chunk is the one the producer cannot fill; or one reading private chunks (a resumed
+  // trainer), also after the stream's last chunk was made. A lone slow consumer holds back
+  // nobody.
   const bool someone_waits =
-      std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
-        return reads_stream(entry.second) && entry.second.next_seq >= next_publish_seq_;
-      });
+      private_chunk_waits(now) ||
+      (blocked_since_ && !finished_ &&
+       std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
+         return reads_stream(entry.second) && entry.second.next_seq >= next_publish_seq_;
+       }));
   if (!someone_waits) return ids;
   // Those holding it back: the consumers that pin published chunks they were not sent yet
   // (whether or not someone else still holds those chunks: a slow consumer's own held slots
@@ -162,7 +170,7 @@ bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
 void StreamState::watch_stalls(double now) {
   waiting_for_.clear();
   holding_.clear();
-  if (!failure_.empty() || finished_) return;
+  if (!failure_.empty() || (finished_ && !private_.next_request())) return;
   if (!started_) {
     waiting_for_ = "min_consumers not met: " + std::to_string(consumers_.size()) + " of " +
                    std::to_string(rules_.min_consumers) + " consumers attached";

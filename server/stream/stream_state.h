@@ -229,9 +229,14 @@ class StreamState {
   void check_liveness(double now);
   // Holding back, decoupling, the stall log and what each consumer is told it waits for.
   void watch_stalls(double now);
-  // The consumers holding the stream back now: the producer waits for a slot, some other
-  // consumer was sent every published chunk, and they pin published chunks not sent to them.
+  // The consumers holding the stream back now: someone waits for a slot (the producer, some
+  // other consumer having been sent every published chunk; or a private chunk asked for, every
+  // slot holding a stream chunk that may not be reused), and they pin published chunks not
+  // sent to them.
   std::vector<uint64_t> holding_back(double now) const;
+  // A private chunk was asked for and every slot holds a stream chunk that may not be reused:
+  // its consumer (resumed, catching up, decoupled) waits for the stream's readers.
+  bool private_chunk_waits(double now) const;
   void decouple(ConsumerRecord& c);
   // A decoupled consumer whose next chunk the stream still holds merges there; true if it did.
   bool try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p);

@@ -1149,6 +1149,43 @@ TEST(StreamState, ALoneSlowConsumerIsNeverDecoupled) {
   EXPECT_EQ(s.state.stats().decouplings, 0u);
 }
 
+TEST(StreamState, UnderDecoupleAConsumerPinningTheRingForAResumedOneIsDecoupled) {
+  // A 4-slot ring, 3 epochs of 4 chunks, every chunk made: "a" read 8 chunks, holds 8 and 9
+  // unread and pins 10 and 11. "b" resumes epoch 0, long gone: its private chunks find no
+  // slot until a, holding it back, is decoupled (nobody else reads the stream).
+  const uint64_t per_epoch = 4;
+  StreamRules r = regenerating(4, per_epoch);
+  r.stall_policy = StallPolicy::kDecouple;
+  r.epochs = 3;
+  Stream s(r);
+  s.join("a", 1);
+  for (int i = 0; i < 8; ++i) {
+    s.produce(1, per_epoch);
+    s.tick();
+    s.consume("a");
+    s.credit("a", 1);
+  }
+  s.credit("a", 1);
+  EXPECT_EQ(s.produce_until_refused(per_epoch), 4);
+  s.state.finish();
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), (Seqs{8, 9}));
+  s.join("b", 2);
+  s.send("b", Seek{0, 4});
+  s.tick();
+  ASSERT_TRUE(s.take<SeekReply>("b").front().available);
+  EXPECT_EQ(s.regenerate(per_epoch), 0) << "every slot holds a chunk a has not read";
+  s.now += 9.9;
+  s.tick();
+  EXPECT_EQ(s.regenerate(per_epoch), 0) << "a has held b back for less than stall_timeout";
+  s.now += 0.2;
+  s.tick();
+  EXPECT_EQ(s.state.stats().decouplings, 1u);
+  EXPECT_EQ(s.regenerate(per_epoch), 2) << "a no longer pins 10 and 11: b reads on";
+  s.tick();
+  EXPECT_EQ(indexes(s.take<ChunkDescriptor>("b")), (Seqs{1, 2}));
+}
+
 TEST(StreamState, AConsumersOwnStallBoundOverridesTheServers) {
   Decoupling d(StallPolicy::kDecouple, true, 2.0);
   EXPECT_FALSE(d.after(1.9));
