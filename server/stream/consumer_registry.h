@@ -45,6 +45,9 @@ struct ConsumerRecord {
   // the time (a slow one, whose ring lag is small, frees a slot now and then) adds up; one
   // that does so now and then drains back to zero.
   double held_back_s = 0;
+  // Seconds in a row it has been more than the lead behind another reader of a ring sized by
+  // memory (StreamRules::lead_chunks): pinning the window while the others read on.
+  double lagging_s = 0;
   uint64_t samples = 0;  // reported by its heartbeats
   double wait_s = 0;
 };

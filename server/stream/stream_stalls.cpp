@@ -24,6 +24,15 @@ bool StreamState::pins_stream(const ConsumerRecord& c, double now) const {
   return !(rules_.stall_policy == StallPolicy::kSkip && stalled);
 }
 
+bool StreamState::lags(const ConsumerRecord& c, double now) const {
+  if (!rules_.lead_chunks || private_.find(c.id) || !pins_stream(c, now)) return false;
+  return std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
+    const ConsumerRecord& o = entry.second;
+    return o.id != c.id && pins_stream(o, now) && !private_.find(o.id) &&
+           o.next_seq > c.next_seq + rules_.lead_chunks;
+  });
+}
+
 bool StreamState::private_chunk_waits(double now) const {
   return private_.next_request() && count_slots(now).pinned_stream == ring_.size();
 }
@@ -110,6 +119,7 @@ std::string StreamState::label(const ConsumerRecord& c, bool detail) const {
 
 void StreamState::decouple(ConsumerRecord& c) {
   const double held_for = c.held_back_s;
+  const double lagged_for = c.lagging_s;
   const uint64_t behind = samples_behind(c);
   if (auto* p = private_.find(c.id)) {  // catching up too slowly: stop pinning its merge chunk
     p->until.reset();
@@ -128,11 +138,17 @@ void StreamState::decouple(ConsumerRecord& c) {
   private_.find(c.id)->decoupled_at = next_publish_seq_;
   c.next_seq = next_publish_seq_;
   c.held_back_s = 0;
+  c.lagging_s = 0;
   counters_.decouplings++;
+  const std::string why =
+      held_for >= stall_bound(c)
+          ? fmt::format("held the stream back for {:.1f} s", held_for)
+          : fmt::format("fell behind the others for {:.1f} s and the ring's window is full",
+                        lagged_for);
   spdlog::warn(
-      "{} held the stream back for {:.1f} s, {} samples behind: decoupled; it reads what it "
-      "missed in private chunks and merges back when it catches up",
-      label(c, false), held_for, behind);
+      "{} {}, {} samples behind: decoupled; it reads what it missed in private chunks and "
+      "merges back when it catches up",
+      label(c, false), why, behind);
 }
 
 bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
@@ -182,9 +198,13 @@ void StreamState::watch_stalls(double now) {
   const bool decouples = rules_.stall_policy == StallPolicy::kDecouple && chunks_per_epoch();
   std::vector<uint64_t> laggards;
   for (auto& [id, c] : consumers_.all()) {
+    c.lagging_s = lags(c, now) ? c.lagging_s + dt : 0;
     if (std::find(holding_.begin(), holding_.end(), id) != holding_.end()) {
       c.held_back_s += dt;
-      if (c.held_back_s < stall_bound(c) || rules_.stall_policy != StallPolicy::kDecouple) continue;
+      // A consumer that has lagged behind the others for its bound already, as the window
+      // filled, has had its bound: the others do not wait for it a second time.
+      const bool over = c.held_back_s >= stall_bound(c) || c.lagging_s >= stall_bound(c);
+      if (!over || rules_.stall_policy != StallPolicy::kDecouple) continue;
       if (decouples) {
         laggards.push_back(id);
       } else if (!said_cannot_decouple_) {

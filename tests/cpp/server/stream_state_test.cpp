@@ -1326,6 +1326,50 @@ TEST(StreamState, APausedConsumerFallsBehindInTheWindowWithoutHoldingTheOthersBa
   EXPECT_EQ(s.state.stats().chunks_regenerated, 0u);
 }
 
+// A reader paused in the window while the other reads on, one chunk per `step` seconds, until
+// the window is full; then one tick. Returns how many chunks the other read.
+int pause_until_the_window_is_full(Stream& s, double step) {
+  s.join("a", 1000);
+  s.join("b", 1);
+  s.produce(1);
+  s.tick();
+  EXPECT_EQ(s.consume("b"), Seqs{0});
+  s.consume("a");
+  int read = 0;
+  for (auto f = s.fill(); f; f = s.fill(), ++read) {
+    s.publish(*f, 100);
+    s.now += step;
+    s.tick();
+    s.consume("a");
+  }
+  s.now += 0.1;
+  s.tick();
+  return read;
+}
+
+// When the window fills, a reader that has been behind the others for its bound already is
+// decoupled at once: the others do not wait for it a second time (and a pause shorter than the
+// bound still gets its bound, below).
+TEST(StreamState, AReaderLongBehindIsDecoupledAsSoonAsTheWindowFills) {
+  Stream s(windowed(64, 4));  // stall bound 10 s
+  EXPECT_EQ(pause_until_the_window_is_full(s, 1.0), 64 - 16) << "48 s behind";
+  EXPECT_EQ(s.state.stats().decouplings, 1u);
+  for (const auto& c : s.state.stats().consumers)
+    EXPECT_EQ(c.decoupled, c.pid == s.pid_of("b")) << "pid " << c.pid;
+  EXPECT_TRUE(s.fill()) << "the window no longer waits for b";
+}
+
+TEST(StreamState, AReaderBehindForLessThanItsBoundWhenTheWindowFillsGetsItsBound) {
+  Stream s(windowed(24, 4));  // a window of 24 - 6 slots, read in 1.8 s; stall bound 10 s
+  EXPECT_EQ(pause_until_the_window_is_full(s, 0.1), 24 - 6);
+  EXPECT_EQ(s.state.stats().decouplings, 0u) << "b is not decoupled for a short pause";
+  for (int i = 0; i < 11; ++i) {
+    s.now += 1;
+    s.tick();
+  }
+  EXPECT_EQ(s.state.stats().decouplings, 1u) << "but once it held the stream back its bound";
+}
+
 // Lockstep on a small ring (a GPU pool's 8 slots): both readers are sent every chunk (they have
 // credits) and keep what they were sent while their models compute; the fast one gives each
 // chunk back at once after its step, the slow one after four. The ring fills with the slow
