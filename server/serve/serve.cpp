@@ -252,6 +252,12 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
                so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
                                     std::to_string(so.ring_slots - so.lead_chunks) + " chunks"
                               : "");
+  // A consumer keeps its current batch and its prefetch (3 chunks) while its user does not read
+  // (docs/stream.md, the limit of tiny rings).
+  if (so.ring_slots < 5)
+    spdlog::warn("a ring of {} slots: a trainer that pauses with a batch in hand can hold the "
+                 "others until it reads again; give --ring 5 or more",
+                 so.ring_slots);
   core_ = std::make_unique<StreamHost>(std::move(so));
   for (const auto& text : c.views) {
     try {
