@@ -6,9 +6,9 @@ Every trainer builds the same pipeline: ImageFolder + RandomResizedCrop(S) + Ran
 + ToTensor + Normalize (the native path), batch --batch-size, one share key per run:
 
 - ``alone``: the fast trainer (no work per batch) reads whole epochs for --seconds;
-- ``k x slower``: the same fast trainer beside a slow one that sleeps k times the fast one's time
-  per batch alone after each batch (a bigger model, as a sweep pairs them); the slow one reads
-  until the fast one is done.
+- ``k x slower``: the same fast trainer beside a slow one that reads a batch every k times the
+  fast one's time per batch alone (paced: it sleeps until its next batch is due; a bigger
+  model, as a sweep pairs them); the slow one reads until the fast one is done.
 - ``pause P s``: beside a second trainer as fast as it, which stops for P s every
   --pause-every seconds (validation, a checkpoint, a debugger) and then reads on. The stall policy and bound are the defaults (``decouple`` after
   3 s) unless --slow-stall-timeout gives the slow one its own bound (``DataLoader(share=,
@@ -53,7 +53,7 @@ def trainer(args: argparse.Namespace) -> None:
                                   **({"stall_timeout": args.stall_timeout} if args.key else {}))
     step = train_step(args.model, len(images.classes)) if cuda else None
     marks: List[tuple] = []  # (time, samples) after each batch
-    samples, start, last_pause = 0, None, None
+    samples, batches, start, last_pause = 0, 0, None, None
     done = False
     while not done:
         for images, labels in loader:
@@ -62,9 +62,10 @@ def trainer(args: argparse.Namespace) -> None:
             if start is None:  # from the first batch: the producer's start-up is not the rate
                 start = time.monotonic()
             samples += images.shape[0]
+            batches += 1
             marks.append((time.monotonic(), samples))
-            if args.sleep:
-                time.sleep(args.sleep)
+            if args.period:  # its pace, whatever the data's: the next batch is due then
+                time.sleep(max(0.0, start + batches * args.period - time.monotonic()))
             if args.pause and time.monotonic() - (last_pause or start) >= args.pause_every:
                 time.sleep(args.pause)
                 last_pause = time.monotonic()
@@ -106,14 +107,14 @@ def train_step(model_name: str, classes: int) -> Any:
     return step
 
 
-def trainer_cmd(args: argparse.Namespace, key: str, sleep: float, stop: Optional[str],
+def trainer_cmd(args: argparse.Namespace, key: str, period: float, stop: Optional[str],
                 done: Optional[str], stall_timeout: Optional[float] = None,
                 pause: float = 0.0, model: str = "", image_size: int = 0) -> List[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--data", args.data,
            "--batch-size", str(args.batch_size),
            "--image-size", str(image_size or args.image_size),
            "--workers", str(args.workers), "--seconds", str(args.seconds), "--key", key,
-           "--sleep", str(sleep), "--pause", str(pause), "--pause-every", str(args.pause_every)]
+           "--period", str(period), "--pause", str(pause), "--pause-every", str(args.pause_every)]
     if model:
         cmd += ["--model", model]
     if stop:
@@ -139,7 +140,7 @@ def share_log(key: str) -> str:
     return text
 
 
-def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float],
+def run(args: argparse.Namespace, name: str, slow_period: Optional[float],
         pause: float = 0.0) -> Dict[str, Any]:
     from batchcast.tools import metrics
 
@@ -150,8 +151,9 @@ def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float],
     done = os.path.join(out, "fast.done")
     env = dict(os.environ, BATCHCAST_METRICS_DIR=out)
     cmds = [trainer_cmd(args, key, 0.0, None, done)]
-    if slow_sleep is not None:
-        cmds.append(trainer_cmd(args, key, slow_sleep, done, None, args.slow_stall_timeout, pause))
+    if slow_period is not None:
+        cmds.append(trainer_cmd(args, key, slow_period, done, None, args.slow_stall_timeout,
+                                pause))
     results = run_trainers(cmds, env)
     text = share_log(key)
     if "native pipeline" not in text:
@@ -163,14 +165,14 @@ def run(args: argparse.Namespace, name: str, slow_sleep: Optional[float],
             with open(os.path.join(part, "summary.json")) as f:
                 server_cpu = json.load(f)["cpu_core_s"]["server"]
     fast = results[0]
-    row = {"run": name, "slow_sleep_s": slow_sleep,
+    row = {"run": name, "slow_period_s": slow_period,
            "fast_samples_s": fast["samples"] / fast["wall_s"],
            "fast_half_samples_s": fast["half_samples"] / fast["half_s"],
            "fast_wall_s": fast["wall_s"], "server_cpu_core_s": server_cpu,
            "chunks_published": int(chunks.group(1)) if chunks else None,
            "chunks_regenerated": int(chunks.group(2)) if chunks else None,
            "decouplings": int(chunks.group(3)) if chunks else None}
-    if slow_sleep is not None:
+    if slow_period is not None:
         row["slow_samples_s"] = results[1]["samples"] / results[1]["wall_s"]
     return row
 
@@ -255,7 +257,7 @@ def main() -> None:
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--role", choices=["main", "trainer"], default="main")
     p.add_argument("--key", help=argparse.SUPPRESS)
-    p.add_argument("--sleep", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--period", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--pause", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--model", default="", help=argparse.SUPPRESS)
     p.add_argument("--models", help="MODEL[:SIZE],...: torchvision models trained on the GPU "
@@ -286,7 +288,7 @@ def main() -> None:
         if per_batch is None:  # one slow-down for every pair: from the first alone run
             per_batch = args.batch_size / rows[-1]["fast_samples_s"]
         if kind == "slower":
-            rows.append(run(args, f"{k:g}x", (k - 1) * per_batch))
+            rows.append(run(args, f"{k:g}x", k * per_batch))
         else:
             rows.append(run(args, f"pause {k:g} s", 0.0, pause=k))
         rows[-1]["alone"] = rows[-2]
