@@ -205,6 +205,16 @@ class SharedStream:
     def stats(self) -> Any:
         return self._loader.stats if self._loader is not None else None
 
+    @property
+    def attached(self) -> bool:
+        """Whether this trainer reads the stream yet (its first iteration attached it)."""
+        return self._loader is not None
+
+    def restate(self, fields: Dict[str, Any]) -> None:
+        """Before the first iteration of a Python pipeline: the dataset's fields changed, and
+        the producer it starts will run the dataset as it is then."""
+        self._fingerprint.update(fields)
+
     def follow(self, view: str) -> None:
         """Reads ``view`` (a view text of the stream) from the next epoch on: the trainer's
         transform changed (progressive resizing); see Loader.set_view."""

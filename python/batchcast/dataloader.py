@@ -47,7 +47,8 @@ Progressive resizing: a transform assigned to the dataset between epochs (``data
 = T.Compose([T.RandomResizedCrop(160), ...])``) is read from the next iteration on, as another
 view of the same stream (docs/views.md): each epoch whole in one transform, the others' streams
 untouched. Where the pipeline is not native into a host pool, that next iteration raises
-ValueError instead (the producer would go on serving the old transform).
+ValueError instead (the producer would go on serving the old transform), unless it is the first
+(a Python pipeline's producer takes the dataset as it is then).
 
 Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
 DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
@@ -164,12 +165,17 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         if now == self._view_fields:
             return
         assert self._stream is not None
+        if not self.native and not self._stream.attached:
+            # Its producer is not started yet: it will pickle the dataset as it is now.
+            self._stream.restate(now)
+            self._view_fields = now
+            return
         plan = native_plan(self, *self._plan_args) if self.native else None
         if not joins_as_view(plan):
             changed = [name for name, value in now.items() if self._view_fields[name] != value]
             raise ValueError(
                 f"DataLoader(share={self.share!r}): the dataset's {' and '.join(changed)} "
-                "changed since the loader was made, and its producer would go on serving the "
+                "changed after the share's producer took it, and it would go on serving the "
                 "old one. A share follows a new transform (progressive resizing) only when the "
                 "old and the new are recognised torchvision pipelines decoded natively into a "
                 "host pool (batchcast._torchvision_plan logs why one is not; no pin_memory); "
