@@ -71,17 +71,30 @@ def test_quick_mixed_regime_gives_each_trainer_its_model_and_size(tmp_path, batc
     skipped = regime["runs"]["batchcast-nvjpeg"]["skipped"]
     assert skipped.startswith("needs a GPU" if not torch.cuda.is_available() else
                               "--decoder nvjpeg serves one view"), skipped
-    server_log = (out / "logs" / "small_cnn-64+small_cnn-48-batchcast-cpu" / "server0.log")
-    log = server_log.read_text()
-    assert "view 1:" in log and "view 2:" not in log, log[-3000:]
-    trainer_log = server_log.parent / "trainer1.log"
-    assert trainer_log.exists()
+    log = (out / "logs" / "small_cnn-64+small_cnn-48-batchcast-cpu" / "server0.log").read_text()
+    # one view besides the server's own, a 48 px float32 batch of 8 per slot, read by trainer 1
+    assert "view 1: " in log and "view 2:" not in log, log[-3000:]
+    assert f" x {48 * 48 * 3 * 4 * 8 // 1024} KiB in " in log, log[-3000:]
+    assert "view 1, starts at" in log, log[-3000:]
     text = (out / "results.md").read_text()
     assert "#### small_cnn:64 + small_cnn:48, N = 2" in text
     table = text[text.index("| trainer |"):].splitlines()
     assert table[0] == "| trainer | synthetic | batchcast-cpu | dataloader |"
     assert table[2].startswith("| 0: small_cnn:64 | ") and table[3].startswith(
         "| 1: small_cnn:48 | "), table
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU pools need CUDA")
+def test_quick_mixed_regime_on_a_gpu_pool(tmp_path, batchcast_cli):
+    trainers = [("small_cnn", 64), ("small_cnn", 48)]
+    _, results = run_quick(tmp_path, batchcast_cli, "--device", "cuda", "--regimes",
+                           "small_cnn:64+small_cnn:48", "--peers",
+                           "batchcast-cpu,gpu-decode,batchcast-nvjpeg,batchcast-mixed")
+    runs = results["regimes"][0]["runs"]
+    for peer in ("batchcast-cpu", "gpu-decode"):
+        assert_figures(runs[peer], trainers)
+    for peer in ("batchcast-nvjpeg", "batchcast-mixed"):
+        assert "serves one view" in runs[peer]["skipped"], runs[peer]
 
 
 def test_regimes_parse_both_forms():
