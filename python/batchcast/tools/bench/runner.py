@@ -258,9 +258,13 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
 
 
 def _pool_mib(server_log: str) -> int:
-    """GPU (or host) memory of one server's pool, from its start line: slots x MiB x devices."""
-    m = re.search(r"\((\d+) slots x (\d+) MiB in (.*)\)", _read(server_log))
+    """GPU (or host) memory of one server's pool, from its start line (slots x MiB x devices),
+    plus its views' (a view line each: slots x KiB, on each of the pool's devices)."""
+    text = _read(server_log)
+    m = re.search(r"\((\d+) slots x ([\d.]+) MiB in (.*)\)", text)
     if not m:
         return 0
     places = m.group(3).count("cuda:") or 1
-    return int(m.group(1)) * int(m.group(2)) * places
+    views_kib = sum(int(slots) * int(kib) for slots, kib in
+                    re.findall(r"view \d+: (\d+) slots x (\d+) KiB in ", text))
+    return round((int(m.group(1)) * float(m.group(2)) + views_kib / 1024) * places)
