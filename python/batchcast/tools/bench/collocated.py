@@ -9,7 +9,18 @@ side by side in one invocation. Peers (batchcast.tools.bench.sources):
   dali              per trainer an NVIDIA DALI pipeline (mixed decode), where importable.
 Trainers train as people do today: bf16 autocast + channels_last (--fp32: plain float32).
 Per run: aggregate samples/s over one shared window, its share of the synthetic ceiling, the
-CPU cores busy (all, and the data side's), GPU watts and joules per sample (NVML).
+CPU cores busy (all, and the data side's), GPU watts and joules per sample (NVML); per
+trainer: its samples/s and its share of the same trainer's rate in the synthetic run.
+
+A regime is its trainers' (model, image size): `--regimes resnet18:224:4` is four of one
+kind; `--regimes resnet18:224+resnet50:192+mobilenet_v3_small:160+resnet18:128` (a mixed
+regime) gives each trainer its own model and size. The batchcast peers then serve all sizes
+from one server (the first trainer's size, a view per other size: docs/views.md, one decode
+for all); the nvJPEG and mixed decoders serve one view and skip such a regime, saying so. A
+mixed regime's report adds a table per trainer. The H100 run of the mixed regime:
+  batchcast bench --data DIR --regimes resnet18:224+resnet50:192+mobilenet_v3_small:160+\
+resnet18:128 --peers synthetic,gpu-decode,batchcast-cpu,dataloader --data-cores 2
+
 Optional: a sweep over the cores the data side may use (--cores-sweep; the fewest reaching
 95 % of the ceiling is reported) and data-only rates on the same files (--anchor, with
 --cuda-bench for the nvJPEG engine's standalone rate). Writes results.json, results.md and
@@ -29,7 +40,7 @@ import json
 import os
 import subprocess
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...server import make_dataset
 from . import probes, report
@@ -66,7 +77,9 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                   "default data/bench, quick: OUT/data)")
     p.add_argument("--classes", type=int, help="classes of a made dataset and of the models (10)")
     p.add_argument("--per-class", type=int, help="images per class of a made dataset (100)")
-    p.add_argument("--regimes", help="MODEL:SIZE:N,... (default: the product of --models, "
+    p.add_argument("--regimes", help="MODEL:SIZE:N (N trainers of one model and size) or "
+                                     "MODEL:SIZE+MODEL:SIZE+... (a trainer per part), "
+                                     "comma-separated (default: the product of --models, "
                                      "--image-sizes and --trainers)")
     p.add_argument("--models", default="resnet18",
                    help="torchvision or timm names (resnet50, mobilenet_v3_small, "
@@ -109,25 +122,41 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def regimes(args: argparse.Namespace) -> List[Dict[str, Any]]:
+def parse_regime(spec: str) -> List[Tuple[str, int]]:
+    """One --regimes entry as its trainers' (model, image size): MODEL:SIZE:N is N trainers of
+    one model and size, MODEL:SIZE+MODEL:SIZE+... one trainer per part (a mixed regime)."""
+    parts = spec.split("+")
+    try:
+        if len(parts) == 1 and spec.count(":") == 2:
+            model, size, n = spec.split(":")
+            trainers = [(model, int(size))] * int(n)
+        else:
+            trainers = [(m, int(s)) for m, s in (p.split(":") for p in parts)]
+    except ValueError:
+        raise SystemExit(f"--regimes {spec}: use MODEL:SIZE:N (e.g. resnet18:224:4) or "
+                         f"MODEL:SIZE+MODEL:SIZE+... (e.g. resnet18:224+resnet50:192)")
+    if not trainers or any(size < 1 for _, size in trainers):
+        raise SystemExit(f"--regimes {spec}: needs at least one trainer and sizes >= 1")
+    return trainers
+
+
+def regimes(args: argparse.Namespace) -> List[List[Tuple[str, int]]]:
+    """Each regime as its trainers' (model, image size), trainer i at index i."""
     if args.regimes:
-        specs = [r.split(":") for r in _names(args.regimes)]
-    else:
-        specs = list(itertools.product(_names(args.models), _names(args.image_sizes),
-                                       _names(args.trainers)))
-    return [{"model": m, "image_size": int(s), "n": int(n)} for m, s, n in specs]
+        return [parse_regime(r) for r in _names(args.regimes)]
+    return [[(m, int(s))] * int(n) for m, s, n in itertools.product(
+        _names(args.models), _names(args.image_sizes), _names(args.trainers))]
 
 
-def run_one(args: argparse.Namespace, energy: probes.Energy, peer: str, regime: Dict[str, Any],
-            cores: Optional[int], tag: str) -> Dict[str, Any]:
-    why = unavailable(peer, args)
+def run_one(args: argparse.Namespace, energy: probes.Energy, peer: str,
+            trainers: List[Tuple[str, int]], cores: Optional[int], tag: str) -> Dict[str, Any]:
+    why = unavailable(peer, args, trainers)
     if why:
         print(f"[bench] {tag}: {why}", flush=True)
         return {"peer": peer, "skipped": why}
     t0 = time.time()
     try:
-        fig = measure(args, energy, peer, regime["model"], regime["image_size"], regime["n"],
-                      cores, os.path.join(args.out, "logs", tag))
+        fig = measure(args, energy, peer, trainers, cores, os.path.join(args.out, "logs", tag))
     except RunError as e:
         print(f"[bench] {tag}: FAILED\n{e}", flush=True)
         return {"peer": peer, "error": str(e)}
@@ -135,6 +164,19 @@ def run_one(args: argparse.Namespace, energy: probes.Energy, peer: str, regime: 
           f"busy, J/sample {report._f(fig['joules_per_sample'], '.3f')} ({time.time() - t0:.0f} s)",
           flush=True)
     return fig
+
+
+def run_regime(args: argparse.Namespace, energy: probes.Energy, peers: List[str],
+               trainers: List[Tuple[str, int]]) -> Dict[str, Any]:
+    """Every peer on one regime; each trainer's figures then carry its share of the same
+    trainer's rate in the synthetic run (of_ceiling; None where synthetic did not run)."""
+    name = report.regime_name(trainers)
+    runs = {p: run_one(args, energy, p, trainers, args.data_cores, f"{name}-{p}") for p in peers}
+    top = runs.get("synthetic", {}).get("per_trainer")
+    for fig in runs.values():
+        for i, t in enumerate(fig.get("per_trainer", [])):
+            t["of_ceiling"] = t["samples_per_s"] / top[i]["samples_per_s"] if top else None
+    return {"trainers": trainers, "n": len(trainers), "runs": runs}
 
 
 def engine_rate(args: argparse.Namespace) -> Optional[List[str]]:
@@ -160,24 +202,21 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "batch_size", "fp32", "device", "warmup", "settle", "seconds", "data", "data_cores",
         "gpus")})
     results: Dict[str, Any] = {"meta": meta, "regimes": []}
-    for regime in regimes(args):
-        name = f"{regime['model']}-{regime['image_size']}-N{regime['n']}"
-        runs = {p: run_one(args, energy, p, regime, args.data_cores, f"{name}-{p}") for p in peers}
-        results["regimes"].append(dict(regime, runs=runs))
+    for trainers in regimes(args):
+        results["regimes"].append(run_regime(args, energy, peers, trainers))
     if args.cores_sweep and results["regimes"]:
         first = results["regimes"][0]
-        sweep = dict({k: first[k] for k in ("model", "image_size", "n")}, runs=[])
+        sweep: Dict[str, Any] = {"trainers": first["trainers"], "n": first["n"], "runs": []}
         for peer, k in itertools.product(_names(args.sweep_peers), _ints(args.cores_sweep)):
             full = first["runs"].get(peer, {})
             if k >= meta["cores"] and full.get("cores") == meta["cores"]:
                 sweep["runs"].append(full)  # the regime's own run already had every core
             else:
-                sweep["runs"].append(dict(run_one(args, energy, peer, first, k,
+                sweep["runs"].append(dict(run_one(args, energy, peer, first["trainers"], k,
                                                   f"sweep-{peer}-{k}cores"), cores=k))
         results["sweep"] = sweep
     if args.anchor:
-        none = {"model": "none", "image_size": results["regimes"][0]["image_size"]
-                if results["regimes"] else 224, "n": 1}
+        none = [("none", results["regimes"][0]["trainers"][0][1] if results["regimes"] else 224)]
         results["anchor"] = {"runs": {p: run_one(args, energy, p, none, None, f"anchor-{p}")
                                       for p in _names(args.anchor)}, "engine": engine_rate(args)}
     with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -1,15 +1,17 @@
 """The collocated benchmark's report: Markdown tables and one PNG from its results.json.
 
 Layout read here (written by batchcast.tools.bench.collocated): ``meta`` (machine and settings),
-``regimes`` (each: model, image_size, n and ``runs``: peer -> figures of runner.measure, or
-``{"skipped": why}`` / ``{"error": log}``), ``sweep`` (model, image_size, n, ``runs``: figures at
-several ``cores``), ``anchor`` (``runs``: data-only figures at N = 1; ``engine``: the lines of
-cuda_bench's decode of the same files, when it ran). Pure functions of that dict; no state.
+``regimes`` (each: ``trainers``, the [model, image size] of trainer i at index i; n; ``runs``:
+peer -> figures of runner.measure, whose ``per_trainer`` entries carry ``of_ceiling``, or
+``{"skipped": why}`` / ``{"error": log}``), ``sweep`` (trainers, n, ``runs``: figures at several
+``cores``), ``anchor`` (``runs``: data-only figures at N = 1; ``engine``: the lines of
+cuda_bench's decode of the same files, when it ran). A regime whose trainers differ (a mixed
+regime) also gets a table per trainer. Pure functions of that dict; no state.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 TARGET = 0.95  # "reaches the ceiling": within 5 % of the synthetic rate
 
@@ -22,8 +24,22 @@ def _f(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def mixed(trainers: Sequence[Sequence[Any]]) -> bool:
+    return len({tuple(t) for t in trainers}) > 1
+
+
+def regime_name(trainers: Sequence[Sequence[Any]]) -> str:
+    """The regime in file names (its runs' log folders)."""
+    if mixed(trainers):
+        return "+".join(f"{m}-{s}" for m, s in trainers)
+    return f"{trainers[0][0]}-{trainers[0][1]}-N{len(trainers)}"
+
+
 def regime_title(r: Dict[str, Any]) -> str:
-    return f"{r['model']}, {r['image_size']} px, N = {r['n']}"
+    if mixed(r["trainers"]):
+        return " + ".join(f"{m}:{s}" for m, s in r["trainers"]) + f", N = {r['n']}"
+    model, size = r["trainers"][0]
+    return f"{model}, {size} px, N = {r['n']}"
 
 
 def regime_table(regime: Dict[str, Any]) -> str:
@@ -41,6 +57,21 @@ def regime_table(regime: Dict[str, Any]) -> str:
             f"{fig['cpu_cores']:.1f} ({fig['data_cpu_cores']:.1f}) | "
             f"{_f(fig['gpu_watts'], '.0f')} | "
             f"{_f(fig['joules_per_sample'], '.3f')} | {100 * fig['wait_fraction']:.0f} % |")
+    return "\n".join(lines)
+
+
+def trainer_table(regime: Dict[str, Any]) -> str:
+    """Per trainer, each peer's samples/s and its share of the same trainer's synthetic rate."""
+    runs = {p: f for p, f in regime["runs"].items() if "per_trainer" in f}
+    lines = ["| trainer | " + " | ".join(runs) + " |", "|---|" + "---:|" * len(runs)]
+    for i, (model, size) in enumerate(regime["trainers"]):
+        cells = []
+        for fig in runs.values():
+            t = fig["per_trainer"][i]
+            share = t.get("of_ceiling")
+            cells.append(f"{t['samples_per_s']:.0f}"
+                         + ("" if share is None else f" ({100 * share:.0f} %)"))
+        lines.append(f"| {i}: {model}:{size} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -91,10 +122,13 @@ def markdown(results: Dict[str, Any]) -> str:
            f"window per run after {m['warmup']} warmup steps + {m['settle']} s."]
     for r in results["regimes"]:
         out += ["", f"#### {regime_title(r)}", "", regime_table(r)]
+        if mixed(r["trainers"]):
+            out += ["", "Per trainer: samples/s (share of the same trainer's synthetic rate)", "",
+                    trainer_table(r)]
     sweep = results.get("sweep")
     if sweep and sweep["runs"]:
         top = next((ceiling(r) for r in results["regimes"]
-                    if all(r[k] == sweep[k] for k in ("model", "image_size", "n"))), None)
+                    if r["trainers"] == sweep["trainers"]), None)
         out += ["", f"#### Cores for the data side, {regime_title(sweep)}", "",
                 sweep_table(sweep, top)]
     if results.get("anchor"):
@@ -121,7 +155,7 @@ def plot(results: Dict[str, Any], path: str) -> None:
     if sweep["runs"]:
         ax = axes[0][-1]
         top = next((ceiling(r) for r in regimes
-                    if all(r[k] == sweep[k] for k in ("model", "image_size", "n"))), None)
+                    if r["trainers"] == sweep["trainers"]), None)
         for peer in sorted({f["peer"] for f in sweep["runs"] if "samples_per_s" in f}):
             fs = sorted((f for f in sweep["runs"] if f["peer"] == peer and "samples_per_s" in f),
                         key=lambda f: f["cores"])

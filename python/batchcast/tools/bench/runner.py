@@ -12,6 +12,11 @@ first `cores` cores and the trainers to the others, so that "cores needed" means
 data side had to itself. Each DataLoader-style peer gets cores/N workers per trainer (a fair
 share); the server gets `cores` workers for all N.
 
+Trainer i trains its own (model, image size). The batchcast peers serve every size from one
+server, decoded once: the server's size is the first trainer's and each other size is a view
+(``--view size=S``, docs/views.md) that its trainers read with ``Loader(view="size=S")``. The
+nvJPEG and mixed decoders serve one view, so those peers skip regimes of several sizes.
+
 Thread-safety: one run at a time per process (it owns the child processes it starts).
 Ownership: every process a run starts is ended before ``measure`` returns, failed or not; logs
 stay in the run's log folder.
@@ -29,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 from ...server import find_binary
 from . import probes
@@ -47,10 +52,14 @@ class RunError(RuntimeError):
     """A run that produced no figures: a process failed, or the run outlived its time limit."""
 
 
-def unavailable(peer: str, cfg: argparse.Namespace) -> Optional[str]:
-    """Why `peer` cannot run here, or None."""
+def unavailable(peer: str, cfg: argparse.Namespace,
+                trainers: List[Tuple[str, int]]) -> Optional[str]:
+    """Why `peer` cannot run `trainers` here, or None."""
     if peer in GPU_PEERS and not cfg.device.startswith("cuda"):
         return "needs a GPU (--device cuda)"
+    if peer in DECODERS and len({size for _, size in trainers}) > 1:
+        return (f"--decoder {DECODERS[peer]} serves one view (one image size): run the "
+                f"batchcast-cpu peer for trainers of several sizes")
     if peer.endswith("-pergpu") and cfg.gpus < 2:
         return "needs --gpus 2 or more (one server per GPU)"
     if peer == "dali" and (importlib.util.find_spec("nvidia") is None
@@ -101,23 +110,26 @@ class _Watchdog(threading.Thread):
             return
 
 
-def _start_server(cfg: argparse.Namespace, peer: str, size: int, n: int, workers: int,
+def _start_server(cfg: argparse.Namespace, peer: str, sizes: List[int], n: int, workers: int,
                   data_cpus: Optional[List[int]], endpoint: str, device: str,
                   log: IO[str]) -> subprocess.Popen:
+    """A server of sizes[0] with a view for each other size (one decode for all sizes)."""
     cmd = [find_binary(), "serve", "--data", cfg.data, "--endpoint", endpoint,
-           "--batch-size", str(cfg.batch_size), "--image-size", str(size),
+           "--batch-size", str(cfg.batch_size), "--image-size", str(sizes[0]),
            "--workers", str(workers), "--epochs", "0", "--min-consumers", str(n),
            # A status line (rate, ring use, consumers) every 5 s: what a stalled run's log needs.
            "--status-interval", "5",
            # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
            "--device", device,
            "--decoder", DECODERS.get(peer, "cpu")]
+    for size in sizes[1:]:
+        cmd += ["--view", f"size={size}"]
     pin = None if data_cpus is None else (lambda: os.sched_setaffinity(0, data_cpus))
     return subprocess.Popen(cmd, stdout=log, stderr=log, preexec_fn=pin)
 
 
-def _trainer_cmd(cfg: argparse.Namespace, peer: str, model: str, size: int, workers: int,
-                 endpoint: str, device: str, data_cpus: Optional[List[int]],
+def _trainer_cmd(cfg: argparse.Namespace, peer: str, model: str, size: int, view: Optional[str],
+                 workers: int, endpoint: str, device: str, data_cpus: Optional[List[int]],
                  trainer_cpus: Optional[List[int]]) -> List[str]:
     cmd = [sys.executable, "-m", "batchcast.tools.bench.trainer", "--peer", peer, "--data", cfg.data,
            "--batch-size", str(cfg.batch_size), "--image-size", str(size),
@@ -125,6 +137,8 @@ def _trainer_cmd(cfg: argparse.Namespace, peer: str, model: str, size: int, work
            "--device", device, "--warmup", str(cfg.warmup), "--endpoint", endpoint]
     if cfg.fp32:
         cmd.append("--fp32")
+    if view is not None:
+        cmd += ["--view", view]
     if data_cpus is not None:
         cmd += ["--data-cpus", ",".join(map(str, data_cpus))]
     if trainer_cpus is not None:
@@ -139,9 +153,13 @@ def _cpu_split(before: Dict[int, float], after: Dict[int, float],
     return {"all": sum(delta.values()), "trainers": own, "data": sum(delta.values()) - own}
 
 
-def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: str, size: int,
-            n: int, cores: Optional[int], log_dir: str) -> Dict[str, Any]:
-    """Figures of one run (see the keys returned); raises RunError with the logs' tails."""
+def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
+            trainers: List[Tuple[str, int]], cores: Optional[int], log_dir: str) -> Dict[str, Any]:
+    """Figures of one run of `trainers` (trainer i trains model i at image size i; see the keys
+    returned); raises RunError with the logs' tails."""
+    n = len(trainers)
+    # The server's own size is the first trainer's; a trainer of another size reads its view.
+    sizes = list(dict.fromkeys(size for _, size in trainers))
     all_cpus = sorted(os.sched_getaffinity(0))
     k = min(cores or len(all_cpus), len(all_cpus))
     limited = k < len(all_cpus)
@@ -165,12 +183,13 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
         for s, (device, endpoint, path) in enumerate(zip(layout, endpoints, server_logs)):
             readers = len(range(s, n, len(layout)))
             with open(path, "w") as log:
-                servers.append(_start_server(cfg, peer, size, readers, max(1, workers // len(
+                servers.append(_start_server(cfg, peer, sizes, readers, max(1, workers // len(
                     layout)), data_cpus, endpoint, device, log))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs = []
-    for i, path in enumerate(logs):
-        cmd = _trainer_cmd(cfg, peer, model, size, workers, endpoints[i % len(endpoints)],
+    for i, ((model, size), path) in enumerate(zip(trainers, logs)):
+        view = f"size={size}" if peer.startswith("batchcast") and size != sizes[0] else None
+        cmd = _trainer_cmd(cfg, peer, model, size, view, workers, endpoints[i % len(endpoints)],
                            devices[i], data_cpus, trainer_cpus)
         with open(path, "w") as log:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -225,9 +244,10 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
     cpu = _cpu_split(cpu0, cpu1, [p.pid for p in procs])
     joules = None if joules0 is None or joules1 is None else joules1 - joules0
     return {
-        "peer": peer, "model": model, "image_size": size, "n": n, "cores": k,
+        "peer": peer, "n": n, "cores": k,
         "workers": None if peer == "synthetic" else workers, "samples_per_s": rate,
-        "per_trainer_samples_per_s": rates,
+        "per_trainer": [{"model": model, "image_size": size, "samples_per_s": r}
+                        for (model, size), r in zip(trainers, rates)],
         "wait_fraction": sum(r["wait_s"] for r in results)
         / sum(r["end"] - r["start"] for r in results),
         "cpu_cores": cpu["all"] / window, "data_cpu_cores": cpu["data"] / window,
@@ -238,9 +258,13 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str, model: st
 
 
 def _pool_mib(server_log: str) -> int:
-    """GPU (or host) memory of one server's pool, from its start line: slots x MiB x devices."""
-    m = re.search(r"\((\d+) slots x (\d+) MiB in (.*)\)", _read(server_log))
+    """GPU (or host) memory of one server's pool, from its start line (slots x MiB x devices),
+    plus its views' (a view line each: slots x KiB, on each of the pool's devices)."""
+    text = _read(server_log)
+    m = re.search(r"\((\d+) slots x ([\d.]+) MiB in (.*)\)", text)
     if not m:
         return 0
     places = m.group(3).count("cuda:") or 1
-    return int(m.group(1)) * int(m.group(2)) * places
+    views_kib = sum(int(slots) * int(kib) for slots, kib in
+                    re.findall(r"view \d+: (\d+) slots x (\d+) KiB in ", text))
+    return round((int(m.group(1)) * float(m.group(2)) + views_kib / 1024) * places)

@@ -161,13 +161,14 @@ def dali(args: argparse.Namespace, device: torch.device) -> Iterator[Batch]:
 
 
 def batchcast_loader(args: argparse.Namespace, device: torch.device) -> Iterator[Batch]:
-    """A batchcast server (started by the orchestrator, decoder per peer) through batchcast.Loader;
-    with the pool on the GPU the tensors arrive there, zero-copy."""
+    """A batchcast server (started by the orchestrator, decoder per peer) through batchcast.Loader,
+    reading `args.view` where the trainer's size is one of the server's views; with the pool on
+    the GPU the tensors arrive there, zero-copy."""
     from ... import Loader
     # On a GPU: read the pool's arena on this trainer's GPU (a pool on several GPUs has one each).
     loader = Loader(args.endpoint, batch_size=args.batch_size, drop_last=True,
-                              timeout=300, name=f"bench-{os.getpid()}",
-                              device=device if device.type == "cuda" else None)
+                    timeout=300, name=f"bench-{os.getpid()}",
+                    device=device if device.type == "cuda" else None, view=args.view)
     try:
         for images, labels in _forever(loader):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

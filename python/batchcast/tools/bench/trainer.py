@@ -60,6 +60,8 @@ def parse(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--peer", choices=sorted(SOURCES), required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--endpoint", help="the batchcast server (batchcast-* peers)")
+    p.add_argument("--view", help="the server's view to read, e.g. size=160 (batchcast-* peers "
+                                  "whose --image-size is not the server's)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--workers", type=int, default=2,
