@@ -176,8 +176,7 @@ std::optional<FillLease> StreamHost::acquire() {
   std::unique_lock lk(mu_);
   while (true) {
     if (stopping_ || state_->failed()) return std::nullopt;
-    if (auto fill = state_->try_acquire(monotonic_seconds()))
-      return lease(fill->seq, fill->slot, std::nullopt);
+    if (auto fill = state_->try_acquire(monotonic_seconds())) return lease(*fill);
     // Re-check periodically: under stall_policy=skip a consumer becomes skippable with time.
     slot_freed_.wait_for(lk, std::chrono::milliseconds(50));
   }
@@ -187,8 +186,7 @@ std::optional<FillLease> StreamHost::acquire_private(double timeout_s) {
   std::unique_lock lk(mu_);
   const double deadline = timeout_s < 0 ? 1e300 : monotonic_seconds() + timeout_s;
   while (!stopping_ && !state_->failed() && !state_->all_ended()) {
-    if (auto fill = state_->try_acquire_private(monotonic_seconds()))
-      return lease(fill->seq, fill->slot, fill->regenerate);
+    if (auto fill = state_->try_acquire_private(monotonic_seconds())) return lease(*fill);
     if (monotonic_seconds() >= deadline) break;
     slot_freed_.wait_for(lk, std::chrono::milliseconds(50));
   }
@@ -212,9 +210,9 @@ void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& 
     std::lock_guard lk(mu_);
     // The slot's sequence word is written while the chunk is complete and before any consumer
     // can be sent its descriptor (the state publishes it, in order, at the earliest now).
-    memory_.pool().set_slot_seq(lease.slot, lease.seq);
-    for (size_t v = 1; v < lease.views.size(); ++v)
-      view_memory_[v - 1]->pool().set_slot_seq(lease.slot, lease.seq);
+    // Only in the views filled: in the others the slot holds nothing a consumer may read.
+    for (size_t v = 0; v < lease.views.size(); ++v)
+      if (lease.views[v]) view_pool(static_cast<uint32_t>(v)).set_slot_seq(lease.slot, lease.seq);
     bool was_failed = state_->failed();
     state_->publish(lease.seq, lease.slot, position, std::move(tensors));
     if (!was_failed && state_->failed()) failure = state_->failure();
@@ -223,13 +221,15 @@ void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& 
   wake();
 }
 
-FillLease StreamHost::lease(uint64_t seq, uint32_t slot, std::optional<ChunkAddress> regenerate) {
-  FillLease l{seq, slot, memory_.slot_data(slot), memory_.pool().slot_bytes(), {}, regenerate};
-  memory_.pool().set_slot_seq(slot, SlotPool::kNoChunk);
-  l.views.push_back(l.data);
-  for (auto& view : view_memory_) {
-    view->pool().set_slot_seq(slot, SlotPool::kNoChunk);
-    l.views.push_back(view->slot_data(slot));
+FillLease StreamHost::lease(const StreamState::Fill& fill) {
+  const uint32_t slot = fill.slot;
+  FillLease l{fill.seq, slot,           memory_.slot_data(slot), memory_.pool().slot_bytes(),
+              {},       fill.regenerate};
+  // The slot's previous chunk is gone from every view, filled in this chunk's or not.
+  for (uint32_t v = 0; v <= view_memory_.size(); ++v) {
+    view_pool(v).set_slot_seq(slot, SlotPool::kNoChunk);
+    const bool filled = !fill.view || *fill.view == v;
+    l.views.push_back(!filled ? nullptr : v == 0 ? l.data : view_memory_[v - 1]->slot_data(slot));
   }
   return l;
 }

@@ -21,7 +21,8 @@
 // Views (stream_state.h, docs/views.md): the pool above is view 0's; serve_view() (or a
 // consumer's Hello.view that options.find_view maps to a new view) creates a further pool with the
 // same slot count, laid out for that view's tensors (segment "<pool>.v<K>", removed with the core).
-// A lease carries the slot of every view that existed when it was acquired. A GPU pool's view
+// A lease carries the slot of every view that existed when it was acquired (a private chunk's
+// only in its consumer's view; FillLease::views). A GPU pool's view
 // has its own arenas on the same GPUs (a header segment "<pool>.v<K>" as for view 0).
 // GPU pools (cuda_devices set, CUDA builds only): the slots are an ArenaSet, one arena per GPU
 // listed (the first is where producers write; shm/arena_set.h), created before the endpoint is
@@ -104,7 +105,10 @@ struct FillLease {
   uint32_t slot = 0;
   uint8_t* data = nullptr;  // host memory, or device memory in a GPU pool
   uint64_t capacity = 0;
-  // The slot in every view's pool that existed at acquire (views[0] == data).
+  // One entry per view that existed at acquire: the slot to fill in that view's pool, or null
+  // where this chunk is not filled. A stream chunk fills every view (views[0] == data); a
+  // private chunk only its consumer's view, the only one it is ever read in. A producer without
+  // views (view 0 alone) writes `data`; views[0] is then never null.
   std::vector<uint8_t*> views;
   // acquire_private(): the chunk of the stream to fill again (its position is the producer's
   // to state in publish()).
@@ -170,7 +174,10 @@ class StreamHost {
   // Under mu_: options.find_view's answer for `view`, its pool made if it is new.
   StreamState::ViewChoice choose_view_locked(const std::string& view);
   uint32_t add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs);  // under mu_
-  FillLease lease(uint64_t seq, uint32_t slot, std::optional<ChunkAddress> regenerate);
+  FillLease lease(const StreamState::Fill& fill);  // under mu_; resets the slot's seq words
+  SlotPool& view_pool(uint32_t view) {             // under mu_
+    return view == 0 ? memory_.pool() : view_memory_[view - 1]->pool();
+  }
 
   StreamHostOptions options_;
   std::string ipc_path_;  // declared before endpoint_: resolve_endpoint() fills it

@@ -27,8 +27,8 @@ class ChunkStage {
   // the lease's slot: waits until the previous upload from the slot's host-side memory is done.
   virtual void begin(const FillLease& lease, uint32_t samples) = 0;
   // Prepares sample `index` of `epoch` as sample `position` of the lease's chunk (in the slot of
-  // every view the lease carries). Called from the worker threads, concurrently for different
-  // positions. Throws SampleError for a bad sample.
+  // every view the lease fills: a null FillLease::views entry is skipped). Called from the worker
+  // threads, concurrently for different positions. Throws SampleError for a bad sample.
   virtual void fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) = 0;
   // Queues the chunk's copy (and conversion) into its slot and marks when it is done for the
   // consumers. Called from one thread, chunks in the order their last sample was filled; may

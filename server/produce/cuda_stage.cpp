@@ -82,16 +82,17 @@ void CudaStage::begin(const FillLease& lease, uint32_t /*samples*/) {
     add_view(v);
   // A slot's events were last recorded after its previous upload; once that completed, that
   // upload no longer reads this slot's staging areas.
-  for (uint32_t v = 0; v < lease.views.size(); ++v) views_[v]->arenas->wait_for_slot(lease.slot);
+  for (uint32_t v = 0; v < lease.views.size(); ++v)
+    if (lease.views[v]) views_[v]->arenas->wait_for_slot(lease.slot);
 }
 
 void CudaStage::fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) {
-  std::vector<std::vector<uint8_t*>> outs;
-  outs.reserve(lease.views.size());
+  std::vector<std::vector<uint8_t*>> outs(lease.views.size());  // empty: a view not filled
   for (uint32_t k = 0; k < lease.views.size(); ++k) {
+    if (!lease.views[k]) continue;
     const ViewStage& v = *views_[k];  // published by begin() before this chunk's fills
-    outs.push_back(v.staged_layout.sample_outs(
-        v.staging.data() + lease.slot * v.staged_layout.bytes, v.staged, position));
+    outs[k] = v.staged_layout.sample_outs(v.staging.data() + lease.slot * v.staged_layout.bytes,
+                                          v.staged, position);
   }
   source_.fill_views(index, epoch, outs);
 }
@@ -99,7 +100,7 @@ void CudaStage::fill(const FillLease& lease, uint32_t position, uint64_t index, 
 void CudaStage::upload(const FillLease& lease, uint32_t sample_count) {
   CudaDeviceGuard guard(device_);
   for (uint32_t k = 0; k < lease.views.size(); ++k)
-    upload_view(*views_[k], lease.views[k], lease, sample_count);
+    if (lease.views[k]) upload_view(*views_[k], lease.views[k], lease, sample_count);
 }
 
 void CudaStage::upload_view(const ViewStage& v, uint8_t* slot, const FillLease& lease,

@@ -11,7 +11,8 @@
 // slot count) and its own staging; the source's view v is that view's uint8 HWC pipeline, and
 // one fill_views() decode per sample writes every view's staging. The stage learns a view when
 // the first lease carrying it reaches begin() (ViewOf says what the view is); a lease carries
-// the views that existed when it was acquired, and only those are filled and uploaded.
+// the views that existed when it was acquired, and only those it fills (a private chunk: its
+// consumer's view alone) are filled and uploaded.
 //
 // Staging layout, per view: K pinned areas (cudaHostAlloc) of the source's chunk size for the
 // view (uint8 images, so a quarter of a float32 slot), plus one device scratch buffer for the

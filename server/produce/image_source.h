@@ -1,7 +1,8 @@
 // ImageSource: an image dataset (decoders/ Dataset) decoded and augmented by ImagePipelines, as
 // a SampleSource. Tensors of every view: "#0" images (that view's pipeline dtype and shape), "#1"
 // int64 labels. View 0 is the pipeline it was built with; add_view() adds more (docs/views.md),
-// and fill_views() makes the views of a sample from one read and decode (process_views).
+// and fill_views() makes the views of a sample from one read and decode (process_views), only
+// those it is given outs for.
 // Thread-safety: fill/fill_views/view_tensors from any number of threads, concurrently with one
 // add_view() at a time (the views live in a fixed array; a view is published by its count after
 // it is built). Owns the dataset and the pipelines.
@@ -46,10 +47,11 @@ class ImageSource : public SampleSource {
     std::array<void*, kMaxViews> images{};
     for (size_t v = 0; v < outs.size(); ++v) {
       pipelines[v] = views_[v].get();
-      images[v] = outs[v][0];
+      images[v] = outs[v].empty() ? nullptr : outs[v][0];  // null: process_views skips it
     }
     process_views(pipelines.data(), images.data(), outs.size(), entry.path, epoch, index);
-    for (const auto& view : outs) std::memcpy(view[1], &entry.label, sizeof(entry.label));
+    for (const auto& view : outs)
+      if (!view.empty()) std::memcpy(view[1], &entry.label, sizeof(entry.label));
   }
   const Dataset& dataset() const { return dataset_; }
   const ImagePipeline& pipeline() const { return *views_[0]; }  // view 0's

@@ -17,7 +17,8 @@ namespace {
 // publishes it.
 struct ChunkJob {
   FillLease lease;
-  // Per view of the lease (views[v] of view v): its tensors and their layout in its slot.
+  // Per view of the lease (views[v] of view v): its tensors and their layout in its slot (empty
+  // for a view the lease does not fill).
   std::vector<std::vector<SampleTensor>> view_tensors;
   std::vector<SlotLayout> view_layouts;
   protocol::ChunkPosition position;
@@ -84,13 +85,13 @@ SampleProducer::SampleProducer(StreamHost& core, const SampleSource& source, con
 
 namespace {
 
-// Where sample `position` of each view's tensors goes in the chunk's slots.
+// Where sample `position` of each view's tensors goes in the chunk's slots; none for a view
+// the lease does not fill (SampleSource::fill_views skips it).
 std::vector<std::vector<uint8_t*>> sample_outs(const ChunkJob& job, uint32_t position) {
-  std::vector<std::vector<uint8_t*>> outs;
-  outs.reserve(job.view_layouts.size());
+  std::vector<std::vector<uint8_t*>> outs(job.view_layouts.size());
   for (size_t v = 0; v < job.view_layouts.size(); ++v)
-    outs.push_back(
-        job.view_layouts[v].sample_outs(job.lease.views[v], job.view_tensors[v], position));
+    if (job.lease.views[v])
+      outs[v] = job.view_layouts[v].sample_outs(job.lease.views[v], job.view_tensors[v], position);
   return outs;
 }
 
@@ -197,10 +198,13 @@ bool SampleProducer::run() {
     }
     job->order = std::move(order);
     if (!options_.stage) {
+      job->view_tensors.resize(lease.views.size());
+      job->view_layouts.resize(lease.views.size());
       for (uint32_t v = 0; v < lease.views.size(); ++v) {
-        job->view_tensors.push_back(v == 0 ? tensors_ : source_.view_tensors(v));
-        job->view_layouts.push_back(
-            v == 0 ? layout_ : SlotLayout::plan(job->view_tensors.back(), options_.chunk_size));
+        if (!lease.views[v]) continue;
+        job->view_tensors[v] = v == 0 ? tensors_ : source_.view_tensors(v);
+        job->view_layouts[v] =
+            v == 0 ? layout_ : SlotLayout::plan(job->view_tensors[v], options_.chunk_size);
       }
     }
     job->tensors = slot_layout_.specs(slot_tensors_, pos.sample_count);

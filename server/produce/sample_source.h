@@ -42,11 +42,13 @@ class SampleSource {
   virtual void fill(uint64_t index, uint64_t epoch, const std::vector<uint8_t*>& outs) const = 0;
   // Views (ImageSource; docs/views.md): view `view`'s tensors (view 0: tensors()), and every
   // view of a sample at once, outs[v][t] for tensor t of view v (outs.size() views, from one read
-  // and decode). A source without views has view 0 only: these default to tensors() and fill().
+  // and decode); an empty outs[v] skips view v (a chunk not made for it), leaving the others'
+  // bytes as they are. A source without views has view 0 only: these default to tensors() and
+  // fill().
   virtual std::vector<SampleTensor> view_tensors(uint32_t /*view*/) const { return tensors(); }
   virtual void fill_views(uint64_t index, uint64_t epoch,
                           const std::vector<std::vector<uint8_t*>>& outs) const {
-    fill(index, epoch, outs[0]);
+    if (!outs[0].empty()) fill(index, epoch, outs[0]);
   }
 };
 

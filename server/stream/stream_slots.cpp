@@ -64,7 +64,11 @@ std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
   if (!slot) return std::nullopt;
   private_.take_request(seq);
   if (evicted) descriptors_.erase(*evicted);
-  return Fill{seq, *slot, request->chunk};
+  // Only its consumer is ever sent it: only its view is filled. A request still wanted is of a
+  // consumer still attached (one that leaves stops its private stream).
+  const auto& all = consumers_.all();
+  const auto c = all.find(request->consumer);
+  return Fill{seq, *slot, request->chunk, c == all.end() ? 0u : c->second.view};
 }
 
 StreamState::SlotCount StreamState::count_slots(double now) const {

@@ -48,8 +48,9 @@
 // - End to every consumer after finish(), and to a consumer in answer to its Goodbye (nothing
 //   follows); fail() sends the error to everyone, also later joiners, and delivers no more chunks.
 //
-// - Views: each view (add_view) has its own pool with the same slots; a chunk is in every view
-//   that existed when it was acquired (stream or private). A consumer reads one view (Hello.view,
+// - Views: each view (add_view) has its own pool with the same slots; a stream chunk is in every
+//   view that existed when it was acquired, a private chunk only in the view of the consumer it
+//   is made for (Fill::view; nobody else is sent it). A consumer reads one view (Hello.view,
 //   mapped by the injected ResolveView; a view refused there is answered with an ErrorMessage),
 //   is welcomed with that view's pool and sent that view's tensors; the chunks acquired before
 //   its view existed count, for it, as chunks the ring no longer holds (regenerated when the
@@ -164,6 +165,9 @@ class StreamState {
     uint64_t seq;
     uint32_t slot;
     std::optional<ChunkAddress> regenerate;  // a private chunk: fill this chunk of the stream
+    // A private chunk: the one view to fill, its consumer's. nullopt: a stream chunk, filled in
+    // every view (view_count() at acquire).
+    std::optional<uint32_t> view;
   };
   // The stream's next chunk; nullopt after finish(), or while every slot is kept.
   std::optional<Fill> try_acquire(double now);

@@ -1,6 +1,7 @@
 // StreamHost against hostile and careless peers: malformed frames, messages before hello,
 // forged releases and multi-frame messages are dropped and counted, and never disturb a real
-// consumer. Also: endpoints are private (ipc 0600, tcp on loopback).
+// consumer. Also: endpoints are private (ipc 0600, tcp on loopback), and a private chunk is
+// written only in its consumer's view.
 #include "server/host/stream_host.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +104,71 @@ TEST(StreamHost, HostileMessagesAreDroppedAndCountedAndNobodyIsDisturbed) {
   EXPECT_FALSE(consumer.next()) << "epoch end";
   producer.join();
   EXPECT_TRUE(core.wait_finished(10));
+}
+
+// Publishes chunk `index` of epoch 0 into every view `lease` fills.
+void publish_index(StreamHost& core, const FillLease& lease, uint64_t index) {
+  for (uint8_t* slot : lease.views)
+    if (slot) reinterpret_cast<int64_t*>(slot)[0] = static_cast<int64_t>(index);
+  protocol::ChunkPosition position;
+  position.index_in_epoch = index;
+  position.sample_start = index * 4;
+  position.sample_count = 4;
+  position.epoch_samples = 32;
+  core.publish(lease, position, {{"#", DType::kInt64, {4}, {1}, 0}});
+}
+
+TEST(StreamHost, APrivateChunkIsWrittenInItsConsumersViewOnly) {
+  auto ep = test_endpoint("views");
+  StreamHostOptions o = small_server(ep);
+  o.ring_slots = 8;
+  o.epoch_samples = 32;
+  o.regenerates = true;
+  o.find_view = [](const std::string& view) {  // "1", "2": views of int64 chunks like view 0's
+    StreamHostOptions::ViewAnswer a;
+    a.view = view.empty() ? 0 : static_cast<uint32_t>(std::stoul(view));
+    a.slot_bytes = 4096;
+    a.specs = [](uint32_t n) {
+      return std::vector<protocol::TensorSpec>{{"#", DType::kInt64, {int64_t{n}}, {1}, 0}};
+    };
+    return a;
+  };
+  StreamHost core(o);
+  for (uint64_t c = 0; c < 2; ++c) {  // before the views: in view 0 alone
+    auto lease = core.acquire();
+    ASSERT_TRUE(lease);
+    EXPECT_EQ(lease->views.size(), 1u);
+    publish_index(core, *lease, c);
+  }
+  ASSERT_EQ(core.serve_view("1"), 1u);
+  ASSERT_EQ(core.serve_view("2"), 2u);
+  auto stream = core.acquire();
+  ASSERT_TRUE(stream);
+  ASSERT_EQ(stream->views.size(), 3u);
+  for (uint8_t* slot : stream->views) EXPECT_TRUE(slot) << "a stream chunk is in every view";
+  publish_index(core, *stream, 2);
+
+  // A consumer of view 1 joins: chunks 0 and 1 are not in its view, so they are made for it.
+  zmq::context_t ctx;
+  zmq::socket_t peer(ctx, zmq::socket_type::dealer);
+  peer.connect(ep);
+  protocol::Hello hello;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  hello.view = "1";
+  send_raw(peer, protocol::encode(hello));
+  send_raw(peer, protocol::encode(protocol::Credit{8}));
+  auto mine = core.acquire_private(10);
+  ASSERT_TRUE(mine);
+  ASSERT_EQ(mine->views.size(), 3u);
+  EXPECT_FALSE(mine->views[0]) << "view 0's slot is not written";
+  EXPECT_EQ(mine->views[1], core.view_memory(1).slot_data(mine->slot));
+  EXPECT_FALSE(mine->views[2]) << "view 2's slot is not written";
+  publish_index(core, *mine, mine->regenerate->index);
+  EXPECT_EQ(core.view_memory(1).pool().slot_seq(mine->slot), mine->seq) << "its consumer reads it";
+  for (uint32_t v : {0u, 2u})
+    EXPECT_EQ(core.view_memory(v).pool().slot_seq(mine->slot), SlotPool::kNoChunk)
+        << "no consumer of view " << v << " may take the slot for a chunk";
+  core.stop();
 }
 
 TEST(StreamHost, IpcSocketIsOwnerOnlyAndTcpBindsLoopback) {

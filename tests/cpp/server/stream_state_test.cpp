@@ -1273,6 +1273,23 @@ TEST(StreamState, AViewAddedAtAttachGetsItsWholeEpochInItsOwnPool) {
   EXPECT_EQ(s.state.view_count(), 2u);
 }
 
+TEST(StreamState, APrivateChunkNamesItsConsumersViewAndAStreamChunkNone) {
+  constexpr uint64_t kPerEpoch = 4;
+  Stream s(regenerating(8, kPerEpoch));
+  s.lead("a", 2, kPerEpoch);
+  s.hello("b", protocol::LateJoin::kReplay, true, "size=6");  // view 1, after two chunks
+  s.credit("b", 100);
+  s.tick();
+  auto stream = s.fill();
+  ASSERT_TRUE(stream);
+  EXPECT_FALSE(stream->view) << "a stream chunk is filled in every view";
+  auto mine = s.state.try_acquire_private(s.now);
+  ASSERT_TRUE(mine) << "the chunks before its view are regenerated for it";
+  EXPECT_EQ(mine->regenerate, (ChunkAddress{0, 0}));
+  ASSERT_TRUE(mine->view);
+  EXPECT_EQ(*mine->view, 1u) << "only b is sent it: filled in b's view alone";
+}
+
 // A ring sized by memory (rules.lead_chunks): the producer fills only `lead` chunks nobody was
 // sent; the rest of the ring is a window in which consumers drift apart without holding anyone.
 StreamRules windowed(uint32_t slots, uint32_t lead) {
