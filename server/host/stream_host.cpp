@@ -223,8 +223,12 @@ void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& 
 
 FillLease StreamHost::lease(const StreamState::Fill& fill) {
   const uint32_t slot = fill.slot;
-  FillLease l{fill.seq, slot,           memory_.slot_data(slot), memory_.pool().slot_bytes(),
-              {},       fill.regenerate};
+  FillLease l;
+  l.seq = fill.seq;
+  l.slot = slot;
+  l.data = memory_.slot_data(slot);
+  l.capacity = memory_.pool().slot_bytes();
+  l.regenerate = fill.regenerate;
   // The slot's previous chunk is gone from every view, filled in this chunk's or not.
   for (uint32_t v = 0; v <= view_memory_.size(); ++v) {
     view_pool(v).set_slot_seq(slot, SlotPool::kNoChunk);
