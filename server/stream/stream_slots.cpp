@@ -49,7 +49,7 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (evicted) descriptors_.erase(*evicted);
   if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
   blocked_since_.reset();
-  return Fill{next_acquire_seq_++, *slot, std::nullopt};
+  return Fill{next_acquire_seq_++, *slot, std::nullopt, std::nullopt};  // every view
 }
 
 std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
