@@ -1,6 +1,7 @@
 #include "server/serve/signal_watcher.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -56,6 +57,7 @@ void SignalWatcher::watch(std::function<void(int)> on_signal) {
   for (int signo : kStoppingSignals) sigaddset(&stopping, signo);
   pthread_sigmask(SIG_BLOCK, &stopping, &previous);
   thread_ = std::thread([this, on_signal = std::move(on_signal)] {
+    pthread_setname_np(pthread_self(), kThreadName);  // for debuggers, top -H and the tests
     unsigned char byte = 0;
     for (;;) {
       ssize_t n = ::read(read_fd_, &byte, 1);

@@ -36,6 +36,9 @@ class SignalWatcher {
   std::thread thread_;
 };
 
+// The name of the watcher's thread (/proc/<pid>/task/<tid>/comm).
+inline constexpr const char* kThreadName = "batchcast-sig";
+
 // "SIGINT", "SIGTERM", "SIGHUP": the name of a signal SignalWatcher reports, for log lines.
 const char* signal_name(int signo);
 

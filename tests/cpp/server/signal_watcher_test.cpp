@@ -14,20 +14,29 @@
 #include <cstdint>
 #include <fstream>
 #include <mutex>
-#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace batchcast {
 namespace {
 
-std::set<std::string> threads() {
-  std::set<std::string> tids;
-  DIR* dir = ::opendir("/proc/self/task");
-  while (dirent* e = dir ? ::readdir(dir) : nullptr)
-    if (e->d_name[0] != '.') tids.insert(e->d_name);
-  if (dir) ::closedir(dir);
-  return tids;
+// The tid of this process's thread named `name`, waiting for it to name itself (at most 30 s).
+std::string thread_named(const std::string& name) {
+  for (int attempt = 0; attempt < 3000; ++attempt) {
+    DIR* dir = ::opendir("/proc/self/task");
+    std::string found;
+    while (dirent* e = dir ? ::readdir(dir) : nullptr) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string line;
+      if (std::getline(comm, line) && line == name) found = e->d_name;
+    }
+    if (dir) ::closedir(dir);
+    if (!found.empty()) return found;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return "";
 }
 
 // The blocked-signal mask of a thread of this process (SigBlk of its status file).
@@ -60,14 +69,11 @@ TEST(SignalWatcher, ASignalToTheProcessReachesTheCallbackOnce) {
 
 TEST(SignalWatcher, ItsThreadBlocksTheStoppingSignalsAndTheCallersMaskIsUnchanged) {
   SignalWatcher watcher;
-  const auto before = threads();
   watcher.watch([](int) {});
-  std::vector<std::string> started;
-  for (const auto& tid : threads())
-    if (!before.count(tid)) started.push_back(tid);
-  ASSERT_EQ(started.size(), 1u) << "the watcher starts one thread";
+  const std::string tid = thread_named(kThreadName);
+  ASSERT_FALSE(tid.empty()) << "no thread named " << kThreadName;
   const uint64_t stopping = bit(SIGINT) | bit(SIGTERM) | bit(SIGHUP);
-  EXPECT_EQ(blocked_mask(started[0]) & stopping, stopping);
+  EXPECT_EQ(blocked_mask(tid) & stopping, stopping);
   sigset_t mine;
   ASSERT_EQ(::pthread_sigmask(SIG_BLOCK, nullptr, &mine), 0);
   for (int signo : {SIGINT, SIGTERM, SIGHUP}) EXPECT_FALSE(sigismember(&mine, signo)) << signo;
