@@ -24,13 +24,8 @@ bool StreamState::pins_stream(const ConsumerRecord& c, double now) const {
   return !(rules_.stall_policy == StallPolicy::kSkip && stalled);
 }
 
-bool StreamState::lags(const ConsumerRecord& c, double now) const {
-  if (!rules_.lead_chunks || private_.find(c.id) || !pins_stream(c, now)) return false;
-  return std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
-    const ConsumerRecord& o = entry.second;
-    return o.id != c.id && pins_stream(o, now) && !private_.find(o.id) &&
-           o.next_seq > c.next_seq + rules_.lead_chunks;
-  });
+bool StreamState::reads_stream(const ConsumerRecord& c, double now) const {
+  return pins_stream(c, now) && !private_.find(c.id);
 }
 
 bool StreamState::private_chunk_waits(double now) const {
@@ -40,10 +35,6 @@ bool StreamState::private_chunk_waits(double now) const {
 std::vector<uint64_t> StreamState::holding_back(double now) const {
   std::vector<uint64_t> ids;
   if (!started_) return ids;
-  // A consumer reading the shared stream, and pinning it.
-  auto reads_stream = [&](const ConsumerRecord& c) {
-    return pins_stream(c, now) && !private_.find(c.id);
-  };
   // Someone is held back: a consumer that was sent everything published (read or not), whose
   // next chunk is the one the producer cannot fill; or one reading private chunks (a resumed
   // trainer), also after the stream's last chunk was made. A lone slow consumer holds back
@@ -52,7 +43,7 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
       private_chunk_waits(now) ||
       (blocked_since_ && !finished_ &&
        std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
-         return reads_stream(entry.second) && entry.second.next_seq >= next_publish_seq_;
+         return reads_stream(entry.second, now) && entry.second.next_seq >= next_publish_seq_;
        }));
   if (!someone_waits) return ids;
   // Those holding it back: the consumers that pin published chunks they were not sent yet
@@ -72,14 +63,14 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
     const bool released_by_another =
         std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
           const ConsumerRecord& c = entry.second;
-          return reads_stream(c) && c.next_seq > seq &&
+          return reads_stream(c, now) && c.next_seq > seq &&
                  std::find(holders.begin(), holders.end(), c.id) == holders.end();
         });
     if (!released_by_another) break;
     for (uint64_t id : holders) {
       auto it = consumers_.all().find(id);
       if (it == consumers_.all().end()) continue;
-      if (it->second.credits || !reads_stream(it->second)) continue;
+      if (it->second.credits || !reads_stream(it->second, now)) continue;
       if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     }
     break;
@@ -197,8 +188,15 @@ void StreamState::watch_stalls(double now) {
   holding_ = holding_back(now);
   const bool decouples = rules_.stall_policy == StallPolicy::kDecouple && chunks_per_epoch();
   std::vector<uint64_t> laggards;
+  // On a ring sized by memory, a reader lags while it is more than the lead behind the most
+  // advanced one: it pins the window the others have read.
+  uint64_t head = 0;
+  for (const auto& [id, c] : consumers_.all())
+    if (reads_stream(c, now)) head = std::max(head, c.next_seq);
   for (auto& [id, c] : consumers_.all()) {
-    c.lagging_s = lags(c, now) ? c.lagging_s + dt : 0;
+    const bool lags =
+        rules_.lead_chunks && reads_stream(c, now) && head > c.next_seq + rules_.lead_chunks;
+    c.lagging_s = lags ? c.lagging_s + dt : 0;
     if (std::find(holding_.begin(), holding_.end(), id) != holding_.end()) {
       c.held_back_s += dt;
       // A consumer that has lagged behind the others for its bound already, as the window

@@ -247,9 +247,8 @@ class StreamState {
   bool try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p);
   // Whether `c` pins the stream's chunks at and after its cursor.
   bool pins_stream(const ConsumerRecord& c, double now) const;
-  // On a ring sized by memory: it reads the shared stream more than the lead behind another
-  // reader (it pins the window the others have read).
-  bool lags(const ConsumerRecord& c, double now) const;
+  // It reads the shared stream (not private chunks) and pins it.
+  bool reads_stream(const ConsumerRecord& c, double now) const;
   double stall_bound(const ConsumerRecord& c) const {
     return c.stall_timeout_s > 0 ? c.stall_timeout_s : rules_.stall_timeout_s;
   }
