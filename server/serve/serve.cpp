@@ -133,6 +133,16 @@ void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint6
   }
 }
 
+// A new view's slots: their size and its tensors in them, for chunks of `chunk` samples.
+void lay_out_view(StreamHostOptions::ViewAnswer& answer, std::vector<SampleTensor> tensors,
+                  uint32_t chunk) {
+  SlotLayout layout = SlotLayout::plan(tensors, chunk);
+  answer.slot_bytes = layout.bytes;
+  answer.specs = [layout, tensors = std::move(tensors)](uint32_t samples) {
+    return layout.specs(tensors, samples);
+  };
+}
+
 // A consumer's (or --view's) view text -> a view of `source` (decoders/view_spec.h's
 // resolve_view over the transform as configured: a field it derives, such as eval's resize
 // size, is derived again for the view's own size): a view it has, or a new one, with its slot
@@ -147,10 +157,7 @@ StreamHostOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOpt
       return answer;
     }
     answer.view = source.add_view(view);
-    std::vector<SampleTensor> tensors = source.view_tensors(answer.view);
-    SlotLayout layout = SlotLayout::plan(tensors, chunk);
-    answer.slot_bytes = layout.bytes;
-    answer.specs = [layout, tensors](uint32_t samples) { return layout.specs(tensors, samples); };
+    lay_out_view(answer, source.view_tensors(answer.view), chunk);
   } catch (const Error& e) {
     answer.error = e.what();
   }
@@ -203,9 +210,7 @@ StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& sour
         CudaStage::converted(source.view_tensors(answer.view), conversions);
     views.texts.push_back(key);
     views.conversions.push_back(conversions);
-    SlotLayout layout = SlotLayout::plan(tensors, c.batch_size);
-    answer.slot_bytes = layout.bytes;
-    answer.specs = [layout, tensors](uint32_t samples) { return layout.specs(tensors, samples); };
+    lay_out_view(answer, std::move(tensors), c.batch_size);
   } catch (const Error& e) {
     answer.error = e.what();
   }
@@ -255,9 +260,10 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   // A consumer keeps its current batch and its prefetch (3 chunks) while its user does not read
   // (docs/stream.md, the limit of tiny rings).
   if (so.ring_slots < 5)
-    spdlog::warn("a ring of {} slots: a trainer that pauses with a batch in hand can hold the "
-                 "others until it reads again; give --ring 5 or more",
-                 so.ring_slots);
+    spdlog::warn(
+        "a ring of {} slots: a trainer that pauses with a batch in hand can hold the "
+        "others until it reads again; give --ring 5 or more",
+        so.ring_slots);
   core_ = std::make_unique<StreamHost>(std::move(so));
   for (const auto& text : c.views) {
     try {
