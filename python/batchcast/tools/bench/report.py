@@ -20,6 +20,12 @@ def ceiling(regime: Dict[str, Any]) -> Optional[float]:
     return (regime["runs"].get("synthetic") or {}).get("samples_per_s")
 
 
+def sweep_ceiling(results: Dict[str, Any]) -> Optional[float]:
+    """The synthetic rate of the regime the cores sweep reran."""
+    return next((ceiling(r) for r in results["regimes"]
+                 if r["trainers"] == results["sweep"]["trainers"]), None)
+
+
 def _f(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -127,8 +133,7 @@ def markdown(results: Dict[str, Any]) -> str:
                     trainer_table(r)]
     sweep = results.get("sweep")
     if sweep and sweep["runs"]:
-        top = next((ceiling(r) for r in results["regimes"]
-                    if r["trainers"] == sweep["trainers"]), None)
+        top = sweep_ceiling(results)
         out += ["", f"#### Cores for the data side, {regime_title(sweep)}", "",
                 sweep_table(sweep, top)]
     if results.get("anchor"):
@@ -154,8 +159,7 @@ def plot(results: Dict[str, Any], path: str) -> None:
         ax.tick_params(axis="x", rotation=45, labelsize=7)
     if sweep["runs"]:
         ax = axes[0][-1]
-        top = next((ceiling(r) for r in regimes
-                    if r["trainers"] == sweep["trainers"]), None)
+        top = sweep_ceiling(results)
         for peer in sorted({f["peer"] for f in sweep["runs"] if "samples_per_s" in f}):
             fs = sorted((f for f in sweep["runs"] if f["peer"] == peer and "samples_per_s" in f),
                         key=lambda f: f["cores"])
