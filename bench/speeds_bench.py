@@ -46,11 +46,16 @@ def trainer(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     images = dataset(args)
     cuda = bool(args.model)
-    loader = batchcast.DataLoader(images, batch_size=args.batch_size, shuffle=True,
-                                  drop_last=True, num_workers=args.workers,
-                                  pin_memory=cuda and not args.no_pin,
-                                  share=args.key or None,
-                                  **({"stall_timeout": args.stall_timeout} if args.key else {}))
+    if args.synthetic:  # the same random batch already on the GPU: the pair's GPU-bound rates
+        x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device="cuda")
+        y = torch.randint(0, len(images.classes), (args.batch_size,), device="cuda")
+        loader = SyntheticBatches(x, y, len(images) // args.batch_size)
+    else:
+        loader = batchcast.DataLoader(images, batch_size=args.batch_size, shuffle=True,
+                                      drop_last=True, num_workers=args.workers,
+                                      pin_memory=cuda and not args.no_pin,
+                                      share=args.key or None,
+                                      **({"stall_timeout": args.stall_timeout} if args.key else {}))
     step = train_step(args.model, len(images.classes)) if cuda else None
     marks: List[tuple] = []  # (time, samples) after each batch
     samples, batches, start, last_pause = 0, 0, None, None
@@ -83,6 +88,16 @@ def trainer(args: argparse.Namespace) -> None:
                       "half_samples": samples - half[1], "half_s": end - half[0]}), flush=True)
 
 
+class SyntheticBatches(list):
+    """An epoch of one batch repeated, with a DataLoader's close()."""
+
+    def __init__(self, x: Any, y: Any, batches: int) -> None:
+        super().__init__([(x, y)] * batches)
+
+    def close(self) -> None:
+        pass
+
+
 def train_step(model_name: str, classes: int) -> Any:
     """One training step of a torchvision model on the GPU, as people train today: bf16
     autocast, channels_last, SGD; it waits for the step, so the rate is the training's."""
@@ -109,7 +124,8 @@ def train_step(model_name: str, classes: int) -> Any:
 
 def trainer_cmd(args: argparse.Namespace, key: str, period: float, stop: Optional[str],
                 done: Optional[str], stall_timeout: Optional[float] = None,
-                pause: float = 0.0, model: str = "", image_size: int = 0) -> List[str]:
+                pause: float = 0.0, model: str = "", image_size: int = 0,
+                synthetic: bool = False) -> List[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--data", args.data,
            "--batch-size", str(args.batch_size),
            "--image-size", str(image_size or args.image_size),
@@ -117,6 +133,8 @@ def trainer_cmd(args: argparse.Namespace, key: str, period: float, stop: Optiona
            "--period", str(period), "--pause", str(pause), "--pause-every", str(args.pause_every)]
     if model:
         cmd += ["--model", model]
+    if synthetic:
+        cmd += ["--synthetic"]
     if stop:
         cmd += ["--stop-file", stop]
     if stall_timeout:
@@ -187,21 +205,24 @@ def parse_models(text: str, image_size: int) -> List[Tuple[str, int]]:
 
 
 def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]],
-               shared: bool) -> List[Dict[str, Any]]:
+               mode: str) -> List[Dict[str, Any]]:
     """Trainers of `models` (model, image size) side by side (the first runs --seconds, the
-    others until it is done): on one key (trainers of other image sizes join it as views,
-    docs/views.md), or each on its own DataLoader with cores/N workers. Samples/s per trainer."""
+    others until it is done): on one key (mode "key"; trainers of other image sizes join it as
+    views, docs/views.md), each on its own DataLoader with cores/N workers ("own"), or each on
+    random batches already on the GPU ("synthetic": what the GPU they share allows each).
+    Samples/s per trainer."""
     out = os.path.abspath(os.path.join(args.out, name))
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     done = os.path.join(out, "first.done")
+    shared = mode == "key"
     key = f"speeds-bench-{os.getpid()}-{name}" if shared else ""
     own = args.workers if shared else max(1, (os.cpu_count() or 2) // len(models))
     cmds = []
     for i, (model, size) in enumerate(models):
         a = argparse.Namespace(**{**vars(args), "workers": own})
         cmds.append(trainer_cmd(a, key, 0.0, done if i else None, None if i else done,
-                                model=model, image_size=size))
+                                model=model, image_size=size, synthetic=mode == "synthetic"))
         # Views of one share key need a host pool (docs/views.md): every run reads one then,
         # the alone runs too, so that they compare.
         if len({s for _, s in parse_models(args.models, args.image_size)}) > 1:
@@ -209,7 +230,9 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
     results = run_trainers(cmds, dict(os.environ))
     log = share_log(key) if key else ""
     chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", log)
+    waited = re.search(r"producer waited ([0-9.]+) s", log)
     return [{"run": name, "model": f"{m}:{size}", "samples_s": r["samples"] / r["wall_s"],
+             "producer_waited_s": float(waited.group(1)) if waited else None,
              "half_samples_s": r["half_samples"] / r["half_s"],
              "chunks_published": int(chunks.group(1)) if chunks else None,
              "chunks_regenerated": int(chunks.group(2)) if chunks else None,
@@ -220,22 +243,27 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
 
 def main_models(args: argparse.Namespace) -> None:
     models = parse_models(args.models, args.image_size)
-    runs = [(f"{m}:{s} alone", [(m, s)], True) for m, s in models]
-    runs += [("one key", models, True), (f"{len(models)} DataLoaders", models, False)]
+    runs = [(f"{m}:{s} alone", [(m, s)], "key") for m, s in models]
+    runs += [(f"{len(models)} synthetic", models, "synthetic"), ("one key", models, "key"),
+             (f"{len(models)} DataLoaders", models, "own")]
     rows: List[Dict[str, Any]] = []
-    for name, group, shared in runs:
-        rows += run_models(args, name, group, shared)
+    for name, group, mode in runs:
+        rows += run_models(args, name, group, mode)
         print(json.dumps(rows[-len(group):]), file=sys.stderr, flush=True)
     alone = {r["model"]: r["samples_s"] for r in rows if r["run"].endswith("alone")}
+    # What the shared GPU allows each trainer beside the others: its rate on synthetic batches.
+    ceiling = {r["model"]: r["samples_s"] for r in rows if r["run"].endswith("synthetic")}
     print(f"batch {args.batch_size}, image sizes as listed, {os.cpu_count()} cores, "
           f"{args.seconds:g} s; share producer workers {args.workers}\n")
-    print("| run | model | samples/s | share of alone | 2nd half samples/s | decouplings | "
-          "chunks regenerated / published |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | model | samples/s | share of alone | share of synthetic beside the others | "
+          "2nd half samples/s | decouplings | chunks regenerated / published | producer waited s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['run']} | {r['model']} | {r['samples_s']:.0f} | "
-              f"{r['samples_s'] / alone[r['model']]:.2f} | {r['half_samples_s']:.0f} | "
-              f"{r['decouplings']} | {r['chunks_regenerated']} / {r['chunks_published']} |")
+              f"{r['samples_s'] / alone[r['model']]:.2f} | "
+              f"{r['samples_s'] / ceiling[r['model']]:.2f} | {r['half_samples_s']:.0f} | "
+              f"{r['decouplings']} | {r['chunks_regenerated']} / {r['chunks_published']} | "
+              f"{r['producer_waited_s']} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -262,9 +290,11 @@ def main() -> None:
     p.add_argument("--model", default="", help=argparse.SUPPRESS)
     p.add_argument("--models", help="MODEL[:SIZE],...: torchvision models trained on the GPU "
                    "instead of sleeping, each at its image size (default --image-size; other "
-                   "sizes join the key as views): each alone, all on one key, all on their own "
+                   "sizes join the key as views): each alone, all on random batches already on the GPU "
+                   "(what the GPU they share allows each), all on one key, all on their own "
                    "DataLoaders (the first runs --seconds, the others until it is done)")
     p.add_argument("--no-pin", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--synthetic", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
     p.add_argument("--done-file", help=argparse.SUPPRESS)
     p.add_argument("--stall-timeout", type=float, help=argparse.SUPPRESS)
