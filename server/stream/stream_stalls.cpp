@@ -32,6 +32,12 @@ bool StreamState::private_chunk_waits(double now) const {
   return private_.next_request() && count_slots(now).pinned_stream == ring_.size();
 }
 
+bool StreamState::reader_waits(double now) const {
+  return std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
+    return reads_stream(entry.second, now) && entry.second.next_seq >= next_publish_seq_;
+  });
+}
+
 std::vector<uint64_t> StreamState::holding_back(double now) const {
   std::vector<uint64_t> ids;
   if (!started_) return ids;
@@ -40,11 +46,7 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
   // trainer), also after the stream's last chunk was made. A lone slow consumer holds back
   // nobody.
   const bool someone_waits =
-      private_chunk_waits(now) ||
-      (blocked_since_ && !finished_ &&
-       std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
-         return reads_stream(entry.second, now) && entry.second.next_seq >= next_publish_seq_;
-       }));
+      private_chunk_waits(now) || (blocked_since_ && !finished_ && reader_waits(now));
   if (!someone_waits) return ids;
   // Those holding it back: the consumers that pin published chunks they were not sent yet
   // (whether or not someone else still holds those chunks: a slow consumer's own held slots
@@ -186,6 +188,22 @@ void StreamState::watch_stalls(double now) {
   const double dt = last_watch_ ? now - *last_watch_ : 0;
   last_watch_ = now;
   holding_ = holding_back(now);
+  if (!holding_.empty()) {
+    waited_for_ = holding_;
+    waited_for_seq_ = next_acquire_seq_;
+  } else if (!waited_for_.empty() && next_publish_seq_ <= waited_for_seq_ && !finished_ &&
+             reader_waits(now)) {
+    // The producer fills the slot they held last, and a reader waits for that chunk: it still
+    // waits for them, since without them the chunk would have been made ahead of time. (A
+    // producer that takes long to fill a chunk, nvJPEG on a GPU time-sliced with the trainers,
+    // would otherwise halve a slow reader's hold on the stream and never let it add up.)
+    for (uint64_t id : waited_for_)
+      if (auto it = consumers_.all().find(id);
+          it != consumers_.all().end() && reads_stream(it->second, now))
+        holding_.push_back(id);
+  } else {
+    waited_for_.clear();
+  }
   const bool decouples = rules_.stall_policy == StallPolicy::kDecouple && chunks_per_epoch();
   std::vector<uint64_t> laggards;
   // On a ring sized by memory, a reader lags while it is more than the lead behind the most

@@ -239,6 +239,9 @@ class StreamState {
   // slot holding a stream chunk that may not be reused), and they pin published chunks not
   // sent to them.
   std::vector<uint64_t> holding_back(double now) const;
+  // A consumer reading the shared stream has been sent every published chunk: it waits for the
+  // producer.
+  bool reader_waits(double now) const;
   // A private chunk was asked for and every slot holds a stream chunk that may not be reused:
   // its consumer (resumed, catching up, decoupled) waits for the stream's readers.
   bool private_chunk_waits(double now) const;
@@ -324,6 +327,10 @@ class StreamState {
   bool said_cannot_decouple_ = false;    // decouple without regeneration: said once
   std::optional<double> last_watch_;     // watch_stalls' previous call
   std::vector<uint64_t> holding_;        // holding the stream back, as of the last tick
+  // Those holding it back when the producer last waited for a slot, and the chunk it waited to
+  // fill: until that chunk is published, a reader waiting for it still waits for them.
+  std::vector<uint64_t> waited_for_;
+  uint64_t waited_for_seq_ = 0;
   std::string waiting_for_;              // told the others in heartbeats (watch_stalls)
   double next_liveness_ = 0, next_heartbeat_ = 0;
   StreamStats counters_;

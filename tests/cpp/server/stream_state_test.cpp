@@ -1414,6 +1414,66 @@ TEST(StreamState, TheSlowerOfTwoReadersHoldingTheirChunksInLockstepIsDecoupled) 
   EXPECT_GT(fast_read, 2 * slow_read) << "the fast one no longer waits for the slow one";
 }
 
+// As the client reads (client/consumer.cpp): it asks for `prefetch` chunks, asks for one more
+// as its user takes one, and releases a chunk once the user is done with it. The producer
+// takes `fill_rounds` rounds to fill a chunk (nvJPEG on a GPU time-sliced with the trainers):
+// while it fills the slot the slow reader freed, the fast one still waits for that slow reader.
+// Returns the reads of the fast and the slow reader; `stats` the stream's.
+std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, StreamStats* stats) {
+  constexpr uint64_t kPerEpoch = 100;
+  StreamRules r = regenerating(8, kPerEpoch);
+  r.epochs = 0;
+  r.stall_timeout_s = 3;
+  Stream s(r);
+  s.join("fast", 2);
+  s.join("slow", 2);
+  struct Reader {
+    std::vector<ChunkDescriptor> queued, in_hand;
+    uint64_t read = 0;
+  };
+  std::map<std::string, Reader> readers;
+  auto step = [&](const std::string& id, size_t keep) {
+    Reader& rd = readers[id];
+    if (rd.queued.empty()) return;
+    rd.in_hand.push_back(rd.queued.front());
+    rd.queued.erase(rd.queued.begin());
+    s.credit(id, 1);
+    ++rd.read;
+    while (rd.in_hand.size() > keep) {
+      s.release(id, rd.in_hand.front());
+      rd.in_hand.erase(rd.in_hand.begin());
+    }
+  };
+  std::optional<StreamState::Fill> filling;
+  int filled_in = 0;
+  for (int round = 0; round < 400; ++round) {
+    if (!filling) filling = s.fill(), filled_in = fill_rounds;
+    if (filling && --filled_in <= 0) s.publish(*filling, kPerEpoch), filling.reset();
+    s.regenerate(kPerEpoch);
+    s.tick();
+    for (const char* id : {"fast", "slow"})
+      for (auto& d : s.take<ChunkDescriptor>(id)) readers[id].queued.push_back(d);
+    step("fast", 1);
+    if (round % 4 == 0) step("slow", 3);
+    s.now += 0.05;
+  }
+  *stats = s.state.stats();
+  for (auto& c : stats->consumers) c.name = c.pid == s.pid_of("slow") ? "slow" : "fast";
+  return {readers["fast"].read, readers["slow"].read};
+}
+
+TEST(StreamState, ASlowReaderHoldingChunksInHandIsDecoupled) {
+  for (int fill_rounds : {1, 2}) {
+    StreamStats st;
+    auto [fast, slow] = read_fast_beside_slow(fill_rounds, &st);
+    EXPECT_EQ(st.decouplings, 1u) << "fill_rounds " << fill_rounds;
+    for (const auto& c : st.consumers) EXPECT_EQ(c.decoupled, c.name == "slow") << c.name;
+    // Lockstep reads both at the slow one's pace; decoupled, the producer fills for both, so
+    // the fast one gets what the slow one leaves of it (2 rounds a chunk: about 150 of 200).
+    EXPECT_GT(2 * fast, 3 * slow) << "the fast one no longer waits for the slow one";
+  }
+}
+
 // The lead counts the chunks ahead of the most advanced reader: chunks a reader that went past
 // them will never be sent (made before its view existed, say) hold nobody's place.
 TEST(StreamState, TheLeadIsCountedFromTheMostAdvancedReader) {
