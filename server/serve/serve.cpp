@@ -166,11 +166,12 @@ StreamHostOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOpt
 
 }  // namespace
 
-// The views of a GPU pool decoded on the CPU (docs/views.md). View v is known by its options as
-// asked (view_spec_text with seed: two outputs of one crop are two views); the source's view v is
-// their uint8 HWC staging and conversions[v] turns it into the view's output on the GPU
-// (CudaStage). Views are answered on the event loop and read by the stage's begin() on the
-// producer thread: under mu.
+// The views of a GPU pool (docs/views.md). View v is known by its options as asked
+// (view_spec_text with seed: two outputs of one crop are two views). Decoded on the CPU, the
+// source's view v is their uint8 HWC staging and conversions[v] turns it into the view's output
+// on the GPU (CudaStage); decoded on the GPU (--decoder nvjpeg|mixed), the source's view v is the
+// view itself and conversions[v] is empty (NvjpegStage). Views are answered on the event loop and
+// read by the stage's begin() on the producer thread: under mu.
 struct GpuViews {
   std::mutex mu;
   std::vector<std::string> texts;
@@ -191,6 +192,10 @@ StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& sour
   StreamHostOptions::ViewAnswer answer;
   try {
     const PipelineOptions view = resolve_view(text, c.transform);
+    if (c.gpu_decoding() && view.interpolation != Interpolation::kBilinear)
+      throw Error("view '" + text + "': " + c.decoder_flag() +
+                  " resizes bilinearly: drop its interpolation field, or serve it from a server "
+                  "with --decoder cpu");
     const std::string key = view_spec_text(view, true);
     std::lock_guard lk(views.mu);
     for (uint32_t v = 0; v < views.texts.size(); ++v)
@@ -234,7 +239,7 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
       return answer_view(*images, transform, chunk, text);
     };
 #ifdef BATCHCAST_HAVE_CUDA
-  if (images && c.on_gpu() && !c.gpu_decoding()) {
+  if (images && c.on_gpu()) {
     gpu_views_ = std::make_unique<GpuViews>();
     gpu_views_->texts.push_back(view_spec_text(c.transform, true));
     gpu_views_->conversions.push_back(c.conversions());
@@ -243,14 +248,6 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
     };
   }
 #endif
-  if (images && c.gpu_decoding())
-    find_view = [flag = c.decoder_flag()](const std::string& text) {
-      StreamHostOptions::ViewAnswer answer;
-      if (!text.empty())
-        answer.error = flag + " serves one view, its own; ask for none, or serve views with " +
-                       "--decoder cpu";
-      return answer;
-    };
   so.find_view = find_view;
   spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
                so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
@@ -278,9 +275,10 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   }
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
-    stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
-                                           static_cast<const ImageSource&>(*source_), c.batch_size,
-                                           po.on_error, c.decoder == DecoderKind::kMixed);
+    stage_ = std::make_unique<NvjpegStage>(
+        [core = core_.get()](uint32_t view) { return core->view_memory(view).arenas(); },
+        static_cast<const ImageSource&>(*source_), c.batch_size, po.on_error,
+        c.decoder == DecoderKind::kMixed);
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
   if (c.on_gpu() && !stage_)

@@ -50,10 +50,6 @@ void ServeConfig::validate() {
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (!views.empty()) {
     if (synthetic) throw Error("--view makes images; --synthetic has none: drop --view");
-    if (on_gpu && gpu_decoding())
-      throw Error("--view: " + decoder_flag() +
-                  " serves one view; --decoder cpu serves views on a GPU pool (or start one "
-                  "server per view)");
     for (const auto& text : views) parse_view_spec(text, transform);  // names the bad field
   }
   if (gpu_decoding()) {

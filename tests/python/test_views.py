@@ -385,16 +385,18 @@ def test_set_view_after_a_break_starts_the_next_epoch_in_the_new_view(folder, en
 
 
 # GPU pools (serve --device cuda:0, decoder cpu): each view has arenas of its own on the GPU.
-# Run on the GPU machine: pytest -q tests/python/test_views.py -k gpu
+# Run on the GPU machine: pytest -q tests/python/test_views.py -k gpu (the GPU decoders' views:
+# test_views_gpu_decode.py)
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device: torch.cuda is not available")
 
 
 def serve_gpu(folder: str, endpoint: str, transform_=None, **kw):
     kw.setdefault("epochs", 1)
+    kw.setdefault("workers", 2)
     try:
         return batchcast.serve(folder, endpoint, CHUNK, transform=transform_ or transform(),
-                               shuffle=False, workers=2, device="cuda:0", **kw)
+                               shuffle=False, device="cuda:0", **kw)
     except Exception as e:  # a CPU-only build refuses --device cuda at once
         if "no CUDA support" in str(e) or "no nvJPEG" in str(e):
             pytest.skip(f"this build cannot serve it: {e}")
@@ -486,9 +488,3 @@ def test_gpu_pool_set_view_switches_at_the_next_epoch(folder, endpoint):
     for index, (pixels, _) in enumerate(second[0]):
         assert np.allclose(pixels, expected(folder, "size=28,output=float32", 1, index),
                            atol=1e-5)
-
-
-@needs_gpu
-def test_nvjpeg_pool_refuses_views_naming_the_decoder(folder, endpoint):
-    with pytest.raises(batchcast.BatchcastError, match=r"--decoder nvjpeg serves one view"):
-        serve_gpu(folder, endpoint, views=["size=32"], decoder="nvjpeg")
