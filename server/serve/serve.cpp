@@ -170,14 +170,13 @@ StreamHostOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOpt
 // (view_spec_text with seed: two outputs of one crop are two views). Decoded on the CPU, the
 // source's view v is their uint8 HWC staging and conversions[v] turns it into the view's output
 // on the GPU (CudaStage); decoded on the GPU (--decoder nvjpeg|mixed), the source's view v is the
-// view itself and conversions[v] is empty (NvjpegStage). Views are answered on the event loop and
-// read by the stage's begin() on the producer thread: under mu.
+// view itself and conversions[v] is empty (NvjpegStage). Views are answered at start (--view) or
+// on the event loop when a consumer asks for a new one (the host then allocates its arenas, the
+// stage its staging at the first lease that carries it), and read by the stage's begin() on the
+// producer thread: under mu.
 struct GpuViews {
   std::mutex mu;
   std::vector<std::string> texts;
-  // Set once the up-front views (--view) are made: a GPU pool serves those only, for a view
-  // added while chunks are in flight has not been proven on a GPU (docs/views.md).
-  bool sealed = false;
 #ifdef BATCHCAST_HAVE_CUDA
   std::vector<std::vector<TensorConversion>> conversions;
 #endif
@@ -203,10 +202,6 @@ StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& sour
         answer.view = v;
         return answer;
       }
-    if (views.sealed)
-      throw Error(
-          "a GPU pool serves the views it was started with (--view, serve(views=)); "
-          "start the server with this one too, or read a host pool (--device cpu)");
     std::vector<TensorConversion> conversions = c.conversions(view);
     if (source.view_count() != views.texts.size())
       throw Error("this server adds no views any more (an earlier view could not be made)");
@@ -268,10 +263,6 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
     } catch (const Error& e) {
       throw Error(std::string("--view ") + e.what());
     }
-  }
-  if (gpu_views_) {
-    std::lock_guard lk(gpu_views_->mu);
-    gpu_views_->sealed = true;
   }
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())

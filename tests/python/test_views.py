@@ -466,13 +466,51 @@ def test_gpu_pool_views_each_equal_a_one_view_gpu_server(folder, endpoint):
 
 
 @needs_gpu
-def test_gpu_pool_refuses_a_view_it_was_not_started_with_and_goes_on(folder, endpoint):
-    with serve_gpu(folder, endpoint, epochs=1, min_consumers=1, ring=4):
-        with pytest.raises(batchcast.BatchcastError, match=r"serves the views it was started"):
-            batchcast.Loader(endpoint, view="size=24,crop=center", timeout=60)
+@pytest.mark.parametrize("decoder", ["cpu", "nvjpeg"])
+def test_gpu_pool_view_added_at_attach_gets_whole_epochs(folder, endpoint, decoder):
+    """As on a host pool: a Loader asking mid-epoch for a view the GPU pool does not serve yet
+    gets the view's arenas, the epoch it joined regenerated from its start, later epochs shared;
+    the server's own reader loses nothing. Its bytes are a one-view GPU server's."""
+    view = "size=24,crop=center"
+    with serve_gpu(folder, endpoint, epochs=2, min_consumers=1, decoder=decoder):
         own = batchcast.Loader(endpoint, timeout=60)
-        assert sum(len(y) for _, y in own) == CLASSES * PER_CLASS
+        it = iter(own)
+        head = [next(it), next(it)]  # epoch 0 is under way
+        late = batchcast.Loader(endpoint, view=view, timeout=60)
+
+        def rest_of_own() -> List[int]:
+            first = sum(len(y) for _, y in head) + sum(len(y) for _, y in it)
+            return [first, sum(len(y) for _, y in own)]
+
+        results = in_threads({"late": lambda: read_cpu(late, 2), "own": rest_of_own})
         own.close()
+        late.close()
+    assert results["own"] == [CLASSES * PER_CLASS] * 2
+    one = _batchcast.resolve_view(view, transform())
+    ep = watch_endpoint(f"{endpoint}.one")
+    with serve_gpu(folder, ep, transform_=one, epochs=2, decoder=decoder):
+        with batchcast.Loader(ep, timeout=60) as loader:
+            alone = read_cpu(loader, 2)
+    for e in range(2):
+        assert [s[1] for s in results["late"][e]] == [s[1] for s in alone[e]]
+        assert all(np.array_equal(x[0], y[0]) for x, y in zip(results["late"][e], alone[e])), e
+    if decoder == "cpu":  # uint8, decoded on the CPU: the host pipeline's bytes
+        check_view(folder, view, results["late"])
+
+
+@needs_gpu
+def test_gpu_pool_view_added_while_another_loader_keeps_a_batch_unread_gets_whole_epochs(
+        folder, endpoint):
+    """The other trainer holds a batch and reads nothing more: the new view's arenas are made at
+    attach and it reads on (the GPU pool's default ring of 8 slots)."""
+    with serve_gpu(folder, endpoint, epochs=2, min_consumers=1):
+        own = batchcast.Loader(endpoint, timeout=60)
+        head = next(iter(own))
+        late = batchcast.Loader(endpoint, view="size=24,crop=center", timeout=60)
+        check_view(folder, "size=24,crop=center", read_cpu(late, 2))
+        del head
+        own.close()
+        late.close()
 
 
 @needs_gpu
