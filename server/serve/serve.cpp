@@ -190,11 +190,7 @@ StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& sour
                                               const ServeConfig& c, const std::string& text) {
   StreamHostOptions::ViewAnswer answer;
   try {
-    const PipelineOptions view = resolve_view(text, c.transform);
-    if (c.gpu_decoding() && view.interpolation != Interpolation::kBilinear)
-      throw Error("view '" + text + "': " + c.decoder_flag() +
-                  " resizes bilinearly: drop its interpolation field, or serve it from a server "
-                  "with --decoder cpu");
+    const PipelineOptions view = c.decodable_view(text);
     const std::string key = view_spec_text(view, true);
     std::lock_guard lk(views.mu);
     for (uint32_t v = 0; v < views.texts.size(); ++v)

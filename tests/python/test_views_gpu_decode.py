@@ -6,8 +6,8 @@ The oracle of an nvJPEG view's bytes is a one-view nvJPEG server whose transform
 server's chunk is the CPU pipeline's bytes (decoded on the CPU) or nvJPEG's (within its
 tolerance), in every view alike.
 
-Run on the GPU machine: pytest -q tests/python/test_views_gpu_decode.py (each test skips
-without a GPU or without nvJPEG in the build).
+Run on the GPU machine: pytest -q tests/python/test_views_gpu_decode.py (each test that serves
+skips without a GPU or without nvJPEG in the build; the refusal runs everywhere).
 """
 
 from __future__ import annotations
@@ -144,10 +144,12 @@ def test_mixed_pool_views_are_the_cpu_pipelines_bytes_or_nvjpegs(folder, endpoin
     print(f"mixed with views: {on_cpu} samples on the CPU, {on_engine} on nvJPEG")
 
 
-@needs_gpu
 @pytest.mark.parametrize("decoder", ["nvjpeg", "mixed"])
 def test_gpu_decoding_refuses_a_view_it_cannot_resize_naming_the_decoder(folder, endpoint,
                                                                           decoder):
+    # Checked with the other options, before any GPU is looked for: runs on every build.
     with pytest.raises(batchcast.BatchcastError,
-                       match=rf"--decoder {decoder} resizes bilinearly"):
-        serve_gpu(folder, endpoint, views=["size=32,interpolation=nearest"], decoder=decoder)
+                       match=rf"view 'size=32,interpolation=nearest': --decoder {decoder} "
+                             r"resizes bilinearly"):
+        batchcast.serve(folder, endpoint, 5, transform=transform(), device="cuda:0",
+                        decoder=decoder, views=["size=32,interpolation=nearest"])
