@@ -78,7 +78,8 @@ def decoding_of(plan: Optional[_torchvision_plan.NativePlan]) -> str:
 
 def joins_as_view(plan: Optional[_torchvision_plan.NativePlan]) -> bool:
     """Whether a pipeline whose transform differs from the stream's can read it as a view:
-    recognised and decoded natively into a host pool (views of nvJPEG pools are not built)."""
+    recognised and decoded natively into a host pool (a share's GPU pool, nvJPEG's, serves views
+    to Loaders but is not joined as one by the drop-in yet: docs/views.md, "Not done")."""
     return plan is not None and plan.device == "cpu"
 
 

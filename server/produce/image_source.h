@@ -54,7 +54,8 @@ class ImageSource : public SampleSource {
       if (!view.empty()) std::memcpy(view[1], &entry.label, sizeof(entry.label));
   }
   const Dataset& dataset() const { return dataset_; }
-  const ImagePipeline& pipeline() const { return *views_[0]; }  // view 0's
+  // View `view`'s pipeline (a view below view_count()).
+  const ImagePipeline& pipeline(uint32_t view = 0) const { return *views_[view]; }
 
   uint32_t view_count() const { return count_.load(std::memory_order_acquire); }
   // The view made with exactly these options (view_spec_text with seed), if there is one.

@@ -32,28 +32,9 @@ ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
   return make_resize_job(g, size, size, source_offset, output_index);
 }
 
-}  // namespace
-
-NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t chunk_size,
-                         OnErrorPolicy on_error, bool cpu_first)
-    : arenas_(arenas),
-      arena_(arenas.primary()),
-      source_(source),
-      chunk_size_(chunk_size),
-      on_error_(on_error),
-      tensors_(source.tensors()),
-      layout_(SlotLayout::plan(tensors_, chunk_size)),
-      samples_(static_cast<size_t>(arenas.primary().slot_count()) * chunk_size),
-      decoder_(arenas.primary().device()) {
-  if (layout_.bytes > arena_.slot_bytes())
-    throw Error("a chunk needs " + std::to_string(layout_.bytes) + " bytes but GPU slots hold " +
-                std::to_string(arena_.slot_bytes()));
-  CudaDeviceGuard guard(arena_.device());
-  labels_ = PinnedBuffer::allocate(samples_.size() * sizeof(int64_t));
-  jobs_ = PinnedBuffer::allocate(samples_.size() * sizeof(ResizeJob));
-  stream_ = CudaStream::create();
-  device_jobs_ = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
-  const PipelineOptions& o = source_.pipeline().options();
+// The kernel's table for a view's output: a ConvertTable for floats, the identity for planar
+// uint8, none (empty) for HWC uint8.
+ConvertTable output_table(const PipelineOptions& o) {
   ConvertTable table;
   if (o.output != DType::kUInt8) {
     table = make_convert_table(o.output, o.mean, o.std);
@@ -62,30 +43,37 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
     for (int c = 0; c < 3; ++c)
       for (int v = 0; v < 256; ++v) table.bytes.push_back(static_cast<uint8_t>(v));
   }
-  if (!table.bytes.empty()) {
-    element_bytes_ = table.element_bytes;
-    table_ = DeviceBuffer::allocate(table.bytes.size());
-    cuda_check(
-        cudaMemcpy(table_.data(), table.bytes.data(), table.bytes.size(), cudaMemcpyHostToDevice),
-        "copying the normalisation table to cuda:" + std::to_string(arena_.device()));
-  }
+  return table;
+}
+
+}  // namespace
+
+NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t chunk_size,
+                         OnErrorPolicy on_error, bool cpu_first)
+    : arenas_of_(std::move(arenas_of)),
+      source_(source),
+      device_(arenas_of_(0)->primary().device()),
+      slot_count_(arenas_of_(0)->primary().slot_count()),
+      chunk_size_(chunk_size),
+      on_error_(on_error),
+      cpu_first_(cpu_first),
+      samples_(static_cast<size_t>(slot_count_) * chunk_size),
+      decoder_(device_) {
+  CudaDeviceGuard guard(device_);
+  labels_ = PinnedBuffer::allocate(samples_.size() * sizeof(int64_t));
+  stream_ = CudaStream::create();
+  device_jobs_ = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
   if (cpu_first) {
-    PipelineOptions crop = o;
-    crop.output = DType::kUInt8;
-    crop.uint8_layout = Uint8Layout::kHWC;
-    crop_pipeline_.emplace(crop);
-    crop_bytes_ = crop_pipeline_->sample_bytes();
-    crops_ = PinnedBuffer::allocate(samples_.size() * crop_bytes_);
-    device_crops_ = DeviceBuffer::allocate(chunk_size * crop_bytes_);
     // Slack: two chunks of CPU work may wait before a chunk goes to the engine, the best of one,
     // two and three chunks in the collocated benchmark (bench/RESULTS.md, mixed decoder). More
     // never triggers: the stream may pin only the ring less the catch-up slots (stream_state.h)
     // and the consumers hold some.
     split_.emplace(2 * static_cast<uint64_t>(chunk_size));
-    cpu_chunk_.assign(arena_.slot_count(), 0);
+    cpu_chunk_.assign(slot_count_, 0);
   }
+  add_view(0);
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
-               cpu_first ? "CPU workers first, then nvJPEG," : "nvJPEG decoder", arena_.device(),
+               cpu_first ? "CPU workers first, then nvJPEG," : "nvJPEG decoder", device_,
                decoder_.backend());
 }
 
@@ -96,11 +84,54 @@ NvjpegStage::~NvjpegStage() {
                  cpu_samples_.load(), engine_samples_.load());
 }
 
+void NvjpegStage::add_view(uint32_t view) {
+  if (view >= views_.size())
+    throw Error("a GPU pool decodes at most " + std::to_string(views_.size()) + " views");
+  auto v = std::make_unique<ViewStage>();
+  v->arenas = arenas_of_(view);
+  v->pipeline = &source_.pipeline(view);
+  v->layout = SlotLayout::plan(source_.view_tensors(view), chunk_size_);
+  const DeviceArena& arena = v->arenas->primary();  // on view 0's GPUs, as many slots
+  if (v->layout.bytes > arena.slot_bytes())
+    throw Error("a chunk of view " + std::to_string(view) + " needs " +
+                std::to_string(v->layout.bytes) + " bytes but its GPU slots hold " +
+                std::to_string(arena.slot_bytes()));
+  const size_t positions = samples_.size();
+  v->geometry.resize(positions);
+  CudaDeviceGuard guard(device_);
+  v->jobs = PinnedBuffer::allocate(positions * sizeof(ResizeJob));
+  const PipelineOptions& o = v->pipeline->options();
+  const ConvertTable table = output_table(o);
+  if (!table.bytes.empty()) {
+    v->element_bytes = table.element_bytes;
+    v->table = DeviceBuffer::allocate(table.bytes.size());
+    cuda_check(
+        cudaMemcpy(v->table.data(), table.bytes.data(), table.bytes.size(), cudaMemcpyHostToDevice),
+        "copying the normalisation table of view " + std::to_string(view) +
+            " to cuda:" + std::to_string(device_));
+  }
+  if (cpu_first_) {
+    PipelineOptions crop = o;
+    crop.output = DType::kUInt8;
+    crop.uint8_layout = Uint8Layout::kHWC;
+    v->crop_pipeline.emplace(crop);
+    v->crop_bytes = v->crop_pipeline->sample_bytes();
+    v->crops = PinnedBuffer::allocate(positions * v->crop_bytes);
+    v->device_crops = DeviceBuffer::allocate(chunk_size_ * v->crop_bytes);
+  }
+  views_[view] = std::move(v);
+  view_count_.store(view + 1, std::memory_order_release);
+}
+
 void NvjpegStage::begin(const FillLease& lease, uint32_t samples) {
   const uint32_t slot = lease.slot;
-  // The slot's event is recorded after its last upload; once that is done, nothing on the device
-  // reads this slot's host-side samples, crops, labels or jobs any more.
-  arenas_.wait_for_slot(slot);
+  // Views added since the last chunk: this lease is the first to carry them.
+  uint32_t known = view_count_.load(std::memory_order_relaxed);
+  for (; known < lease.views.size(); ++known) add_view(known);
+  // A slot's events are recorded after its uploads, all on one stream; once the last is done,
+  // nothing on the device reads this slot's host-side samples, crops, labels or jobs any more
+  // (whichever views that upload filled: waiting on every view's covers it).
+  for (uint32_t v = 0; v < known; ++v) views_[v]->arenas->wait_for_slot(slot);
   if (split_) cpu_chunk_[slot] = split_->queue(samples);
 }
 
@@ -115,14 +146,21 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
   reinterpret_cast<int64_t*>(labels_.data())[at] = entry.label;
   // Checked before the split: under --decoder mixed a file is refused or accepted the same way
   // whichever side decodes it.
-  const ImagePipeline& pipeline = source_.pipeline();
-  const int64_t max_pixels = pipeline.options().max_image_pixels;
+  const int64_t max_pixels = source_.pipeline().options().max_image_pixels;
   const SampleHeader header = check_sample(data, s.size, entry.path, max_pixels);
+  const size_t views = lease.views.size();  // each published by begin() before this chunk's fills
   // cpu_chunk_ was written by begin() before this chunk's samples were queued for the workers.
   if (split_ && cpu_chunk_[slot]) {
     split_->started();
-    crop_pipeline_->process_bytes(data, s.size, entry.path, epoch, index,
-                                  crops_.data() + at * crop_bytes_);
+    std::array<const ImagePipeline*, SampleSource::kMaxViews> pipelines{};
+    std::array<void*, SampleSource::kMaxViews> crops{};  // null: a view this chunk does not fill
+    for (size_t k = 0; k < views; ++k) {
+      ViewStage& v = *views_[k];
+      pipelines[k] = &*v.crop_pipeline;
+      if (lease.views[k]) crops[k] = v.crops.data() + at * v.crop_bytes;
+    }
+    process_views_bytes(pipelines.data(), crops.data(), views, data, s.size, entry.path, epoch,
+                        index);
     ++cpu_samples_;
     return;
   }
@@ -144,12 +182,16 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
       std::memcpy(out + y * row, rgb.pixels + y * rgb.stride, row);
     s.size = row * rgb.height;
   }
-  // JPEG geometry carries the DCT-domain factor the GPU kernel's box filter imitates; the other
-  // formats have none, as on the CPU.
-  s.geometry = pipeline.geometry(s.width, s.height, jpeg, epoch, index, entry.path);
+  // Each filled view draws its own crop and flip with its own pipeline (seed included). JPEG
+  // geometry carries the DCT-domain factor the GPU kernel's box filter imitates; the other formats
+  // have none, as on the CPU.
+  for (size_t k = 0; k < views; ++k)
+    if (lease.views[k])
+      views_[k]->geometry[at] =
+          views_[k]->pipeline->geometry(s.width, s.height, jpeg, epoch, index, entry.path);
 }
 
-void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
+void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last,
                                std::vector<bool>* failed) {
   cudaStream_t stream = stream_.get();
   std::vector<JpegBytes> jpegs;
@@ -158,7 +200,7 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, Res
   uint64_t offset = 0;
   for (uint32_t k = first; k < last; ++k) {
     PreparedSample& s = samples_[static_cast<size_t>(slot) * chunk_size_ + k];
-    jobs[k] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
+    s.offset = offset;
     if (s.decoded_on_cpu) {
       cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
                                  cudaMemcpyHostToDevice, stream),
@@ -200,71 +242,100 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, Res
   }
 }
 
-void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
-  CudaDeviceGuard guard(arena_.device());
+void NvjpegStage::launch(const ViewStage& v, uint8_t* slot, const uint8_t* images,
+                         const ResizeJob* jobs, uint32_t first, uint32_t n,
+                         const std::string& where) {
   cudaStream_t stream = stream_.get();
+  cuda_check(cudaMemcpyAsync(device_jobs_.data() + first * sizeof(ResizeJob), jobs + first,
+                             n * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
+             "copying resize jobs" + where);
+  launch_crop_resize(images, reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first, n,
+                     v.pipeline->options().image_size, v.table.data(), v.element_bytes,
+                     slot + v.layout.offsets[0], stream);
+}
+
+void NvjpegStage::upload_cpu_chunk(const FillLease& lease, uint32_t sample_count) {
   const size_t base = static_cast<size_t>(lease.slot) * chunk_size_;
-  ResizeJob* jobs = reinterpret_cast<ResizeJob*>(jobs_.data()) + base;
-  int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
-  const PipelineOptions& o = source_.pipeline().options();
   const std::string where =
-      " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(arena_.device());
-  // Crops, resizes, flips and normalises images[jobs[first, first + n)] into the slot.
-  auto launch = [&](const uint8_t* images, uint32_t first, uint32_t n) {
-    cuda_check(cudaMemcpyAsync(device_jobs_.data() + first * sizeof(ResizeJob), jobs + first,
-                               n * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
-               "copying resize jobs" + where);
-    launch_crop_resize(images, reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first, n,
-                       o.image_size, table_.data(), element_bytes_, lease.data + layout_.offsets[0],
-                       stream);
-  };
-  if (split_ && cpu_chunk_[lease.slot]) {
-    // Mixed, a chunk the CPU decoded: its finished squares in one copy, passed through.
-    for (uint32_t k = 0; k < sample_count; ++k)
-      jobs[k] = pass_through_job(o.image_size, k * crop_bytes_, static_cast<int>(k));
-    cuda_check(cudaMemcpyAsync(device_crops_.data(), crops_.data() + base * crop_bytes_,
-                               sample_count * crop_bytes_, cudaMemcpyHostToDevice, stream),
+      " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(device_);
+  for (size_t k = 0; k < lease.views.size(); ++k) {
+    if (!lease.views[k]) continue;
+    const ViewStage& v = *views_[k];
+    ResizeJob* jobs = reinterpret_cast<ResizeJob*>(v.jobs.data()) + base;
+    const int size = v.pipeline->options().image_size;
+    for (uint32_t i = 0; i < sample_count; ++i)
+      jobs[i] = pass_through_job(size, i * v.crop_bytes, static_cast<int>(i));
+    cuda_check(cudaMemcpyAsync(v.device_crops.data(), v.crops.data() + base * v.crop_bytes,
+                               sample_count * v.crop_bytes, cudaMemcpyHostToDevice, stream_.get()),
                "copying the CPU-decoded samples" + where);
-    launch(device_crops_.data(), 0, sample_count);
-  } else {  // nvJPEG decodes the chunk, in groups that fit the decode budget
-    std::vector<bool> failed(sample_count);
-    for (uint32_t first = 0; first < sample_count;) {
-      uint64_t bytes = 0;
-      uint32_t last = first;
-      while (last < sample_count) {
-        const PreparedSample& s = samples_[base + last];
-        uint64_t more = decoded_bytes(s.width, s.height);
-        if (last > first && bytes + more > kDecodeBudget) break;
-        bytes += more;
-        ++last;
-      }
-      if (decoded_.size() < bytes) {
-        cuda_check(cudaStreamSynchronize(stream), "waiting for the decode buffer to be free");
-        decoded_ = DeviceBuffer();  // free first: peak memory is one buffer, not two
-        decoded_ = DeviceBuffer::allocate(bytes);
-      }
-      decode_group(lease.slot, first, last, jobs, &failed);
-      // on_error=skip: a position no decoder could read shows another image of its group.
-      for (uint32_t k = first; k < last; ++k) {
-        if (!failed[k]) continue;
-        uint32_t good = first;
-        while (good < last && failed[good]) ++good;
-        if (good == last)
-          throw Error("no image of chunk " + std::to_string(lease.seq) + " could be decoded");
-        jobs[k] = jobs[good];
-        jobs[k].output_index = static_cast<int32_t>(k);
-        labels[k] = labels[good];
-      }
-      launch(decoded_.data(), first, last - first);
-      first = last;
-    }
+    launch(v, lease.views[k], v.device_crops.data(), jobs, 0, sample_count, where);
   }
-  cuda_check(cudaMemcpyAsync(lease.data + layout_.offsets[1], labels,
-                             sample_count * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
-             "copying the labels of chunk " + std::to_string(lease.seq));
-  cuda_check(cudaEventRecord(arena_.slot_event(lease.slot), stream),
-             "recording the ready event of slot " + std::to_string(lease.slot));
-  arenas_.replicate(lease.slot, layout_.bytes, stream);  // to the pool's other GPUs, if any
+}
+
+void NvjpegStage::upload_decoded_chunk(const FillLease& lease, uint32_t sample_count) {
+  const size_t base = static_cast<size_t>(lease.slot) * chunk_size_;
+  int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
+  const std::string where =
+      " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(device_);
+  std::vector<bool> failed(sample_count);
+  for (uint32_t first = 0; first < sample_count;) {
+    uint64_t bytes = 0;
+    uint32_t last = first;
+    while (last < sample_count) {
+      const PreparedSample& s = samples_[base + last];
+      uint64_t more = decoded_bytes(s.width, s.height);
+      if (last > first && bytes + more > kDecodeBudget) break;
+      bytes += more;
+      ++last;
+    }
+    if (decoded_.size() < bytes) {
+      cuda_check(cudaStreamSynchronize(stream_.get()), "waiting for the decode buffer to be free");
+      decoded_ = DeviceBuffer();  // free first: peak memory is one buffer, not two
+      decoded_ = DeviceBuffer::allocate(bytes);
+    }
+    decode_group(lease.slot, first, last, &failed);
+    // on_error=skip: a position no decoder could read shows another image of its group.
+    uint32_t good = first;
+    while (good < last && failed[good]) ++good;
+    if (good == last)
+      throw Error("no image of chunk " + std::to_string(lease.seq) + " could be decoded");
+    for (uint32_t k = first; k < last; ++k)
+      if (failed[k]) labels[k] = labels[good];
+    // One decode, one crop/resize per filled view, each with its own geometry.
+    for (size_t view = 0; view < lease.views.size(); ++view) {
+      if (!lease.views[view]) continue;
+      const ViewStage& v = *views_[view];
+      ResizeJob* jobs = reinterpret_cast<ResizeJob*>(v.jobs.data()) + base;
+      for (uint32_t k = first; k < last; ++k) {
+        const PreparedSample& s = samples_[base + (failed[k] ? good : k)];
+        jobs[k] = make_resize_job(v.geometry[base + (failed[k] ? good : k)], s.width, s.height,
+                                  s.offset, static_cast<int>(k));
+      }
+      launch(v, lease.views[view], decoded_.data(), jobs, first, last - first, where);
+    }
+    first = last;
+  }
+}
+
+void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
+  CudaDeviceGuard guard(device_);
+  cudaStream_t stream = stream_.get();
+  if (split_ && cpu_chunk_[lease.slot])
+    upload_cpu_chunk(lease, sample_count);  // mixed, a chunk the CPU decoded
+  else
+    upload_decoded_chunk(lease, sample_count);
+  const int64_t* labels = reinterpret_cast<const int64_t*>(labels_.data()) +
+                          static_cast<size_t>(lease.slot) * chunk_size_;
+  for (size_t k = 0; k < lease.views.size(); ++k) {
+    if (!lease.views[k]) continue;
+    const ViewStage& v = *views_[k];
+    cuda_check(cudaMemcpyAsync(lease.views[k] + v.layout.offsets[1], labels,
+                               sample_count * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
+               "copying the labels of chunk " + std::to_string(lease.seq));
+    cuda_check(cudaEventRecord(v.arenas->primary().slot_event(lease.slot), stream),
+               "recording the ready event of slot " + std::to_string(lease.slot));
+    v.arenas->replicate(lease.slot, v.layout.bytes, stream);  // to the pool's other GPUs, if any
+  }
 }
 
 }  // namespace batchcast

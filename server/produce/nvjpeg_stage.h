@@ -21,6 +21,16 @@
 // the same kernel passes those squares through unchanged (a 1:1 job), normalising them with the
 // same table as `--decoder cpu`, so those samples are bit-identical to the CPU decoder's.
 //
+// Views (docs/views.md): view v of the pool has its own ArenaSet and is the source's view v (its
+// own ImagePipeline: size, crop policy, flip, normalisation, seed). Each image is read, checked
+// and decoded once for all views; fill() draws each view's geometry with that view's pipeline, and
+// upload() launches one crop/resize per view from the one decode into that view's slot, so a
+// view's slot holds what a one-view stage whose source options are the view's would write. A
+// mixed CPU chunk is decoded once on the CPU for all views (process_views_bytes) into each view's
+// uint8 squares. The stage learns a view when the first lease carrying it reaches begin(); only
+// the views a lease fills (FillLease::views: a private chunk, its consumer's view alone) are
+// drawn, launched, labelled and signalled.
+//
 // Output: the slot holds what the CPU pipeline's slot would hold (same tensors, dtypes, shapes,
 // crops and flips); pixels agree within tolerance, not bit for bit: nvJPEG's IDCT and chroma
 // upsampling differ from libjpeg-turbo's, and the CPU's DCT-domain downscale is approximated by a
@@ -31,13 +41,17 @@
 //
 // Thread-safety: fill() from any worker (each position written by one worker), begin() from the
 // producer thread, upload() from the producer's one upload thread (one stream, one decoder, one
-// decode buffer). Ownership: created after the StreamHost (it borrows its ArenaSet) and
-// destroyed before it; it borrows the ImageSource (dataset + pipeline options), which outlives
+// decode buffer). Views live in a fixed array published by their count, so begin() may add one
+// while workers fill others. Ownership: created after the StreamHost (it borrows its ArenaSets)
+// and destroyed before it; it borrows the ImageSource (dataset + pipeline options), which outlives
 // it. Compiled only with nvJPEG (BATCHCAST_HAVE_NVJPEG).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,8 +71,10 @@ namespace batchcast {
 
 class NvjpegStage : public ChunkStage {
  public:
-  // cpu_first: `--decoder mixed` (above).
-  NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t chunk_size,
+  // View v's arenas (the StreamHost's pool of that view); called from begin(), once per view.
+  using ArenasOf = std::function<const ArenaSet*(uint32_t view)>;
+  // cpu_first: `--decoder mixed` (above). View 0 is set up here.
+  NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t chunk_size,
               OnErrorPolicy on_error, bool cpu_first);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
@@ -75,48 +91,66 @@ class NvjpegStage : public ChunkStage {
 
  private:
   // One position of one slot: the file's bytes (or, for what nvJPEG cannot read, CPU-decoded RGB)
-  // and its geometry.
+  // and where upload() decoded it.
   struct PreparedSample {
     ScratchBuffer bytes;
     size_t size = 0;
     bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB (CMYK JPEGs, other formats)
     int width = 0;
     int height = 0;
-    SampleGeometry geometry;
+    uint64_t offset = 0;  // into decoded_, set by decode_group()
     std::string path;
   };
+  // View v: the source's view v, written into its own arenas.
+  struct ViewStage {
+    const ArenaSet* arenas = nullptr;
+    const ImagePipeline* pipeline = nullptr;  // the source's view
+    SlotLayout layout;
+    std::vector<SampleGeometry> geometry;  // slot_count * chunk_size, drawn by fill()
+    PinnedBuffer jobs;                     // slot_count * chunk_size ResizeJob
+    DeviceBuffer table;     // normalisation table (float outputs), identity (planar uint8)
+    int element_bytes = 0;  // of table's entries
+    // Mixed only (cpu_first):
+    std::optional<ImagePipeline> crop_pipeline;  // the view's options, uint8 HWC output
+    size_t crop_bytes = 0;                       // one uint8 square
+    PinnedBuffer crops;                          // slot_count * chunk_size squares
+    DeviceBuffer device_crops;                   // chunk_size squares, reused in stream order
+  };
+  void add_view(uint32_t view);  // from begin() (or the constructor)
 
-  // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer) and
-  // fills `jobs` with where each image landed; a sample no decoder can read is skipped or thrown.
-  void decode_group(uint32_t slot, uint32_t first, uint32_t last, ResizeJob* jobs,
-                    std::vector<bool>* failed);
+  // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer),
+  // recording each one's offset there; a sample no decoder can read is skipped or thrown.
+  void decode_group(uint32_t slot, uint32_t first, uint32_t last, std::vector<bool>* failed);
+  // Mixed: every filled view's CPU-made squares of the chunk, passed through into its slot.
+  void upload_cpu_chunk(const FillLease& lease, uint32_t sample_count);
+  // nvJPEG: the chunk decoded once, in groups that fit the decode budget, each group cropped
+  // and resized into every filled view's slot.
+  void upload_decoded_chunk(const FillLease& lease, uint32_t sample_count);
+  // Crops, resizes, flips and normalises images[jobs[first, first + n)] into view v's slot.
+  void launch(const ViewStage& v, uint8_t* slot, const uint8_t* images, const ResizeJob* jobs,
+              uint32_t first, uint32_t n, const std::string& where);
 
-  const ArenaSet& arenas_;
-  const DeviceArena& arena_;  // the primary: chunks are written there
+  ArenasOf arenas_of_;
   const ImageSource& source_;
+  int device_;  // the primary GPU of every view's arenas: where chunks are decoded and written
+  uint32_t slot_count_;
   uint32_t chunk_size_;
   OnErrorPolicy on_error_;
-  std::vector<SampleTensor> tensors_;  // #0 images, #1 labels
-  SlotLayout layout_;
+  bool cpu_first_;
   std::vector<PreparedSample> samples_;  // slot_count * chunk_size
   PinnedBuffer labels_;                  // slot_count * chunk_size int64
-  PinnedBuffer jobs_;                    // slot_count * chunk_size ResizeJob
+  std::array<std::unique_ptr<ViewStage>, SampleSource::kMaxViews> views_;
+  std::atomic<uint32_t> view_count_{0};
   // Set up by the constructor, then used by upload() only (one thread); skipped() reads skipped_
   // from others:
   NvjpegDecoder decoder_;
   CudaStream stream_;
-  DeviceBuffer device_jobs_;  // chunk_size ResizeJob, reused in stream order
-  DeviceBuffer table_;        // normalisation table (float outputs), identity (planar uint8)
-  int element_bytes_ = 0;     // of table_'s entries
+  DeviceBuffer device_jobs_;  // chunk_size ResizeJob, reused in stream order by every view
   DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
   std::atomic<uint64_t> skipped_{0};
   // Mixed only (cpu_first):
   std::optional<DecodeSplit> split_;
-  std::vector<uint8_t> cpu_chunk_;              // per slot: its chunk is decoded on the CPU
-  std::optional<ImagePipeline> crop_pipeline_;  // the source's options, uint8 HWC output
-  size_t crop_bytes_ = 0;                       // one uint8 square
-  PinnedBuffer crops_;                          // slot_count * chunk_size squares
-  DeviceBuffer device_crops_;                   // chunk_size squares, reused in stream order
+  std::vector<uint8_t> cpu_chunk_;  // per slot: its chunk is decoded on the CPU
   std::atomic<uint64_t> cpu_samples_{0}, engine_samples_{0};  // logged when the stage ends
 };
 

@@ -166,17 +166,17 @@ StreamHostOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOpt
 
 }  // namespace
 
-// The views of a GPU pool decoded on the CPU (docs/views.md). View v is known by its options as
-// asked (view_spec_text with seed: two outputs of one crop are two views); the source's view v is
-// their uint8 HWC staging and conversions[v] turns it into the view's output on the GPU
-// (CudaStage). Views are answered on the event loop and read by the stage's begin() on the
+// The views of a GPU pool (docs/views.md). View v is known by its options as asked
+// (view_spec_text with seed: two outputs of one crop are two views). Decoded on the CPU, the
+// source's view v is their uint8 HWC staging and conversions[v] turns it into the view's output
+// on the GPU (CudaStage); decoded on the GPU (--decoder nvjpeg|mixed), the source's view v is the
+// view itself and conversions[v] is empty (NvjpegStage). Views are answered at start (--view) or
+// on the event loop when a consumer asks for a new one (the host then allocates its arenas, the
+// stage its staging at the first lease that carries it), and read by the stage's begin() on the
 // producer thread: under mu.
 struct GpuViews {
   std::mutex mu;
   std::vector<std::string> texts;
-  // Set once the up-front views (--view) are made: a GPU pool serves those only, for a view
-  // added while chunks are in flight has not been proven on a GPU (docs/views.md).
-  bool sealed = false;
 #ifdef BATCHCAST_HAVE_CUDA
   std::vector<std::vector<TensorConversion>> conversions;
 #endif
@@ -190,7 +190,7 @@ StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& sour
                                               const ServeConfig& c, const std::string& text) {
   StreamHostOptions::ViewAnswer answer;
   try {
-    const PipelineOptions view = resolve_view(text, c.transform);
+    const PipelineOptions view = c.decodable_view(text);
     const std::string key = view_spec_text(view, true);
     std::lock_guard lk(views.mu);
     for (uint32_t v = 0; v < views.texts.size(); ++v)
@@ -198,10 +198,6 @@ StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& sour
         answer.view = v;
         return answer;
       }
-    if (views.sealed)
-      throw Error(
-          "a GPU pool serves the views it was started with (--view, serve(views=)); "
-          "start the server with this one too, or read a host pool (--device cpu)");
     std::vector<TensorConversion> conversions = c.conversions(view);
     if (source.view_count() != views.texts.size())
       throw Error("this server adds no views any more (an earlier view could not be made)");
@@ -234,7 +230,7 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
       return answer_view(*images, transform, chunk, text);
     };
 #ifdef BATCHCAST_HAVE_CUDA
-  if (images && c.on_gpu() && !c.gpu_decoding()) {
+  if (images && c.on_gpu()) {
     gpu_views_ = std::make_unique<GpuViews>();
     gpu_views_->texts.push_back(view_spec_text(c.transform, true));
     gpu_views_->conversions.push_back(c.conversions());
@@ -243,14 +239,6 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
     };
   }
 #endif
-  if (images && c.gpu_decoding())
-    find_view = [flag = c.decoder_flag()](const std::string& text) {
-      StreamHostOptions::ViewAnswer answer;
-      if (!text.empty())
-        answer.error = flag + " serves one view, its own; ask for none, or serve views with " +
-                       "--decoder cpu";
-      return answer;
-    };
   so.find_view = find_view;
   spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
                so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
@@ -272,15 +260,12 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
       throw Error(std::string("--view ") + e.what());
     }
   }
-  if (gpu_views_) {
-    std::lock_guard lk(gpu_views_->mu);
-    gpu_views_->sealed = true;
-  }
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding())
-    stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
-                                           static_cast<const ImageSource&>(*source_), c.batch_size,
-                                           po.on_error, c.decoder == DecoderKind::kMixed);
+    stage_ = std::make_unique<NvjpegStage>(
+        [core = core_.get()](uint32_t view) { return core->view_memory(view).arenas(); },
+        static_cast<const ImageSource&>(*source_), c.batch_size, po.on_error,
+        c.decoder == DecoderKind::kMixed);
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
   if (c.on_gpu() && !stage_)

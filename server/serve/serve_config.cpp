@@ -50,11 +50,7 @@ void ServeConfig::validate() {
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (!views.empty()) {
     if (synthetic) throw Error("--view makes images; --synthetic has none: drop --view");
-    if (on_gpu && gpu_decoding())
-      throw Error("--view: " + decoder_flag() +
-                  " serves one view; --decoder cpu serves views on a GPU pool (or start one "
-                  "server per view)");
-    for (const auto& text : views) parse_view_spec(text, transform);  // names the bad field
+    for (const auto& text : views) decodable_view(text);  // names the bad field
   }
   if (gpu_decoding()) {
     const std::string flag = decoder_flag();
@@ -89,6 +85,15 @@ void ServeConfig::validate() {
   if (on_gpu)
     throw Error("--device " + device + ": this build has no CUDA support; use --device cpu");
 #endif
+}
+
+PipelineOptions ServeConfig::decodable_view(const std::string& text) const {
+  PipelineOptions view = resolve_view(text, transform);
+  if (gpu_decoding() && view.interpolation != Interpolation::kBilinear)
+    throw Error("view '" + text + "': " + decoder_flag() +
+                " resizes bilinearly: drop its interpolation field, or serve it from a server "
+                "with --decoder cpu");
+  return view;
 }
 
 PipelineOptions ServeConfig::staged(PipelineOptions view) const {

@@ -97,6 +97,10 @@ struct ServeConfig {
   bool gpu_decoding() const { return decoder != DecoderKind::kCpu; }
   std::string decoder_flag() const;  // "--decoder <name>", as errors name it
 
+  // The view `text` asks for (decoders/view_spec.h's resolve_view over `transform`), checked
+  // against the decoder (the GPU decoders resize bilinearly only); throws Error naming the view,
+  // the field and the fix.
+  PipelineOptions decodable_view(const std::string& text) const;
   // What ImageSource decodes: `transform`, except that a GPU pool without GPU decoding stages
   // uint8 HWC and normalises on the GPU (conversions()), so the CPU never writes floats it
   // would have to upload.

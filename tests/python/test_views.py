@@ -385,16 +385,18 @@ def test_set_view_after_a_break_starts_the_next_epoch_in_the_new_view(folder, en
 
 
 # GPU pools (serve --device cuda:0, decoder cpu): each view has arenas of its own on the GPU.
-# Run on the GPU machine: pytest -q tests/python/test_views.py -k gpu
+# Run on the GPU machine: pytest -q tests/python/test_views.py -k gpu (the GPU decoders' views:
+# test_views_gpu_decode.py)
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device: torch.cuda is not available")
 
 
 def serve_gpu(folder: str, endpoint: str, transform_=None, **kw):
     kw.setdefault("epochs", 1)
+    kw.setdefault("workers", 2)
     try:
         return batchcast.serve(folder, endpoint, CHUNK, transform=transform_ or transform(),
-                               shuffle=False, workers=2, device="cuda:0", **kw)
+                               shuffle=False, device="cuda:0", **kw)
     except Exception as e:  # a CPU-only build refuses --device cuda at once
         if "no CUDA support" in str(e) or "no nvJPEG" in str(e):
             pytest.skip(f"this build cannot serve it: {e}")
@@ -464,13 +466,51 @@ def test_gpu_pool_views_each_equal_a_one_view_gpu_server(folder, endpoint):
 
 
 @needs_gpu
-def test_gpu_pool_refuses_a_view_it_was_not_started_with_and_goes_on(folder, endpoint):
-    with serve_gpu(folder, endpoint, epochs=1, min_consumers=1, ring=4):
-        with pytest.raises(batchcast.BatchcastError, match=r"serves the views it was started"):
-            batchcast.Loader(endpoint, view="size=24,crop=center", timeout=60)
+@pytest.mark.parametrize("decoder", ["cpu", "nvjpeg"])
+def test_gpu_pool_view_added_at_attach_gets_whole_epochs(folder, endpoint, decoder):
+    """As on a host pool: a Loader asking mid-epoch for a view the GPU pool does not serve yet
+    gets the view's arenas, the epoch it joined regenerated from its start, later epochs shared;
+    the server's own reader loses nothing. Its bytes are a one-view GPU server's."""
+    view = "size=24,crop=center"
+    with serve_gpu(folder, endpoint, epochs=2, min_consumers=1, decoder=decoder):
         own = batchcast.Loader(endpoint, timeout=60)
-        assert sum(len(y) for _, y in own) == CLASSES * PER_CLASS
+        it = iter(own)
+        head = [next(it), next(it)]  # epoch 0 is under way
+        late = batchcast.Loader(endpoint, view=view, timeout=60)
+
+        def rest_of_own() -> List[int]:
+            first = sum(len(y) for _, y in head) + sum(len(y) for _, y in it)
+            return [first, sum(len(y) for _, y in own)]
+
+        results = in_threads({"late": lambda: read_cpu(late, 2), "own": rest_of_own})
         own.close()
+        late.close()
+    assert results["own"] == [CLASSES * PER_CLASS] * 2
+    one = _batchcast.resolve_view(view, transform())
+    ep = watch_endpoint(f"{endpoint}.one")
+    with serve_gpu(folder, ep, transform_=one, epochs=2, decoder=decoder):
+        with batchcast.Loader(ep, timeout=60) as loader:
+            alone = read_cpu(loader, 2)
+    for e in range(2):
+        assert [s[1] for s in results["late"][e]] == [s[1] for s in alone[e]]
+        assert all(np.array_equal(x[0], y[0]) for x, y in zip(results["late"][e], alone[e])), e
+    if decoder == "cpu":  # uint8, decoded on the CPU: the host pipeline's bytes
+        check_view(folder, view, results["late"])
+
+
+@needs_gpu
+def test_gpu_pool_view_added_while_another_loader_keeps_a_batch_unread_gets_whole_epochs(
+        folder, endpoint):
+    """The other trainer holds a batch and reads nothing more: the new view's arenas are made at
+    attach and it reads on (the GPU pool's default ring of 8 slots)."""
+    with serve_gpu(folder, endpoint, epochs=2, min_consumers=1):
+        own = batchcast.Loader(endpoint, timeout=60)
+        head = next(iter(own))
+        late = batchcast.Loader(endpoint, view="size=24,crop=center", timeout=60)
+        check_view(folder, "size=24,crop=center", read_cpu(late, 2))
+        del head
+        own.close()
+        late.close()
 
 
 @needs_gpu
@@ -486,9 +526,3 @@ def test_gpu_pool_set_view_switches_at_the_next_epoch(folder, endpoint):
     for index, (pixels, _) in enumerate(second[0]):
         assert np.allclose(pixels, expected(folder, "size=28,output=float32", 1, index),
                            atol=1e-5)
-
-
-@needs_gpu
-def test_nvjpeg_pool_refuses_views_naming_the_decoder(folder, endpoint):
-    with pytest.raises(batchcast.BatchcastError, match=r"--decoder nvjpeg serves one view"):
-        serve_gpu(folder, endpoint, views=["size=32"], decoder="nvjpeg")

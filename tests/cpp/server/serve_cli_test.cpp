@@ -133,6 +133,28 @@ TEST(ServeCliTest, ABadViewIsRefusedNamingTheField) {
   }
 }
 
+// The GPU decoders serve views but resize bilinearly only: a view asking for another
+// interpolation is refused with the other options, before any GPU is looked for.
+TEST(ServeCliTest, TheGpuDecodersRefuseAViewTheyCannotResizeNamingIt) {
+  for (const std::string decoder : {"nvjpeg", "mixed"}) {
+    ServeConfig c = parse({"--view", "size=24,interpolation=nearest", "--decoder", decoder,
+                           "--device", "cuda:0", "--data", "/tmp"});
+    try {
+      c.validate();
+      FAIL() << "no throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("view 'size=24,interpolation=nearest': --decoder " +
+                                           decoder + " resizes bilinearly"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(c.decodable_view("size=24").image_size, 24);
+    EXPECT_THROW(c.decodable_view("interpolation=nearest"), Error);
+  }
+  ServeConfig cpu = parse({"--view", "size=24,interpolation=nearest", "--data", "/tmp"});
+  EXPECT_EQ(cpu.decodable_view("interpolation=nearest").interpolation, Interpolation::kNearest);
+}
+
 TEST(ServeCliTest, RingMemoryTakesSizesWithUnits) {
   EXPECT_EQ(parse({"--ring-memory", "512MiB"}).ring_memory, uint64_t{512} << 20);
   EXPECT_EQ(parse({"--ring-memory", "2G"}).ring_memory, uint64_t{2} << 30);

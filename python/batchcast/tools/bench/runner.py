@@ -14,8 +14,8 @@ share); the server gets `cores` workers for all N.
 
 Trainer i trains its own (model, image size). The batchcast peers serve every size from one
 server, decoded once: the server's size is the first trainer's and each other size is a view
-(``--view size=S``, docs/views.md) that its trainers read with ``Loader(view="size=S")``. The
-nvJPEG and mixed decoders serve one view, so those peers skip regimes of several sizes.
+(``--view size=S``, docs/views.md) that its trainers read with ``Loader(view="size=S")``; with
+the nvJPEG and mixed decoders too (one GPU decode, one crop/resize per size).
 
 Thread-safety: one run at a time per process (it owns the child processes it starts).
 Ownership: every process a run starts is ended before ``measure`` returns, failed or not; logs
@@ -57,9 +57,6 @@ def unavailable(peer: str, cfg: argparse.Namespace,
     """Why `peer` cannot run `trainers` here, or None."""
     if peer in GPU_PEERS and not cfg.device.startswith("cuda"):
         return "needs a GPU (--device cuda)"
-    if peer in DECODERS and len({size for _, size in trainers}) > 1:
-        return (f"--decoder {DECODERS[peer]} serves one view (one image size): run the "
-                f"batchcast-cpu peer for trainers of several sizes")
     if peer.endswith("-pergpu") and cfg.gpus < 2:
         return "needs --gpus 2 or more (one server per GPU)"
     if peer == "dali" and (importlib.util.find_spec("nvidia") is None
