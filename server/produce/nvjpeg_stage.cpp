@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/cuda_check.h"
@@ -23,19 +24,19 @@ uint64_t decoded_bytes(int width, int height) {
   return (bytes + kImageAlignment - 1) / kImageAlignment * kImageAlignment;
 }
 
-// The job that passes a finished size x size square (the CPU's crop) through unchanged: a 1:1
-// bilinear resize samples every pixel exactly, so only the normalisation table applies.
-ResizeJob pass_through_job(int size, uint64_t source_offset, int output_index) {
+// The geometry that passes a finished size x size square (the CPU's crop) through unchanged: a
+// 1:1 bilinear resize samples every pixel exactly, so only the normalisation table applies.
+SampleGeometry square_geometry(int size) {
   SampleGeometry g;
   g.crop = g.scaled = PixelRect{0, 0, size, size};
   g.resize_w = g.resize_h = size;
-  return make_resize_job(g, size, size, source_offset, output_index);
+  return g;
 }
 
 }  // namespace
 
 NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t chunk_size,
-                         OnErrorPolicy on_error, bool cpu_first)
+                         OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk)
     : arenas_(arenas),
       arena_(arenas.primary()),
       source_(source),
@@ -69,7 +70,7 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
         cudaMemcpy(table_.data(), table.bytes.data(), table.bytes.size(), cudaMemcpyHostToDevice),
         "copying the normalisation table to cuda:" + std::to_string(arena_.device()));
   }
-  if (cpu_first) {
+  if (waited_chunk) {
     PipelineOptions crop = o;
     crop.output = DType::kUInt8;
     crop.uint8_layout = Uint8Layout::kHWC;
@@ -77,31 +78,25 @@ NvjpegStage::NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint
     crop_bytes_ = crop_pipeline_->sample_bytes();
     crops_ = PinnedBuffer::allocate(samples_.size() * crop_bytes_);
     device_crops_ = DeviceBuffer::allocate(chunk_size * crop_bytes_);
-    // Slack: two chunks of CPU work may wait before a chunk goes to the engine, the best of one,
-    // two and three chunks in the collocated benchmark (bench/RESULTS.md, mixed decoder). More
-    // never triggers: the stream may pin only the ring less the catch-up slots (stream_state.h)
-    // and the consumers hold some.
-    split_.emplace(2 * static_cast<uint64_t>(chunk_size));
-    cpu_chunk_.assign(arena_.slot_count(), 0);
+    split_.emplace(std::move(waited_chunk));
   }
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
-               cpu_first ? "CPU workers first, then nvJPEG," : "nvJPEG decoder", arena_.device(),
-               decoder_.backend());
+               split_ ? "CPU workers first, nvJPEG for what consumers wait for," : "nvJPEG decoder",
+               arena_.device(), decoder_.backend());
 }
 
 NvjpegStage::~NvjpegStage() {
   if (stream_.get()) (void)cudaStreamSynchronize(stream_.get());
   if (split_)
     spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder",
-                 cpu_samples_.load(), engine_samples_.load());
+                 split_->cpu_samples(), split_->engine_samples());
 }
 
-void NvjpegStage::begin(const FillLease& lease, uint32_t samples) {
+void NvjpegStage::begin(const FillLease& lease, uint32_t /*samples*/) {
   const uint32_t slot = lease.slot;
   // The slot's event is recorded after its last upload; once that is done, nothing on the device
   // reads this slot's host-side samples, crops, labels or jobs any more.
   arenas_.wait_for_slot(slot);
-  if (split_) cpu_chunk_[slot] = split_->queue(samples);
 }
 
 void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) {
@@ -118,15 +113,16 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
   const ImagePipeline& pipeline = source_.pipeline();
   const int64_t max_pixels = pipeline.options().max_image_pixels;
   const SampleHeader header = check_sample(data, s.size, entry.path, max_pixels);
-  // cpu_chunk_ was written by begin() before this chunk's samples were queued for the workers.
-  if (split_ && cpu_chunk_[slot]) {
-    split_->started();
+  if (split_ && split_->cpu_decodes(lease.seq)) {
     crop_pipeline_->process_bytes(data, s.size, entry.path, epoch, index,
                                   crops_.data() + at * crop_bytes_);
-    ++cpu_samples_;
+    s.square = true;
+    s.decoded_on_cpu = false;
+    s.width = s.height = crop_pipeline_->options().image_size;
+    s.geometry = square_geometry(s.width);
     return;
   }
-  if (split_) ++engine_samples_;
+  s.square = false;
   const bool jpeg = header.format == ImageFormat::kJpeg;
   s.decoded_on_cpu = !jpeg || header.jpeg.cmyk();
   s.width = static_cast<int>(header.width);
@@ -159,7 +155,13 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last, Res
   for (uint32_t k = first; k < last; ++k) {
     PreparedSample& s = samples_[static_cast<size_t>(slot) * chunk_size_ + k];
     jobs[k] = make_resize_job(s.geometry, s.width, s.height, offset, static_cast<int>(k));
-    if (s.decoded_on_cpu) {
+    if (s.square) {  // mixed: the CPU's square, passed through like a CPU-decoded image
+      cuda_check(cudaMemcpyAsync(
+                     decoded_.data() + offset,
+                     crops_.data() + (static_cast<size_t>(slot) * chunk_size_ + k) * crop_bytes_,
+                     crop_bytes_, cudaMemcpyHostToDevice, stream),
+                 "uploading the CPU-decoded square of " + s.path);
+    } else if (s.decoded_on_cpu) {
       cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
                                  cudaMemcpyHostToDevice, stream),
                  "uploading the CPU-decoded pixels of " + s.path);
@@ -218,15 +220,18 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
                        o.image_size, table_.data(), element_bytes_, lease.data + layout_.offsets[0],
                        stream);
   };
-  if (split_ && cpu_chunk_[lease.slot]) {
-    // Mixed, a chunk the CPU decoded: its finished squares in one copy, passed through.
+  const auto first_sample = samples_.begin() + static_cast<std::ptrdiff_t>(base);
+  if (split_ && std::all_of(first_sample, first_sample + sample_count,
+                            [](const PreparedSample& s) { return s.square; })) {
+    // Mixed, a chunk the CPU decoded whole: its finished squares in one copy, passed through.
     for (uint32_t k = 0; k < sample_count; ++k)
-      jobs[k] = pass_through_job(o.image_size, k * crop_bytes_, static_cast<int>(k));
+      jobs[k] = make_resize_job(square_geometry(o.image_size), o.image_size, o.image_size,
+                                k * crop_bytes_, static_cast<int>(k));
     cuda_check(cudaMemcpyAsync(device_crops_.data(), crops_.data() + base * crop_bytes_,
                                sample_count * crop_bytes_, cudaMemcpyHostToDevice, stream),
                "copying the CPU-decoded samples" + where);
     launch(device_crops_.data(), 0, sample_count);
-  } else {  // nvJPEG decodes the chunk, in groups that fit the decode budget
+  } else {  // nvJPEG decodes the chunk (the CPU's squares aside), in groups that fit the budget
     std::vector<bool> failed(sample_count);
     for (uint32_t first = 0; first < sample_count;) {
       uint64_t bytes = 0;

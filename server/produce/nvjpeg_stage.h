@@ -15,11 +15,12 @@
 // the labels are copied from pinned memory, and the slot's interprocess event is recorded. A pool
 // on several GPUs decodes on the first and the slot is then copied to the others (ArenaSet).
 //
-// Mixed (cpu_first): a DecodeSplit (server/produce/decode_split.h) decides per chunk, in begin(). A
-// sample of a CPU chunk is decoded and augmented by the CPU pipeline itself, as uint8 HWC into a
-// pinned area per slot; upload() copies that area to the device in one copy and
-// the same kernel passes those squares through unchanged (a 1:1 job), normalising them with the
-// same table as `--decoder cpu`, so those samples are bit-identical to the CPU decoder's.
+// Mixed (a WaitedChunk given): a DecodeSplit (server/produce/decode_split.h) decides per sample,
+// in fill(). A sample the CPU takes is decoded and augmented by the CPU pipeline itself, as uint8
+// HWC squares into a pinned area per slot, and the same kernel passes those squares through
+// unchanged (a 1:1 job), normalising them with the same table as `--decoder cpu`, so those samples
+// are bit-identical to the CPU decoder's. A chunk all on the CPU is copied to the device in one
+// copy; in a chunk the engine shares, each square goes up like an image the CPU decoded whole.
 //
 // Output: the slot holds what the CPU pipeline's slot would hold (same tensors, dtypes, shapes,
 // crops and flips); pixels agree within tolerance, not bit for bit: nvJPEG's IDCT and chroma
@@ -57,9 +58,9 @@ namespace batchcast {
 
 class NvjpegStage : public ChunkStage {
  public:
-  // cpu_first: `--decoder mixed` (above).
+  // waited_chunk: `--decoder mixed` (above; StreamHost::waited_chunk); empty: `--decoder nvjpeg`.
   NvjpegStage(const ArenaSet& arenas, const ImageSource& source, uint32_t chunk_size,
-              OnErrorPolicy on_error, bool cpu_first);
+              OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
   NvjpegStage& operator=(const NvjpegStage&) = delete;
@@ -80,6 +81,7 @@ class NvjpegStage : public ChunkStage {
     ScratchBuffer bytes;
     size_t size = 0;
     bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB (CMYK JPEGs, other formats)
+    bool square = false;          // mixed: the CPU's finished square is in crops_ (1:1 geometry)
     int width = 0;
     int height = 0;
     SampleGeometry geometry;
@@ -110,14 +112,12 @@ class NvjpegStage : public ChunkStage {
   int element_bytes_ = 0;     // of table_'s entries
   DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
   std::atomic<uint64_t> skipped_{0};
-  // Mixed only (cpu_first):
-  std::optional<DecodeSplit> split_;
-  std::vector<uint8_t> cpu_chunk_;              // per slot: its chunk is decoded on the CPU
+  // Mixed only:
+  std::optional<DecodeSplit> split_;            // counts each side's samples, logged at the end
   std::optional<ImagePipeline> crop_pipeline_;  // the source's options, uint8 HWC output
   size_t crop_bytes_ = 0;                       // one uint8 square
   PinnedBuffer crops_;                          // slot_count * chunk_size squares
   DeviceBuffer device_crops_;                   // chunk_size squares, reused in stream order
-  std::atomic<uint64_t> cpu_samples_{0}, engine_samples_{0};  // logged when the stage ends
 };
 
 }  // namespace batchcast

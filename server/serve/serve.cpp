@@ -277,10 +277,14 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
     gpu_views_->sealed = true;
   }
 #ifdef BATCHCAST_HAVE_NVJPEG
-  if (c.gpu_decoding())
+  if (c.gpu_decoding()) {
+    DecodeSplit::WaitedChunk waited;  // --decoder mixed: the engine takes what consumers wait for
+    if (c.decoder == DecoderKind::kMixed)
+      waited = [core = core_.get()] { return core->waited_chunk(); };
     stage_ = std::make_unique<NvjpegStage>(*core_->memory().arenas(),
                                            static_cast<const ImageSource&>(*source_), c.batch_size,
-                                           po.on_error, c.decoder == DecoderKind::kMixed);
+                                           po.on_error, std::move(waited));
+  }
 #endif
 #ifdef BATCHCAST_HAVE_CUDA
   if (c.on_gpu() && !stage_)
