@@ -216,9 +216,14 @@ void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& 
     bool was_failed = state_->failed();
     state_->publish(lease.seq, lease.slot, position, std::move(tensors));
     if (!was_failed && state_->failed()) failure = state_->failure();
+    note_waited_chunk();
   }
   if (!failure.empty()) stream_failed(failure);  // an invalid chunk failed the stream
   wake();
+}
+
+void StreamHost::note_waited_chunk() {
+  waited_chunk_.store(state_->waited_chunk().value_or(kNoChunk), std::memory_order_relaxed);
 }
 
 FillLease StreamHost::lease(const StreamState::Fill& fill) {
@@ -401,6 +406,7 @@ void StreamHost::loop() {
       std::lock_guard lk(mu_);
       receive_all(now);
       state_->tick(now);
+      note_waited_chunk();
     }
     slot_freed_.notify_all();
     finished_cv_.notify_all();

@@ -153,6 +153,12 @@ class StreamHost {
   // View `view`'s pool (0: memory()); lives as long as the host.
   const SlotMemory& view_memory(uint32_t view) const;
 
+  // StreamState::waited_chunk() as of the event loop's last pass or the last publish():
+  // lock-free, for a producer deciding sample by sample (server/produce/decode_split.h).
+  std::optional<uint64_t> waited_chunk() const {
+    const uint64_t seq = waited_chunk_.load(std::memory_order_relaxed);
+    return seq == kNoChunk ? std::nullopt : std::optional<uint64_t>(seq);
+  }
   void set_epoch_samples(uint64_t samples);
   bool regenerates() const { return options_.regenerates; }
   StreamStats stats() const;
@@ -175,6 +181,7 @@ class StreamHost {
   StreamState::ViewChoice choose_view_locked(const std::string& view);
   uint32_t add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs);  // under mu_
   FillLease lease(const StreamState::Fill& fill);  // under mu_; resets the slot's seq words
+  void note_waited_chunk();                        // under mu_: the state's into waited_chunk_
   SlotPool& view_pool(uint32_t view) {             // under mu_
     return view == 0 ? memory_.pool() : view_memory_[view - 1]->pool();
   }
@@ -198,6 +205,8 @@ class StreamHost {
   std::vector<std::unique_ptr<SlotMemory>> view_memory_;
   std::string views_closed_;  // under mu_: why no view is added any more (a view's pool failed)
   std::atomic<bool> stopping_{false};
+  static constexpr uint64_t kNoChunk = ~uint64_t{0};
+  std::atomic<uint64_t> waited_chunk_{kNoChunk};  // written under mu_ (note_waited_chunk)
   std::thread loop_thread_;
 };
 

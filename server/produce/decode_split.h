@@ -1,51 +1,60 @@
-// DecodeSplit: under `--decoder mixed`, which chunks the CPU workers decode themselves and which
+// DecodeSplit: under `--decoder mixed`, which samples the CPU workers decode themselves and which
 // they hand to the GPU's JPEG engine (server/produce/nvjpeg_stage.h).
 //
 // Why: nvJPEG queues a colour-conversion kernel behind every image the hardware engine decodes,
 // so the server's context holds the GPU's compute engine, waiting, for as long as the engine works
 // on its images; under time-slicing that is time the collocated trainers lose
-// (docs/architecture.md). Chunks the CPU decodes cost the trainers one copy.
+// (docs/architecture.md). Samples the CPU decodes cost the trainers one copy.
 //
-// The rule: a chunk goes to the CPU workers when at most `slack` samples of CPU-decoded chunks
-// wait ahead of it for the workers, else to the engine. The producer queues a chunk whenever a
-// slot is free, so a backlog means the consumers freed slots faster than the CPU refills them.
-// The CPU thus decodes all it keeps up with and the engine the rest, with no clock and no tuning:
-// a consumer-bound stream ends up decoded on the CPU, a CPU-starved one partly on the engine.
-// Only CPU chunks count in the backlog: an engine chunk costs the workers a file read and a header
-// check, not a decode, and counting it would make one engine chunk send the next ones to the
-// engine too.
-// Whole chunks, not samples: the engine then always gets full batches, and nvJPEG never re-plans
-// for a new batch size.
-// Known limit (docs/architecture.md): when the consumers need several times what the CPU decodes
-// (1-2 trainers on 2 cores), the CPU chunks in flight stall the in-order stream until the
-// engine's chunks behind them fill the ring; the docs send such setups to --decoder nvjpeg.
+// The rule: a worker decodes a sample itself unless a consumer waits for that sample's chunk,
+// i.e. the chunk is the stream's head (the oldest one not yet published, which consumers read
+// next) and some consumer level with it has taken every chunk it was sent
+// (StreamState::waited_chunk). Then the worker only prepares the sample for the engine (reads,
+// checks, draws its geometry) and the chunk's upload has nvJPEG decode those samples beside the
+// squares the CPU finished. Decided when a worker starts the sample: samples already started stay
+// on the CPU, so a chunk the consumers wait for is done after at most one sample per worker plus
+// the engine's share, and the engine's finished chunks never wait behind a CPU chunk.
+// So the CPU decodes all it keeps up with and the engine only what consumers would otherwise wait
+// for, with no clock, no backlog threshold and no tuning: a consumer-bound stream is decoded on the
+// CPU; a CPU-starved one has the engine decode the rest of each head chunk while the workers
+// decode the next chunk, both at work.
+// Not a rule "the engine is idle": the engine is idle whenever the CPU keeps up, which is exactly
+// when the engine should stay off. Private chunks (regenerated for a consumer catching up) are
+// never the stream's head, so the CPU decodes them.
 //
-// Thread-safety: queue() from one thread (the producer); started() from any thread.
+// Thread-safety: cpu_decodes() and the counters from any thread; `waited` must be callable
+// concurrently (StreamHost::waited_chunk is lock-free). Ownership: `waited` must stay callable as
+// long as the split is used.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <utility>
 
 namespace batchcast {
 
 class DecodeSplit {
  public:
-  explicit DecodeSplit(uint64_t slack) : slack_(static_cast<int64_t>(slack)) {}
+  // The stream chunk a consumer waits for now, if any (StreamHost::waited_chunk).
+  using WaitedChunk = std::function<std::optional<uint64_t>()>;
 
-  // A chunk of `samples` samples is queued for the workers: true if the CPU decodes it, false if
-  // the engine does.
-  bool queue(uint32_t samples) {
-    if (waiting_.load() > slack_) return false;
-    waiting_ += samples;
-    return true;
+  explicit DecodeSplit(WaitedChunk waited) : waited_(std::move(waited)) {}
+
+  // A worker starts a sample of chunk `seq`: true if it decodes it, false if the engine does.
+  // (A sample retried after a bad file starts, and counts, twice.)
+  bool cpu_decodes(uint64_t seq) {
+    const bool cpu = waited_() != seq;
+    ++(cpu ? cpu_samples_ : engine_samples_);
+    return cpu;
   }
-  // A worker started one sample of a chunk queue() gave the CPU. (A sample retried after a bad
-  // file starts twice; that only makes the backlog look one sample shorter.)
-  void started() { --waiting_; }
+  uint64_t cpu_samples() const { return cpu_samples_.load(); }
+  uint64_t engine_samples() const { return engine_samples_.load(); }
 
  private:
-  const int64_t slack_;
-  std::atomic<int64_t> waiting_{0};
+  const WaitedChunk waited_;
+  std::atomic<uint64_t> cpu_samples_{0}, engine_samples_{0};
 };
 
 }  // namespace batchcast

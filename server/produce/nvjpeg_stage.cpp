@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/cuda_check.h"
@@ -49,39 +50,32 @@ ConvertTable output_table(const PipelineOptions& o) {
 }  // namespace
 
 NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t chunk_size,
-                         OnErrorPolicy on_error, bool cpu_first)
+                         OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk)
     : arenas_of_(std::move(arenas_of)),
       source_(source),
       device_(arenas_of_(0)->primary().device()),
       slot_count_(arenas_of_(0)->primary().slot_count()),
       chunk_size_(chunk_size),
       on_error_(on_error),
-      cpu_first_(cpu_first),
+      cpu_first_(static_cast<bool>(waited_chunk)),
       samples_(static_cast<size_t>(slot_count_) * chunk_size),
       decoder_(device_) {
   CudaDeviceGuard guard(device_);
   labels_ = PinnedBuffer::allocate(samples_.size() * sizeof(int64_t));
   stream_ = CudaStream::create();
   device_jobs_ = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
-  if (cpu_first) {
-    // Slack: two chunks of CPU work may wait before a chunk goes to the engine, the best of one,
-    // two and three chunks in the collocated benchmark (bench/RESULTS.md, mixed decoder). More
-    // never triggers: the stream may pin only the ring less the catch-up slots (stream_state.h)
-    // and the consumers hold some.
-    split_.emplace(2 * static_cast<uint64_t>(chunk_size));
-    cpu_chunk_.assign(slot_count_, 0);
-  }
+  if (cpu_first_) split_.emplace(std::move(waited_chunk));
   add_view(0);
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
-               cpu_first ? "CPU workers first, then nvJPEG," : "nvJPEG decoder", device_,
-               decoder_.backend());
+               split_ ? "CPU workers first, nvJPEG for what consumers wait for," : "nvJPEG decoder",
+               device_, decoder_.backend());
 }
 
 NvjpegStage::~NvjpegStage() {
   if (stream_.get()) (void)cudaStreamSynchronize(stream_.get());
   if (split_)
     spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder",
-                 cpu_samples_.load(), engine_samples_.load());
+                 split_->cpu_samples(), split_->engine_samples());
 }
 
 void NvjpegStage::add_view(uint32_t view) {
@@ -117,13 +111,14 @@ void NvjpegStage::add_view(uint32_t view) {
     v->crop_pipeline.emplace(crop);
     v->crop_bytes = v->crop_pipeline->sample_bytes();
     v->crops = PinnedBuffer::allocate(positions * v->crop_bytes);
+    v->square_jobs = PinnedBuffer::allocate(positions * sizeof(ResizeJob));
     v->device_crops = DeviceBuffer::allocate(chunk_size_ * v->crop_bytes);
   }
   views_[view] = std::move(v);
   view_count_.store(view + 1, std::memory_order_release);
 }
 
-void NvjpegStage::begin(const FillLease& lease, uint32_t samples) {
+void NvjpegStage::begin(const FillLease& lease, uint32_t /*samples*/) {
   const uint32_t slot = lease.slot;
   // Views added since the last chunk: this lease is the first to carry them.
   uint32_t known = view_count_.load(std::memory_order_relaxed);
@@ -132,7 +127,6 @@ void NvjpegStage::begin(const FillLease& lease, uint32_t samples) {
   // nothing on the device reads this slot's host-side samples, crops, labels or jobs any more
   // (whichever views that upload filled: waiting on every view's covers it).
   for (uint32_t v = 0; v < known; ++v) views_[v]->arenas->wait_for_slot(slot);
-  if (split_) cpu_chunk_[slot] = split_->queue(samples);
 }
 
 void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) {
@@ -149,9 +143,8 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
   const int64_t max_pixels = source_.pipeline().options().max_image_pixels;
   const SampleHeader header = check_sample(data, s.size, entry.path, max_pixels);
   const size_t views = lease.views.size();  // each published by begin() before this chunk's fills
-  // cpu_chunk_ was written by begin() before this chunk's samples were queued for the workers.
-  if (split_ && cpu_chunk_[slot]) {
-    split_->started();
+  s.square = split_ && split_->cpu_decodes(lease.seq);
+  if (s.square) {  // the CPU pipeline makes every filled view's square; the GPU only normalises
     std::array<const ImagePipeline*, SampleSource::kMaxViews> pipelines{};
     std::array<void*, SampleSource::kMaxViews> crops{};  // null: a view this chunk does not fill
     for (size_t k = 0; k < views; ++k) {
@@ -161,10 +154,8 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
     }
     process_views_bytes(pipelines.data(), crops.data(), views, data, s.size, entry.path, epoch,
                         index);
-    ++cpu_samples_;
     return;
   }
-  if (split_) ++engine_samples_;
   const bool jpeg = header.format == ImageFormat::kJpeg;
   s.decoded_on_cpu = !jpeg || header.jpeg.cmyk();
   s.width = static_cast<int>(header.width);
@@ -200,6 +191,7 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last,
   uint64_t offset = 0;
   for (uint32_t k = first; k < last; ++k) {
     PreparedSample& s = samples_[static_cast<size_t>(slot) * chunk_size_ + k];
+    if (s.square) continue;  // mixed: the CPU's, uploaded by upload_squares()
     s.offset = offset;
     if (s.decoded_on_cpu) {
       cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
@@ -254,36 +246,52 @@ void NvjpegStage::launch(const ViewStage& v, uint8_t* slot, const uint8_t* image
                      slot + v.layout.offsets[0], stream);
 }
 
-void NvjpegStage::upload_cpu_chunk(const FillLease& lease, uint32_t sample_count) {
-  const size_t base = static_cast<size_t>(lease.slot) * chunk_size_;
-  const std::string where =
-      " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(device_);
-  for (size_t k = 0; k < lease.views.size(); ++k) {
-    if (!lease.views[k]) continue;
-    const ViewStage& v = *views_[k];
-    ResizeJob* jobs = reinterpret_cast<ResizeJob*>(v.jobs.data()) + base;
-    const int size = v.pipeline->options().image_size;
-    for (uint32_t i = 0; i < sample_count; ++i)
-      jobs[i] = pass_through_job(size, i * v.crop_bytes, static_cast<int>(i));
-    cuda_check(cudaMemcpyAsync(v.device_crops.data(), v.crops.data() + base * v.crop_bytes,
-                               sample_count * v.crop_bytes, cudaMemcpyHostToDevice, stream_.get()),
-               "copying the CPU-decoded samples" + where);
-    launch(v, lease.views[k], v.device_crops.data(), jobs, 0, sample_count, where);
-  }
-}
-
-void NvjpegStage::upload_decoded_chunk(const FillLease& lease, uint32_t sample_count) {
+void NvjpegStage::upload_squares(const FillLease& lease, uint32_t sample_count,
+                                 const std::vector<bool>& unfilled) {
   const size_t base = static_cast<size_t>(lease.slot) * chunk_size_;
   int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
   const std::string where =
       " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(device_);
-  std::vector<bool> failed(sample_count);
+  uint32_t square = 0;  // a position no decoder could read shows the first square
+  while (square < sample_count && !samples_[base + square].square) ++square;
+  for (uint32_t k = 0; k < sample_count; ++k)
+    if (unfilled[k]) {
+      if (square == sample_count)
+        throw Error("no image of chunk " + std::to_string(lease.seq) + " could be decoded");
+      labels[k] = labels[square];
+    }
+  for (size_t view = 0; view < lease.views.size(); ++view) {
+    if (!lease.views[view]) continue;
+    const ViewStage& v = *views_[view];
+    ResizeJob* jobs = reinterpret_cast<ResizeJob*>(v.square_jobs.data()) + base;
+    const int size = v.pipeline->options().image_size;
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < sample_count; ++k) {
+      const uint32_t from = unfilled[k] ? square : k;
+      if (samples_[base + k].square || unfilled[k])
+        jobs[n++] = pass_through_job(size, from * v.crop_bytes, static_cast<int>(k));
+    }
+    if (!n) continue;
+    cuda_check(cudaMemcpyAsync(v.device_crops.data(), v.crops.data() + base * v.crop_bytes,
+                               sample_count * v.crop_bytes, cudaMemcpyHostToDevice, stream_.get()),
+               "copying the CPU-decoded samples" + where);
+    launch(v, lease.views[view], v.device_crops.data(), jobs, 0, n, where);
+  }
+}
+
+std::vector<bool> NvjpegStage::upload_decoded_chunk(const FillLease& lease, uint32_t sample_count) {
+  const size_t base = static_cast<size_t>(lease.slot) * chunk_size_;
+  int64_t* labels = reinterpret_cast<int64_t*>(labels_.data()) + base;
+  const std::string where =
+      " for chunk " + std::to_string(lease.seq) + " on cuda:" + std::to_string(device_);
+  std::vector<bool> failed(sample_count), unfilled(sample_count);
+  auto decoded = [&](uint32_t k) { return !samples_[base + k].square && !failed[k]; };
   for (uint32_t first = 0; first < sample_count;) {
     uint64_t bytes = 0;
     uint32_t last = first;
     while (last < sample_count) {
       const PreparedSample& s = samples_[base + last];
-      uint64_t more = decoded_bytes(s.width, s.height);
+      uint64_t more = s.square ? 0 : decoded_bytes(s.width, s.height);
       if (last > first && bytes + more > kDecodeBudget) break;
       bytes += more;
       ++last;
@@ -294,36 +302,49 @@ void NvjpegStage::upload_decoded_chunk(const FillLease& lease, uint32_t sample_c
       decoded_ = DeviceBuffer::allocate(bytes);
     }
     decode_group(lease.slot, first, last, &failed);
-    // on_error=skip: a position no decoder could read shows another image of its group.
+    // on_error=skip: a position no decoder could read shows another image of its group, or,
+    // where the group has none (the rest are the CPU's squares), a square (upload_squares).
     uint32_t good = first;
-    while (good < last && failed[good]) ++good;
-    if (good == last)
-      throw Error("no image of chunk " + std::to_string(lease.seq) + " could be decoded");
-    for (uint32_t k = first; k < last; ++k)
-      if (failed[k]) labels[k] = labels[good];
-    // One decode, one crop/resize per filled view, each with its own geometry.
-    for (size_t view = 0; view < lease.views.size(); ++view) {
+    while (good < last && !decoded(good)) ++good;
+    for (uint32_t k = first; k < last; ++k) {
+      if (!failed[k]) continue;
+      if (good == last)
+        unfilled[k] = true;
+      else
+        labels[k] = labels[good];
+    }
+    // One decode, one crop/resize per filled view, each with its own geometry; the CPU's
+    // squares are left to upload_squares().
+    for (size_t view = 0; view < lease.views.size() && good < last; ++view) {
       if (!lease.views[view]) continue;
       const ViewStage& v = *views_[view];
       ResizeJob* jobs = reinterpret_cast<ResizeJob*>(v.jobs.data()) + base;
+      uint32_t n = 0;
       for (uint32_t k = first; k < last; ++k) {
-        const PreparedSample& s = samples_[base + (failed[k] ? good : k)];
-        jobs[k] = make_resize_job(v.geometry[base + (failed[k] ? good : k)], s.width, s.height,
-                                  s.offset, static_cast<int>(k));
+        if (samples_[base + k].square) continue;
+        const uint32_t from = failed[k] ? good : k;
+        const PreparedSample& s = samples_[base + from];
+        jobs[first + n++] = make_resize_job(v.geometry[base + from], s.width, s.height, s.offset,
+                                            static_cast<int>(k));
       }
-      launch(v, lease.views[view], decoded_.data(), jobs, first, last - first, where);
+      launch(v, lease.views[view], decoded_.data(), jobs, first, n, where);
     }
     first = last;
   }
+  return unfilled;
 }
 
 void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
   CudaDeviceGuard guard(device_);
   cudaStream_t stream = stream_.get();
-  if (split_ && cpu_chunk_[lease.slot])
-    upload_cpu_chunk(lease, sample_count);  // mixed, a chunk the CPU decoded
-  else
-    upload_decoded_chunk(lease, sample_count);
+  // Mixed: a chunk may hold the CPU's squares, nvJPEG's samples or both.
+  const PreparedSample* first = &samples_[static_cast<size_t>(lease.slot) * chunk_size_];
+  const bool squares = std::any_of(first, first + sample_count, [](auto& s) { return s.square; });
+  const bool engine = std::any_of(first, first + sample_count, [](auto& s) { return !s.square; });
+  std::vector<bool> unfilled(sample_count);
+  if (engine) unfilled = upload_decoded_chunk(lease, sample_count);
+  if (squares || std::find(unfilled.begin(), unfilled.end(), true) != unfilled.end())
+    upload_squares(lease, sample_count, unfilled);
   const int64_t* labels = reinterpret_cast<const int64_t*>(labels_.data()) +
                           static_cast<size_t>(lease.slot) * chunk_size_;
   for (size_t k = 0; k < lease.views.size(); ++k) {

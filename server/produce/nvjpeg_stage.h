@@ -15,11 +15,12 @@
 // the labels are copied from pinned memory, and the slot's interprocess event is recorded. A pool
 // on several GPUs decodes on the first and the slot is then copied to the others (ArenaSet).
 //
-// Mixed (cpu_first): a DecodeSplit (server/produce/decode_split.h) decides per chunk, in begin(). A
-// sample of a CPU chunk is decoded and augmented by the CPU pipeline itself, as uint8 HWC into a
-// pinned area per slot; upload() copies that area to the device in one copy and
-// the same kernel passes those squares through unchanged (a 1:1 job), normalising them with the
-// same table as `--decoder cpu`, so those samples are bit-identical to the CPU decoder's.
+// Mixed (a WaitedChunk given): a DecodeSplit (server/produce/decode_split.h) decides per sample,
+// in fill(). A sample the CPU takes is decoded and augmented by the CPU pipeline itself, as uint8
+// HWC squares into a pinned area per slot, and the same kernel passes those squares through
+// unchanged (a 1:1 job), normalising them with the same table as `--decoder cpu`, so those samples
+// are bit-identical to the CPU decoder's. A chunk may hold both kinds: nvJPEG decodes its other
+// samples (upload_decoded_chunk), then the squares go up in one copy per view (upload_squares).
 //
 // Views (docs/views.md): view v of the pool has its own ArenaSet and is the source's view v (its
 // own ImagePipeline: size, crop policy, flip, normalisation, seed). Each image is read, checked
@@ -73,9 +74,10 @@ class NvjpegStage : public ChunkStage {
  public:
   // View v's arenas (the StreamHost's pool of that view); called from begin(), once per view.
   using ArenasOf = std::function<const ArenaSet*(uint32_t view)>;
-  // cpu_first: `--decoder mixed` (above). View 0 is set up here.
+  // waited_chunk: `--decoder mixed` (above; StreamHost::waited_chunk); empty: `--decoder nvjpeg`.
+  // View 0 is set up here.
   NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t chunk_size,
-              OnErrorPolicy on_error, bool cpu_first);
+              OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
   NvjpegStage& operator=(const NvjpegStage&) = delete;
@@ -96,6 +98,7 @@ class NvjpegStage : public ChunkStage {
     ScratchBuffer bytes;
     size_t size = 0;
     bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB (CMYK JPEGs, other formats)
+    bool square = false;  // mixed: the CPU made each filled view's square (ViewStage::crops)
     int width = 0;
     int height = 0;
     uint64_t offset = 0;  // into decoded_, set by decode_group()
@@ -110,10 +113,11 @@ class NvjpegStage : public ChunkStage {
     PinnedBuffer jobs;                     // slot_count * chunk_size ResizeJob
     DeviceBuffer table;     // normalisation table (float outputs), identity (planar uint8)
     int element_bytes = 0;  // of table's entries
-    // Mixed only (cpu_first):
+    // Mixed only:
     std::optional<ImagePipeline> crop_pipeline;  // the view's options, uint8 HWC output
     size_t crop_bytes = 0;                       // one uint8 square
     PinnedBuffer crops;                          // slot_count * chunk_size squares
+    PinnedBuffer square_jobs;                    // slot_count * chunk_size ResizeJob, for crops
     DeviceBuffer device_crops;                   // chunk_size squares, reused in stream order
   };
   void add_view(uint32_t view);  // from begin() (or the constructor)
@@ -121,11 +125,15 @@ class NvjpegStage : public ChunkStage {
   // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer),
   // recording each one's offset there; a sample no decoder can read is skipped or thrown.
   void decode_group(uint32_t slot, uint32_t first, uint32_t last, std::vector<bool>* failed);
-  // Mixed: every filled view's CPU-made squares of the chunk, passed through into its slot.
-  void upload_cpu_chunk(const FillLease& lease, uint32_t sample_count);
-  // nvJPEG: the chunk decoded once, in groups that fit the decode budget, each group cropped
-  // and resized into every filled view's slot.
-  void upload_decoded_chunk(const FillLease& lease, uint32_t sample_count);
+  // Mixed: every filled view's CPU-made squares of the chunk passed through into its slot, and
+  // the `unfilled` positions (no decoder could read them, nor another image of their group) show
+  // the chunk's first square.
+  void upload_squares(const FillLease& lease, uint32_t sample_count,
+                      const std::vector<bool>& unfilled);
+  // nvJPEG: the chunk's samples that are not the CPU's squares, decoded once, in groups that fit
+  // the decode budget, each group cropped and resized into every filled view's slot. Returns the
+  // positions left unfilled (see upload_squares).
+  std::vector<bool> upload_decoded_chunk(const FillLease& lease, uint32_t sample_count);
   // Crops, resizes, flips and normalises images[jobs[first, first + n)] into view v's slot.
   void launch(const ViewStage& v, uint8_t* slot, const uint8_t* images, const ResizeJob* jobs,
               uint32_t first, uint32_t n, const std::string& where);
@@ -148,10 +156,7 @@ class NvjpegStage : public ChunkStage {
   DeviceBuffer device_jobs_;  // chunk_size ResizeJob, reused in stream order by every view
   DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
   std::atomic<uint64_t> skipped_{0};
-  // Mixed only (cpu_first):
-  std::optional<DecodeSplit> split_;
-  std::vector<uint8_t> cpu_chunk_;  // per slot: its chunk is decoded on the CPU
-  std::atomic<uint64_t> cpu_samples_{0}, engine_samples_{0};  // logged when the stage ends
+  std::optional<DecodeSplit> split_;  // mixed only: counts each side's samples, logged at the end
 };
 
 }  // namespace batchcast

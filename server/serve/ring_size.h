@@ -6,7 +6,11 @@
 // sixteenth of the memory available and a quarter of the free space of /dev/shm (the pool is
 // reserved there in full when it is created). The slot count stays within [kMinRingSlots,
 // kMaxRingSlots]: the old fixed ring is the floor; the cap bounds the server's per-chunk
-// bookkeeping. A GPU pool keeps kMinRingSlots: device memory belongs to the trainers.
+// bookkeeping. A GPU pool keeps kMinRingSlots: device memory belongs to the trainers, and a
+// budget read from the GPU's free memory at start cannot see what trainers starting afterwards
+// will allocate (a wrong guess is a trainer out of memory, not a slower server); and the nvJPEG
+// stage keeps host memory per slot position (each file's bytes, pinned CPU squares under
+// --decoder mixed), which a ring of small slots sized by a device budget would multiply.
 //
 // Pure functions over a HostMemory reading, so the rule is tested without the host's state;
 // read_host_memory() is the one place that reads it. Thread-safe.

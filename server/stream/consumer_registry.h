@@ -32,6 +32,9 @@ struct ConsumerRecord {
   // A Seek waiting for its chunk to be published: it pins nothing and passes what comes before.
   std::optional<protocol::Seek> seek;
   uint32_t credits = 0;
+  // The most credits it has had: its prefetch (the client asks for that many, then one per chunk
+  // it takes). Back at this level, it has taken every chunk it was sent.
+  uint32_t credit_window = 0;
   bool end_sent = false;
   bool error_sent = false;
   bool closing = false;        // said Goodbye; kept until its last hold is released

@@ -105,6 +105,17 @@ void StreamState::publish_ready() {
   }
 }
 
+std::optional<uint64_t> StreamState::waited_chunk() const {
+  if (!started_ || !failure_.empty() || (finished_ && next_publish_seq_ >= end_seq_))
+    return std::nullopt;
+  for (const auto& [id, c] : consumers_.all()) {
+    if (c.end_sent || c.closing || c.seek || private_.find(id)) continue;  // not on the stream
+    if (c.credits > 0 && c.credits == c.credit_window && c.next_seq >= next_publish_seq_)
+      return next_publish_seq_;
+  }
+  return std::nullopt;
+}
+
 void StreamState::finish() {
   finished_ = true;
   end_seq_ = next_acquire_seq_;
@@ -152,6 +163,7 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
   c->last_seen = now;
   if (auto* credit = std::get_if<protocol::Credit>(&m)) {
     c->credits = std::min<uint32_t>(c->credits + credit->chunks, kMaxCredits);
+    c->credit_window = std::max(c->credit_window, c->credits);
     c->last_activity = now;
   } else if (auto* release = std::get_if<protocol::Release>(&m)) {
     if (!ring_.release(release->slot, release->seq, c->id))

@@ -43,6 +43,8 @@
 //   stream's chunks pin at most the ring less catch_up_slots() (rings of 8 slots and more): a
 //   catch-up always finds slots, even while the other consumers do not read; consumers release
 //   private chunks as they arrive, so any number of catch-ups at once share those slots.
+// - Waited chunk: the head is waited for when a consumer level with it has taken every chunk
+//   it was sent (waited_chunk).
 // - Skip: a chunk no attached consumer wants (all sought past it) is not filled (wanted/skip).
 // - Liveness: local consumers by `alive(pid)` every 0.2 s, remote ones by heartbeat timeout.
 // - End to every consumer after finish(), and to a consumer in answer to its Goodbye (nothing
@@ -197,6 +199,12 @@ class StreamState {
   // Sends what is due: errors, descriptors, End, heartbeats; checks liveness.
   void tick(double now);
 
+  // The stream chunk a consumer waits for: the oldest not yet published (the stream's head),
+  // when some consumer reading the stream has taken every chunk it was sent (its credits are back
+  // at its prefetch) and is level with it. nullopt while nobody does, before the stream starts,
+  // after its last chunk and once it failed. A producer that can make a chunk faster another way
+  // uses it for that chunk (server/produce/decode_split.h).
+  std::optional<uint64_t> waited_chunk() const;
   bool failed() const { return !failure_.empty(); }
   const std::string& failure() const { return failure_; }  // empty unless failed()
   // finish() was called, min_consumers attached, and every consumer was sent End (or left).

@@ -9,6 +9,7 @@ Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import textwrap
@@ -165,9 +166,9 @@ def test_mixed_decoder_serves_the_cpu_decoders_bytes_or_nvjpegs(jpeg_folder, bat
                                                                 run_py, tmp_path, train):
     # --decoder mixed: each chunk is decoded either by the CPU pipeline (then bit-identical to
     # --decoder cpu, normalisation included) or by nvJPEG (then within nvJPEG's tolerance); the
-    # server counts both, and every sample is one or the other. One worker and a ring of 8 make a
-    # backlog of more than two chunks at the start, and so engine chunks, likely (the producer
-    # queues a chunk per free slot faster than one worker decodes); nothing asserted depends on it.
+    # server counts both, and every sample is one or the other. Two consumers that read as fast
+    # as they can and one worker make the consumers wait, and so the engine take the rest of the
+    # chunks they wait for, likely; nothing asserted depends on it.
     common = dict(data=jpeg_folder, batch_size=8, image_size=96, output="float32", shuffle=False,
                   seed=5, device="cuda:0", workers=1, ring=8,
                   extra_args=[] if train else ["--eval"])
@@ -193,6 +194,71 @@ def test_mixed_decoder_serves_the_cpu_decoders_bytes_or_nvjpegs(jpeg_folder, bat
     assert levels.flatten(1).mean(1).max() < 2.0  # nvJPEG's samples: as in the test above
     print(f"mixed ({'train' if train else 'eval'}): {on_cpu} on the CPU ({exact} exact), "
           f"{on_engine} on nvJPEG")
+
+
+FLAT_IMAGES, FLAT_CLASSES, FLAT_EPOCHS = 64, 4, 3
+
+READ_FLAT = textwrap.dedent(
+    """
+    import json, sys, batchcast
+    # Every batch as it comes, on the GPU: each image's mean level and spread, and its label.
+    loader = batchcast.Loader(sys.argv[1], timeout=60)
+    epochs = []
+    for _ in range(int(sys.argv[2])):
+        seen = []
+        for x, y in loader:
+            f = x.float().flatten(1)
+            seen += zip(f.mean(1).tolist(), (f.max(1).values - f.min(1).values).tolist(),
+                        y.tolist())
+        epochs.append(seen)
+    print(json.dumps(epochs))
+    """
+)
+
+
+@needs_gpu
+def test_mixed_decoder_with_one_fast_consumer_reads_whole_epochs_with_every_label_right(
+        tmp_path, batchcast_bin, run_py):
+    # --decoder mixed with 2 workers and one consumer that reads as fast as it can: the consumer
+    # waits on the stream, so the engine decodes the samples of the chunk it waits for that no
+    # worker had started, while the workers decode the next chunk themselves (chunks of CPU
+    # squares and nvJPEG samples both). Image i is a flat grey of level 20 + 3 i in class
+    # i % 4, so its pixels name it whichever side decoded it: every epoch must hold each image
+    # exactly once, whole (flat), with its own label. The split is printed, not asserted (it
+    # depends on timing); what is asserted holds for any split.
+    from PIL import Image
+
+    root = tmp_path / "flat"
+    for i in range(FLAT_IMAGES):
+        level = 20 + 3 * i
+        path = root / f"class{i % FLAT_CLASSES}" / f"{i:03d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (1024 + 8 * i, 768), (level, level, level)).save(path, "JPEG", quality=95)
+    ep = watch_endpoint(f"ipc:///tmp/batchcast-test-mixflat-{os.getpid()}.sock")
+    with serve_or_skip(data=str(root), endpoint=ep, batch_size=8, image_size=96, output="uint8",
+                       seed=7, device="cuda:0", decoder="mixed", workers=2,
+                       epochs=FLAT_EPOCHS) as server:
+        reader = run_py(READ_FLAT, ep, str(FLAT_EPOCHS))
+        out, err = reader.communicate(timeout=120)
+        assert reader.returncode == 0, err.decode()
+        assert server.wait(30) == 0, server.log_tail()
+        log = server.log_tail(50)
+    counts = re.search(r"--decoder mixed: (\d+) samples decoded on the CPU, (\d+) on the GPU", log)
+    assert counts, log
+    on_cpu, on_engine = int(counts.group(1)), int(counts.group(2))
+    assert on_cpu + on_engine == FLAT_IMAGES * FLAT_EPOCHS, log
+    epochs = json.loads(out)
+    assert len(epochs) == FLAT_EPOCHS
+    for e, seen in enumerate(epochs):
+        images = []
+        for mean, spread, label in seen:
+            assert spread <= 4, (e, mean, spread)  # one image, not parts of two
+            i = round((mean - 20) / 3)
+            assert abs(mean - (20 + 3 * i)) <= 1.2, (e, mean)
+            assert label == i % FLAT_CLASSES, (e, i, label)
+            images.append(i)
+        assert sorted(images) == list(range(FLAT_IMAGES)), (e, sorted(images))
+    print(f"mixed, one consumer, 2 workers: {on_cpu} samples on the CPU, {on_engine} on nvJPEG")
 
 
 @needs_gpu

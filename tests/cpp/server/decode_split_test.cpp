@@ -1,69 +1,90 @@
-// server/produce/decode_split.h: a chunk goes to the CPU while at most `slack` samples wait ahead
-// of it.
+// server/produce/decode_split.h: a worker decodes a sample itself unless a consumer waits for its
+// chunk; then the engine takes it. (When the stream's head counts as waited for is
+// StreamState::waited_chunk's rule, tested in stream_state_test.cpp.)
 #include "server/produce/decode_split.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
 #include <thread>
 #include <vector>
 
 namespace batchcast {
 namespace {
 
-TEST(DecodeSplit, AStreamThatKeepsUpIsDecodedOnTheCpu) {
-  // The producer queues a chunk when a slot frees and the workers finish it before the next:
-  // every chunk to the CPU, whatever the slack.
-  DecodeSplit split(0);
-  for (int chunk = 0; chunk < 10; ++chunk) {
-    EXPECT_TRUE(split.queue(64)) << chunk;
-    for (int s = 0; s < 64; ++s) split.started();
+constexpr uint64_t kNone = ~uint64_t{0};
+
+// The chunk consumers wait for, as the stream host hands it over: set by the test.
+struct Waited {
+  std::atomic<uint64_t> seq{kNone};
+  DecodeSplit::WaitedChunk source() {
+    return [this]() -> std::optional<uint64_t> {
+      const uint64_t s = seq.load();
+      return s == kNone ? std::nullopt : std::optional<uint64_t>(s);
+    };
   }
-}
+};
 
-TEST(DecodeSplit, ChunksQueuedBeyondTheSlackGoToTheEngine) {
-  // Eight chunks queued at once (a start, or consumers freeing slots faster than the CPU refills
-  // them): those with at most two chunks' samples ahead of them go to the CPU.
-  DecodeSplit split(128);
+// Starts `n` samples of chunk `seq`; how many the CPU takes.
+int start(DecodeSplit& split, uint64_t seq, int n) {
   int cpu = 0;
-  for (int chunk = 0; chunk < 8; ++chunk) cpu += split.queue(64);
-  EXPECT_EQ(cpu, 3);  // 0, 64 and 128 samples ahead
+  for (int i = 0; i < n; ++i) cpu += split.cpu_decodes(seq);
+  return cpu;
 }
 
-TEST(DecodeSplit, EngineChunksDoNotCountInTheBacklog) {
-  // The engine's chunks wait in the workers' queue too, for a file read each: counted, one engine
-  // chunk would push every later chunk to the engine.
-  DecodeSplit split(64);
-  EXPECT_TRUE(split.queue(64));
-  EXPECT_TRUE(split.queue(64));
-  EXPECT_FALSE(split.queue(64));  // 128 CPU samples ahead
-  EXPECT_FALSE(split.queue(64));
-  for (int s = 0; s < 64; ++s) split.started();  // the first CPU chunk; engine chunks never start
-  EXPECT_TRUE(split.queue(64));  // 64 CPU samples ahead, whatever the engine's chunks
+TEST(DecodeSplit, WhileNoConsumerWaitsEverySampleIsDecodedOnTheCpu) {
+  // A stream the CPU keeps up with: consumers always find a published chunk, whatever the
+  // number of chunks queued for the workers (the old rule sent chunks beyond a backlog of two to
+  // the engine).
+  Waited waited;
+  DecodeSplit split(waited.source());
+  for (uint64_t seq = 0; seq < 8; ++seq) EXPECT_EQ(start(split, seq, 64), 64) << seq;
+  EXPECT_EQ(split.cpu_samples(), 8u * 64);
+  EXPECT_EQ(split.engine_samples(), 0u);
 }
 
-TEST(DecodeSplit, TheCpuTakesChunksAgainOnceTheBacklogIsWorkedOff) {
-  DecodeSplit split(64);
-  EXPECT_TRUE(split.queue(64));
-  EXPECT_TRUE(split.queue(64));
-  EXPECT_FALSE(split.queue(64));  // 128 ahead
-  for (int s = 0; s < 50; ++s) split.started();
-  EXPECT_FALSE(split.queue(64));  // 78 ahead
-  for (int s = 0; s < 50; ++s) split.started();
-  EXPECT_TRUE(split.queue(64));  // 28 ahead
+TEST(DecodeSplit, TheUnstartedSamplesOfTheChunkConsumersWaitForGoToTheEngine) {
+  // Chunk 3 is on the CPU; 20 of its 64 samples are started when it becomes the stream's head
+  // and a consumer waits for it: the other 44 go to the engine (the old rule kept the whole chunk
+  // on the CPU, stalling the stream behind it).
+  Waited waited;
+  DecodeSplit split(waited.source());
+  EXPECT_EQ(start(split, 3, 20), 20);
+  waited.seq = 3;
+  EXPECT_EQ(start(split, 3, 44), 0);
+  EXPECT_EQ(split.cpu_samples(), 20u);
+  EXPECT_EQ(split.engine_samples(), 44u);
+}
+
+TEST(DecodeSplit, OnlyTheWaitedChunkGoesToTheEngineAndTheCpuTakesTheNextOne) {
+  // While the engine decodes the head, the workers decode the chunk behind it themselves; once
+  // that one is waited for, the engine takes what they have not started of it.
+  Waited waited;
+  DecodeSplit split(waited.source());
+  waited.seq = 5;
+  EXPECT_EQ(start(split, 5, 64), 0);   // the head, waited for from its first sample
+  EXPECT_EQ(start(split, 6, 30), 30);  // behind it: the CPU's
+  EXPECT_EQ(start(split, 7, 10), 10);
+  waited.seq = 6;  // chunk 5 published and taken; the consumer is level with chunk 6
+  EXPECT_EQ(start(split, 6, 34), 0);
+  EXPECT_EQ(start(split, 7, 54), 54);  // not waited for: the CPU's again
+  waited.seq = kNone;                  // consumers have chunks to read again
+  EXPECT_EQ(start(split, 8, 64), 64);
 }
 
 TEST(DecodeSplit, ConcurrentWorkersCountEverySample) {
-  DecodeSplit split(0);
-  EXPECT_TRUE(split.queue(1000));
+  Waited waited;
+  DecodeSplit split(waited.source());
+  waited.seq = 1;
   std::vector<std::thread> workers;
   for (int w = 0; w < 4; ++w)
-    workers.emplace_back([&] {
-      for (int s = 0; s < 250; ++s) split.started();
+    workers.emplace_back([&, w] {
+      for (int s = 0; s < 250; ++s) split.cpu_decodes(w % 2);  // chunks 0 (CPU) and 1 (engine)
     });
   for (auto& t : workers) t.join();
-  EXPECT_TRUE(split.queue(1));  // nothing waits any more
-  EXPECT_FALSE(split.queue(1));
+  EXPECT_EQ(split.cpu_samples(), 500u);
+  EXPECT_EQ(split.engine_samples(), 500u);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <optional>
 #include <thread>
 #include <zmq.hpp>
 
@@ -104,6 +105,34 @@ TEST(StreamHost, HostileMessagesAreDroppedAndCountedAndNobodyIsDisturbed) {
   EXPECT_FALSE(consumer.next()) << "epoch end";
   producer.join();
   EXPECT_TRUE(core.wait_finished(10));
+}
+
+// core.waited_chunk() once it equals `want`, or its last value after 10 s.
+std::optional<uint64_t> wait_waited(const StreamHost& core, std::optional<uint64_t> want) {
+  for (int i = 0; i < 1000 && core.waited_chunk() != want; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return core.waited_chunk();
+}
+
+TEST(StreamHost, TheProducerLearnsWhichChunkAConsumerWaitsFor) {
+  // The event loop hands StreamState::waited_chunk to the producer (--decoder mixed's split):
+  // a consumer that has read everything it was sent waits for the stream's head.
+  auto ep = test_endpoint("waited");
+  StreamHost core(small_server(ep));
+  EXPECT_EQ(core.waited_chunk(), std::nullopt) << "nobody attached";
+  ConsumerOptions co;
+  co.endpoint = ep;
+  co.timeout_s = 10;
+  Consumer consumer(co);
+  EXPECT_EQ(wait_waited(core, 0), std::optional<uint64_t>(0));
+  auto lease = core.acquire();
+  ASSERT_TRUE(lease);
+  protocol::ChunkPosition position;
+  position.sample_count = 4;
+  position.epoch_samples = 8;
+  core.publish(*lease, position, {{"#", DType::kInt64, {4}, {1}, 0}});
+  ASSERT_TRUE(consumer.next());  // chunk 0 read: chunk 1 is what it waits for now
+  EXPECT_EQ(wait_waited(core, 1), std::optional<uint64_t>(1));
 }
 
 // Publishes chunk `index` of epoch 0 into every view `lease` fills.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -659,6 +660,58 @@ TEST(StreamState, CreditsBoundWhatIsSent) {
   s.credit("a", 1);
   s.tick();
   EXPECT_EQ(s.seqs("a"), Seqs{2});
+}
+
+using Waited = std::optional<uint64_t>;
+
+TEST(StreamState, TheHeadIsWaitedForOnceAConsumerLevelWithItHasTakenEveryChunkItWasSent) {
+  Stream s(rules(8));
+  s.join("a", 2);  // prefetch 2, as the consumer library asks
+  s.tick();
+  EXPECT_EQ(s.state.waited_chunk(), Waited(0)) << "nothing published: a waits for chunk 0";
+  auto f0 = s.fill(), f1 = s.fill();
+  ASSERT_TRUE(f0 && f1);
+  s.publish(*f0, 100);
+  EXPECT_EQ(s.state.waited_chunk(), Waited()) << "chunk 0 is published, not yet sent";
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{0});
+  EXPECT_EQ(s.state.waited_chunk(), Waited()) << "a has chunk 0 to read";
+  s.credit("a", 1);  // it took chunk 0 (the library gives the credit back as it reads a chunk)
+  EXPECT_EQ(s.state.waited_chunk(), Waited(1)) << "a read everything: it waits for chunk 1";
+  s.publish(*f1, 100);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), Seqs{1});
+  EXPECT_EQ(s.state.waited_chunk(), Waited());
+}
+
+TEST(StreamState, NoChunkIsWaitedForWhileEveryConsumerHasChunksOrNoneReads) {
+  Stream s(rules(8, /*min_consumers=*/2));
+  s.join("a", 2);
+  s.tick();
+  EXPECT_EQ(s.state.waited_chunk(), Waited()) << "the stream has not started";
+  s.join("b", 2);
+  s.produce(4);
+  s.tick();
+  EXPECT_EQ(s.seqs("a"), (Seqs{0, 1}));
+  EXPECT_EQ(s.seqs("b"), (Seqs{0, 1}));
+  EXPECT_EQ(s.state.waited_chunk(), Waited()) << "both have chunks to read, and more wait";
+  s.credit("a", 2);
+  EXPECT_EQ(s.state.waited_chunk(), Waited()) << "chunks 2 and 3 are published for a";
+  s.tick();
+  s.credit("a", 2);
+  EXPECT_EQ(s.state.waited_chunk(), Waited(4)) << "a, ahead of b, waits: that is enough";
+  s.send("a", protocol::Goodbye{});
+  EXPECT_EQ(s.state.waited_chunk(), Waited()) << "a left; b still has chunks";
+}
+
+TEST(StreamState, NoChunkIsWaitedForAfterTheLastOne) {
+  Stream s(rules(4));
+  s.join("a", 2);
+  s.produce(2, /*per_epoch=*/2);
+  s.state.finish();
+  s.tick();
+  s.credit("a", 2);
+  EXPECT_EQ(s.state.waited_chunk(), Waited()) << "nothing follows: End, not a chunk, is next";
 }
 
 TEST(StreamState, ARefusedSendStopsDeliveryToThatConsumerOnlyAndResumesInOrder) {
