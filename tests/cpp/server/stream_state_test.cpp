@@ -1472,7 +1472,8 @@ TEST(StreamState, TheSlowerOfTwoReadersHoldingTheirChunksInLockstepIsDecoupled) 
 // takes `fill_rounds` rounds to fill a chunk (nvJPEG on a GPU time-sliced with the trainers):
 // while it fills the slot the slow reader freed, the fast one still waits for that slow reader.
 // Returns the reads of the fast and the slow reader; `stats` the stream's.
-std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, StreamStats* stats) {
+std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, size_t slow_keeps,
+                                                    StreamStats* stats) {
   constexpr uint64_t kPerEpoch = 100;
   StreamRules r = regenerating(8, kPerEpoch);
   r.epochs = 0;
@@ -1507,7 +1508,7 @@ std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, StreamStats
     for (const char* id : {"fast", "slow"})
       for (auto& d : s.take<ChunkDescriptor>(id)) readers[id].queued.push_back(d);
     step("fast", 1);
-    if (round % 4 == 0) step("slow", 3);
+    if (round % 4 == 0) step("slow", slow_keeps);
     s.now += 0.05;
   }
   *stats = s.state.stats();
@@ -1515,11 +1516,13 @@ std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, StreamStats
   return {readers["fast"].read, readers["slow"].read};
 }
 
+// The slow reader keeps 3 chunks in hand: with 2 prefetched it has been sent every chunk the
+// stream may pin (the ring less the catch-up reserve) and has a credit left now and then.
 TEST(StreamState, ASlowReaderHoldingChunksInHandIsDecoupled) {
-  for (int fill_rounds : {1, 2}) {
+  for (auto [fill_rounds, slow_keeps] : {std::pair{1, 3}, {2, 3}}) {
     StreamStats st;
-    auto [fast, slow] = read_fast_beside_slow(fill_rounds, &st);
-    EXPECT_EQ(st.decouplings, 1u) << "fill_rounds " << fill_rounds;
+    auto [fast, slow] = read_fast_beside_slow(fill_rounds, slow_keeps, &st);
+    EXPECT_EQ(st.decouplings, 1u) << "fill_rounds " << fill_rounds << ", keeps " << slow_keeps;
     for (const auto& c : st.consumers) EXPECT_EQ(c.decoupled, c.name == "slow") << c.name;
     // Lockstep reads both at the slow one's pace; decoupled, the producer fills for both, so
     // the fast one gets what the slow one leaves of it (2 rounds a chunk: about 150 of 200).
