@@ -204,15 +204,19 @@ def test_a_view_added_at_attach_gets_whole_epochs(folder, endpoint):
         late.close()
 
 
+@pytest.mark.parametrize("pool", ["host", pytest.param("gpu", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda is not available"))])
 def test_a_view_added_while_another_loader_keeps_a_batch_unread_gets_whole_epochs(
-        folder, endpoint):
+        folder, endpoint, pool):
     """The other trainer holds a batch and reads nothing more (validation, say): the chunks
-    made before the new view existed hold nobody back, and the new view reads on."""
-    with serve(folder, endpoint, epochs=2, min_consumers=1):
+    made before the new view existed hold nobody back, and the new view reads on; on a GPU pool
+    its arenas are made at attach (the default ring of 8 slots)."""
+    start, read_ = (serve, read) if pool == "host" else (serve_gpu, read_cpu)
+    with start(folder, endpoint, epochs=2, min_consumers=1):
         own = batchcast.Loader(endpoint, timeout=60)
         head = next(iter(own))
         late = batchcast.Loader(endpoint, view="size=24,crop=center", timeout=60)
-        check_view(folder, "size=24,crop=center", read(late, 2))
+        check_view(folder, "size=24,crop=center", read_(late, 2))
         del head
         own.close()
         late.close()
@@ -465,6 +469,26 @@ def test_gpu_pool_views_each_equal_a_one_view_gpu_server(folder, endpoint):
         assert np.allclose(pixels, want, atol=1e-5), (index, entries[index][0])
 
 
+def late_view_beside_own(endpoint: str, view: str) -> Dict[str, Any]:
+    """The server's own reader two chunks into epoch 0 when a Loader of `view` attaches; both
+    then read 2 epochs at once. "late": the view's epochs (read_cpu), "own": the own reader's
+    samples per epoch."""
+    own = batchcast.Loader(endpoint, timeout=60)
+    it = iter(own)
+    head = [next(it), next(it)]  # epoch 0 is under way
+    late = batchcast.Loader(endpoint, view=view, timeout=60)
+
+    def rest_of_own() -> List[int]:
+        first = sum(len(y) for _, y in head) + sum(len(y) for _, y in it)
+        return [first, sum(len(y) for _, y in own)]
+
+    try:
+        return in_threads({"late": lambda: read_cpu(late, 2), "own": rest_of_own})
+    finally:
+        own.close()
+        late.close()
+
+
 @needs_gpu
 @pytest.mark.parametrize("decoder", ["cpu", "nvjpeg"])
 def test_gpu_pool_view_added_at_attach_gets_whole_epochs(folder, endpoint, decoder):
@@ -473,18 +497,7 @@ def test_gpu_pool_view_added_at_attach_gets_whole_epochs(folder, endpoint, decod
     the server's own reader loses nothing. Its bytes are a one-view GPU server's."""
     view = "size=24,crop=center"
     with serve_gpu(folder, endpoint, epochs=2, min_consumers=1, decoder=decoder):
-        own = batchcast.Loader(endpoint, timeout=60)
-        it = iter(own)
-        head = [next(it), next(it)]  # epoch 0 is under way
-        late = batchcast.Loader(endpoint, view=view, timeout=60)
-
-        def rest_of_own() -> List[int]:
-            first = sum(len(y) for _, y in head) + sum(len(y) for _, y in it)
-            return [first, sum(len(y) for _, y in own)]
-
-        results = in_threads({"late": lambda: read_cpu(late, 2), "own": rest_of_own})
-        own.close()
-        late.close()
+        results = late_view_beside_own(endpoint, view)
     assert results["own"] == [CLASSES * PER_CLASS] * 2
     one = _batchcast.resolve_view(view, transform())
     ep = watch_endpoint(f"{endpoint}.one")
@@ -496,21 +509,6 @@ def test_gpu_pool_view_added_at_attach_gets_whole_epochs(folder, endpoint, decod
         assert all(np.array_equal(x[0], y[0]) for x, y in zip(results["late"][e], alone[e])), e
     if decoder == "cpu":  # uint8, decoded on the CPU: the host pipeline's bytes
         check_view(folder, view, results["late"])
-
-
-@needs_gpu
-def test_gpu_pool_view_added_while_another_loader_keeps_a_batch_unread_gets_whole_epochs(
-        folder, endpoint):
-    """The other trainer holds a batch and reads nothing more: the new view's arenas are made at
-    attach and it reads on (the GPU pool's default ring of 8 slots)."""
-    with serve_gpu(folder, endpoint, epochs=2, min_consumers=1):
-        own = batchcast.Loader(endpoint, timeout=60)
-        head = next(iter(own))
-        late = batchcast.Loader(endpoint, view="size=24,crop=center", timeout=60)
-        check_view(folder, "size=24,crop=center", read_cpu(late, 2))
-        del head
-        own.close()
-        late.close()
 
 
 @needs_gpu

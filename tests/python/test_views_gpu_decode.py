@@ -22,7 +22,7 @@ import batchcast
 from batchcast import _batchcast
 from conftest import watch_endpoint
 from test_views import (CLASSES, PER_CLASS, expected, folder, in_threads,  # noqa: F401 (fixture)
-                        needs_gpu, read_cpu, serve_gpu, transform)
+                        late_view_beside_own, needs_gpu, read_cpu, serve_gpu, transform)
 
 SAMPLES = CLASSES * PER_CLASS
 # A float view of its own seed, a uint8 eval view that always flips, a planar uint8 view.
@@ -98,19 +98,7 @@ def test_nvjpeg_pool_late_joiner_of_a_view_reads_its_views_bytes(folder, endpoin
     are the one-view server's bytes, and the own reader loses nothing."""
     view = VIEWS[0]
     with serve_gpu(folder, endpoint, views=[view], decoder="nvjpeg", epochs=2, min_consumers=1):
-        own = batchcast.Loader(endpoint, timeout=60)
-        it = iter(own)
-        head = [next(it), next(it)]  # two chunks in: the joiner's epoch started without it
-        assert all(x.is_cuda for x, _ in head)
-        late = batchcast.Loader(endpoint, view=view, timeout=60)
-
-        def rest_of_own() -> List[int]:
-            first = sum(len(y) for _, y in head) + sum(len(y) for _, y in it)
-            return [first, sum(len(y) for _, y in own)]
-
-        results = in_threads({"late": lambda: read_cpu(late, 2), "own": rest_of_own})
-        own.close()
-        late.close()
+        results = late_view_beside_own(endpoint, view)
     assert results["own"] == [SAMPLES, SAMPLES]
     alone = one_view_server(folder, watch_endpoint(f"{endpoint}.one"), view, "nvjpeg", epochs=2)
     for e in range(2):
