@@ -46,6 +46,10 @@ def test_quick_bench_produces_results(tmp_path, batchcast_cli):
     assert "#### small_cnn, 64 px, N = 2" in text and "| synthetic |" in text
     assert "| trainer |" not in text  # one kind of trainer: no per-trainer table
     assert (out / "results.png").stat().st_size > 0
+    # each finished run also on its own, written as it ended
+    for peer in CPU_PEERS:
+        run = json.loads((out / "runs" / f"small_cnn-64-N2-{peer}.json").read_text())
+        assert run["samples_per_s"] == regime["runs"][peer]["samples_per_s"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU peers need CUDA")

@@ -24,7 +24,8 @@ resnet18:128 --peers synthetic,gpu-decode,batchcast-cpu,dataloader --data-cores 
 Optional: a sweep over the cores the data side may use (--cores-sweep; the fewest reaching
 95 % of the ceiling is reported) and data-only rates on the same files (--anchor, with
 --cuda-bench for the nvJPEG engine's standalone rate). Writes results.json, results.md and
-results.png into --out and prints the tables.
+results.png into --out and prints the tables; each run's figures also go to runs/TAG.json as it
+ends, so an invocation cut short keeps the runs it finished.
 
 Run: `batchcast bench --plan h100 --data DIR` (the compact GPU run: resnet18 224 px at N = 4
 and 8, mobilenet_v3_small 128 px at N = 8, a cores sweep at N = 4, the anchor), or choose
@@ -163,6 +164,10 @@ def run_one(args: argparse.Namespace, energy: probes.Energy, peer: str,
     print(f"[bench] {tag}: {fig['samples_per_s']:.0f} samples/s, {fig['cpu_cores']:.1f} cores "
           f"busy, J/sample {report._f(fig['joules_per_sample'], '.3f')} ({time.time() - t0:.0f} s)",
           flush=True)
+    # Each run's figures as soon as it ends: an invocation cut short keeps the runs it finished.
+    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+    with open(os.path.join(args.out, "runs", f"{tag}.json"), "w") as f:
+        json.dump(fig, f, indent=1)
     return fig
 
 
