@@ -53,11 +53,12 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
   // keep the producer waiting as much as its cursor does).
   for (const auto& [id, c] : consumers_.all())
     if (pins_stream(c, now) && c.next_seq < next_publish_seq_) ids.push_back(id);
-  // And those that keep the oldest chunk still held, sent to them and not read yet (their
-  // credits used up) while another reader has already released it: on a small ring (a GPU
-  // pool's 8 slots) a reader with prefetched chunks in hand fills it as surely as a cursor left
-  // behind, and the faster ones wait for each of its releases, in lockstep. While every reader
-  // still holds it, nobody is blamed: over time the slower one is its last holder.
+  // And those that keep the oldest chunk still held while another reader has already released
+  // it: on a small ring (a GPU pool's 8 slots) a reader with chunks in hand fills it as surely
+  // as a cursor left behind, and the faster ones wait for each of its releases, in lockstep.
+  // Whether it has read them or not: a GPU trainer's loader takes each chunk as it arrives (its
+  // credits never run out) and releases it only once the GPU is done with its batch. While
+  // every reader still holds it, nobody is blamed: over time the slower one is its last holder.
   for (const auto& [seq, slot] : ring_.published()) {
     if (protocol::is_private_seq(seq)) continue;
     const std::vector<uint64_t>& holders = ring_.slot(slot).holders;
@@ -72,7 +73,7 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
     for (uint64_t id : holders) {
       auto it = consumers_.all().find(id);
       if (it == consumers_.all().end()) continue;
-      if (it->second.credits || !reads_stream(it->second, now)) continue;
+      if (!reads_stream(it->second, now)) continue;
       if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     }
     break;

@@ -21,8 +21,8 @@
 //   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
 // - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
 //   stream back (the producer waits for a slot, another consumer was sent every published chunk,
-//   and it pins published chunks it was not sent yet, or, its credits used up, keeps the oldest
-//   chunks still held: lockstep on a small ring) for its stall bound (on a ring sized by
+//   and it pins published chunks it was not sent yet, or keeps the oldest chunk still held that
+//   another reader released: lockstep on a small ring) for its stall bound (on a ring sized by
 //   memory, or has lagged more than the lead behind another reader that long) stops pinning: it
 //   reads from its position on in private chunks (nothing lost) and merges back once it has
 //   caught up: the stream went on a ring's worth without it, and it reached a chunk the stream

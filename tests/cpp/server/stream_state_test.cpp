@@ -1430,13 +1430,17 @@ TEST(StreamState, AReaderBehindForLessThanItsBoundWhenTheWindowFillsGetsItsBound
 
 // Lockstep on a small ring (a GPU pool's 8 slots), the readers reading as the client does
 // (client/consumer.cpp): each asks for `prefetch` (2) chunks, asks for one more as its user
-// takes one, and releases a chunk once the user is done with it. The fast one keeps one chunk in
-// hand and takes one every round; the slow one keeps 3 and takes one every 4 rounds, so the ring
-// fills with what it holds and the fast one waits for each of its releases. The producer takes
+// takes one, copies a private chunk out and releases it as it arrives, and releases a stream
+// chunk once the user is done with it. The fast one keeps one chunk in hand and takes one every
+// round; the slow one works on one every 4 rounds and keeps 3 in hand (`eager`: it takes each
+// chunk as it arrives, a GPU trainer whose loader runs ahead while its batches wait for the
+// GPU, so it never has one left unread and always has credits). The ring fills with what the
+// slow one holds and the fast one waits for each of its releases. The producer takes
 // `fill_rounds` rounds to fill a chunk (nvJPEG on a GPU time-sliced with the trainers): while it
 // fills the slot the slow one freed, the fast one still waits for the slow one.
 // Returns the reads of the fast and the slow reader; `stats` the stream's.
-std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, StreamStats* stats) {
+std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, bool eager, StreamStats* stats,
+                                                    int slow_every = 4) {
   constexpr uint64_t kPerEpoch = 100;
   StreamRules r = regenerating(8, kPerEpoch);
   r.epochs = 0;
@@ -1449,13 +1453,18 @@ std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, StreamStats
     uint64_t read = 0;
   };
   std::map<std::string, Reader> readers;
-  auto step = [&](const std::string& id, size_t keep) {
+  auto take = [&](const std::string& id) {  // the user takes the next chunk
     Reader& rd = readers[id];
-    if (rd.queued.empty()) return;
-    rd.in_hand.push_back(rd.queued.front());
+    const ChunkDescriptor d = rd.queued.front();
     rd.queued.erase(rd.queued.begin());
     s.credit(id, 1);
-    ++rd.read;
+    if (protocol::is_private_seq(d.seq))
+      s.release(id, d);  // copied out on arrival (its copy is in hand)
+    else
+      rd.in_hand.push_back(d);
+  };
+  auto done_with_oldest = [&](const std::string& id, size_t keep) {
+    Reader& rd = readers[id];
     while (rd.in_hand.size() > keep) {
       s.release(id, rd.in_hand.front());
       rd.in_hand.erase(rd.in_hand.begin());
@@ -1463,15 +1472,26 @@ std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, StreamStats
   };
   std::optional<StreamState::Fill> filling;
   int filled_in = 0;
-  for (int round = 0; round < 400; ++round) {
+  for (int round = 0; round < 2000; ++round) {
     if (!filling) filling = s.fill(), filled_in = fill_rounds;
     if (filling && --filled_in <= 0) s.publish(*filling, kPerEpoch), filling.reset();
     s.regenerate(kPerEpoch);
     s.tick();
     for (const char* id : {"fast", "slow"})
       for (auto& d : s.take<ChunkDescriptor>(id)) readers[id].queued.push_back(d);
-    step("fast", 1);
-    if (round % 4 == 0) step("slow", 3);
+    if (!readers["fast"].queued.empty()) {
+      take("fast");
+      ++readers["fast"].read;
+      done_with_oldest("fast", 1);
+    }
+    Reader& slow = readers["slow"];
+    if (eager)
+      while (!slow.queued.empty()) take("slow");
+    if (round % slow_every == 0 && (eager ? !slow.in_hand.empty() : !slow.queued.empty())) {
+      if (!eager) take("slow");
+      ++slow.read;
+      done_with_oldest("slow", eager ? slow.in_hand.size() - 1 : 3);
+    }
     s.now += 0.05;
   }
   *stats = s.state.stats();
@@ -1480,16 +1500,33 @@ std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, StreamStats
 }
 
 // The slow one holds the stream back as a cursor left behind would, and it (not the fast one) is
-// decoupled, however long the producer takes to fill a chunk.
+// decoupled, however long the producer takes to fill a chunk, and whether or not it has taken
+// every chunk it was sent.
 TEST(StreamState, TheSlowerOfTwoReadersHoldingTheirChunksInLockstepIsDecoupled) {
   for (int fill_rounds : {1, 2}) {
-    StreamStats st;
-    auto [fast, slow] = read_fast_beside_slow(fill_rounds, &st);
-    EXPECT_EQ(st.decouplings, 1u) << "fill_rounds " << fill_rounds;
-    for (const auto& c : st.consumers) EXPECT_EQ(c.decoupled, c.name == "slow") << c.name;
-    // Lockstep reads both at the slow one's pace; decoupled, the producer fills for both, so
-    // the fast one gets what the slow one leaves of it (2 rounds a chunk: about 150 of 200).
-    EXPECT_GT(2 * fast, 3 * slow) << "the fast one no longer waits for the slow one";
+    for (bool eager : {false, true}) {
+      StreamStats st;
+      auto [fast, slow] = read_fast_beside_slow(fill_rounds, eager, &st);
+      const std::string what =
+          "fill_rounds " + std::to_string(fill_rounds) + (eager ? ", eager" : "");
+      EXPECT_EQ(st.decouplings, 1u) << what;
+      for (const auto& c : st.consumers) EXPECT_EQ(c.decoupled, c.name == "slow") << c.name;
+      // Lockstep reads both at the slow one's pace; decoupled, the producer fills for both, so
+      // the fast one gets what the slow one leaves of it (2 rounds a chunk: about 150 of 200).
+      EXPECT_GT(2 * fast, 3 * slow) << what << ": the fast one no longer waits for the slow one";
+    }
+  }
+}
+
+// Two readers of one speed are never decoupled, however many chunks one keeps in hand.
+TEST(StreamState, ReadersOfOneSpeedInLockstepAreNotDecoupled) {
+  for (int fill_rounds : {1, 2}) {
+    for (bool eager : {false, true}) {
+      StreamStats st;
+      auto [fast, slow] = read_fast_beside_slow(fill_rounds, eager, &st, 1);
+      EXPECT_EQ(st.decouplings, 0u) << "fill_rounds " << fill_rounds << (eager ? ", eager" : "");
+      EXPECT_NEAR(double(fast), double(slow), 0.02 * fast);
+    }
   }
 }
 
