@@ -20,7 +20,9 @@ one-time cost of the bound), each as a share of the alone run's; the slow one's
 samples/s; the chunks the producer decoded for the stream and regenerated for the slow one
 (its "done:" log line), and the share producer's CPU core-seconds (its metrics).
 
-Run: ``.venv/bin/python bench/speeds_bench.py --data data/dropin --slower 2,4,13 --pauses 2,10``
+Run: ``.venv/bin/python bench/speeds_bench.py --data data/dropin --slower 2,4,13 --pauses 2,10``;
+with ``SPDLOG_LEVEL=debug`` the rows of ``--models`` also carry the share producer's last lines
+on who held the stream (``share_log_stalls``).
 """
 
 from __future__ import annotations
@@ -237,7 +239,9 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
              "chunks_published": int(chunks.group(1)) if chunks else None,
              "chunks_regenerated": int(chunks.group(2)) if chunks else None,
              "decouplings": int(chunks.group(3)) if chunks else None,
-             "share_log_warnings": [ln for ln in log.splitlines() if "WARN" in ln.upper()][:5]}
+             "share_log_warnings": [ln for ln in log.splitlines() if "WARN" in ln.upper()][:5],
+             # with SPDLOG_LEVEL=debug: the producer's last view of who holds what (docs/stream.md)
+             "share_log_stalls": [ln for ln in log.splitlines() if "stalls:" in ln][-5:]}
             for (m, size), r in zip(models, results)]
 
 

@@ -5,6 +5,7 @@
 // The program calls itself `batchcast` whatever path it was started by (the package's copy lives
 // in .../site-packages/batchcast/_bin/). spdlog logs to stderr: stdout stays for data (--help,
 // --version).
+#include <spdlog/cfg/env.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -87,8 +88,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // subcommands inherit it: --log-level also works after the subcommand
   spdlog::level::level_enum log_level = spdlog::level::info;
-  add_choice(&app, "--log-level", log_level, kLogLevels,
-             "trace, debug, info, warn, error, critical or off");
+  auto* level_opt = add_choice(&app, "--log-level", log_level, kLogLevels,
+                               "trace, debug, info, warn, error, critical or off (default: "
+                               "info, or SPDLOG_LEVEL's)");
 
   ServeConfig config;
   auto* serve_cmd = app.add_subcommand("serve", "decode a dataset once and serve its batches");
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
   }
   spdlog::set_default_logger(spdlog::stderr_color_mt("batchcast"));  // stdout stays for data
   spdlog::set_level(log_level);
+  if (!level_opt->count()) spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug, say
   try {
     if (*serve_cmd) {
       config.validate();

@@ -32,6 +32,24 @@ bool StreamState::private_chunk_waits(double now) const {
   return private_.next_request() && count_slots(now).pinned_stream == ring_.size();
 }
 
+void StreamState::trace_stalls(double now) {
+  if (!spdlog::should_log(spdlog::level::debug) || now < next_stall_trace_) return;
+  next_stall_trace_ = now + 1.0;
+  std::string line =
+      fmt::format("stalls: producer {}, next chunk {}, a reader waits: {}",
+                  blocked_since_ ? fmt::format("blocked {:.1f} s", now - *blocked_since_)
+                                 : std::string("not blocked"),
+                  next_publish_seq_, reader_waits(now) ? "yes" : "no");
+  for (const auto& [id, c] : consumers_.all()) {
+    const bool holds = std::find(holding_.begin(), holding_.end(), id) != holding_.end();
+    line += fmt::format(
+        "; consumer {}: next {}, credits {} of {}, holds {}, {}held back {:.1f} s, lagged {:.1f} s",
+        id, c.next_seq, c.credits, c.credit_window, ring_.held_by(id),
+        holds ? "holding the stream back, " : "", c.held_back_s, c.lagging_s);
+  }
+  spdlog::debug("{}", line);
+}
+
 bool StreamState::reader_waits(double now) const {
   return std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](const auto& entry) {
     return reads_stream(entry.second, now) && entry.second.next_seq >= next_publish_seq_;
@@ -238,6 +256,7 @@ void StreamState::watch_stalls(double now) {
       c.held_back_s = std::max(0.0, c.held_back_s - dt);
     }
   }
+  trace_stalls(now);
   for (uint64_t id : laggards) {
     decouple(consumers_.all().at(id));
     holding_.erase(std::find(holding_.begin(), holding_.end(), id));

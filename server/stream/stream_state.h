@@ -250,6 +250,9 @@ class StreamState {
   // A consumer reading the shared stream has been sent every published chunk: it waits for the
   // producer.
   bool reader_waits(double now) const;
+  // One debug line a second (SPDLOG_LEVEL=debug): what each reader holds and owes the stream,
+  // so that a run where nobody is decoupled shows why.
+  void trace_stalls(double now);
   // A private chunk was asked for and every slot holds a stream chunk that may not be reused:
   // its consumer (resumed, catching up, decoupled) waits for the stream's readers.
   bool private_chunk_waits(double now) const;
@@ -339,8 +342,8 @@ class StreamState {
   // fill: until that chunk is published, a reader waiting for it still waits for them.
   std::vector<uint64_t> waited_for_;
   uint64_t waited_for_seq_ = 0;
-  std::string waiting_for_;              // told the others in heartbeats (watch_stalls)
-  double next_liveness_ = 0, next_heartbeat_ = 0;
+  std::string waiting_for_;  // told the others in heartbeats (watch_stalls)
+  double next_liveness_ = 0, next_heartbeat_ = 0, next_stall_trace_ = 0;
   StreamStats counters_;
   std::vector<StreamStats::Consumer> departed_;
 };

@@ -163,3 +163,27 @@ def test_log_level_after_the_subcommand_takes_effect_and_sighup_stops_cleanly(
     # pool segment and the ipc socket file are gone.
     assert ("received SIGHUP: shutting down" in log) == logged, log
     assert ("done:" in log) == logged, log
+
+
+@pytest.mark.parametrize("argv_level, env_level, traced", [
+    (None, "debug", True), ("info", "debug", False), (None, None, False)])
+def test_the_stall_trace_is_at_debug_level_from_the_flag_or_spdlog_level(
+    endpoint, monkeypatch, argv_level, env_level, traced
+):
+    """SPDLOG_LEVEL sets the level where --log-level is not given (a share producer's user has
+    no flag): at debug the server says once a second what each reader holds (docs/stream.md)."""
+    if env_level:
+        monkeypatch.setenv("SPDLOG_LEVEL", env_level)
+    else:
+        monkeypatch.delenv("SPDLOG_LEVEL", raising=False)
+    # A ring of 4 slots: the stream cannot be made whole before the Loader reads it.
+    extra = ["--ring", "4"] + (["--log-level", argv_level] if argv_level else [])
+    with batchcast.serve(endpoint=endpoint, synthetic=64, batch_size=8, epochs=3,
+                         extra_args=extra) as server:
+        with batchcast.Loader(endpoint, timeout=30) as loader:
+            for _ in range(3):
+                for _ in loader:
+                    pass
+        assert server.wait(timeout=30) == 0, server.log_tail()
+        log = server.log_tail(400)
+    assert ("stalls: producer" in log and "consumer 1: next" in log) == traced, log
