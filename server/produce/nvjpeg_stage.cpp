@@ -57,14 +57,13 @@ NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t
       slot_count_(arenas_of_(0)->primary().slot_count()),
       chunk_size_(chunk_size),
       on_error_(on_error),
-      cpu_first_(static_cast<bool>(waited_chunk)),
       samples_(static_cast<size_t>(slot_count_) * chunk_size),
       decoder_(device_) {
   CudaDeviceGuard guard(device_);
   labels_ = PinnedBuffer::allocate(samples_.size() * sizeof(int64_t));
   stream_ = CudaStream::create();
   device_jobs_ = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
-  if (cpu_first_) split_.emplace(std::move(waited_chunk));
+  if (waited_chunk) split_.emplace(std::move(waited_chunk));
   add_view(0);
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
                split_ ? "CPU workers first, nvJPEG for what consumers wait for," : "nvJPEG decoder",
@@ -104,7 +103,7 @@ void NvjpegStage::add_view(uint32_t view) {
         "copying the normalisation table of view " + std::to_string(view) +
             " to cuda:" + std::to_string(device_));
   }
-  if (cpu_first_) {
+  if (split_) {  // mixed: the CPU's squares of this view
     PipelineOptions crop = o;
     crop.output = DType::kUInt8;
     crop.uint8_layout = Uint8Layout::kHWC;

@@ -144,7 +144,6 @@ class NvjpegStage : public ChunkStage {
   uint32_t slot_count_;
   uint32_t chunk_size_;
   OnErrorPolicy on_error_;
-  bool cpu_first_;
   std::vector<PreparedSample> samples_;  // slot_count * chunk_size
   PinnedBuffer labels_;                  // slot_count * chunk_size int64
   std::array<std::unique_ptr<ViewStage>, SampleSource::kMaxViews> views_;

@@ -16,7 +16,7 @@ A regime is its trainers' (model, image size): `--regimes resnet18:224:4` is fou
 kind; `--regimes resnet18:224+resnet50:192+mobilenet_v3_small:160+resnet18:128` (a mixed
 regime) gives each trainer its own model and size. The batchcast peers then serve all sizes
 from one server (the first trainer's size, a view per other size: docs/views.md, one decode
-for all); the nvJPEG and mixed decoders serve one view and skip such a regime, saying so. A
+for all; with the nvJPEG and mixed decoders too: one GPU decode, one crop/resize per size). A
 mixed regime's report adds a table per trainer. The H100 run of the mixed regime:
   batchcast bench --data DIR --regimes resnet18:224+resnet50:192+mobilenet_v3_small:160+\
 resnet18:128 --peers synthetic,gpu-decode,batchcast-cpu,dataloader --data-cores 2
