@@ -22,7 +22,7 @@ samples/s; the chunks the producer decoded for the stream and regenerated for th
 
 Run: ``.venv/bin/python bench/speeds_bench.py --data data/dropin --slower 2,4,13 --pauses 2,10``;
 with ``SPDLOG_LEVEL=debug`` the rows of ``--models`` also carry the share producer's last lines
-on who held the stream (``share_log_stalls``).
+on who held the stream (``share_log_stalls``; the whole log is kept as OUT/RUN/share.log).
 """
 
 from __future__ import annotations
@@ -231,6 +231,8 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
             cmds[-1].append("--no-pin")
     results = run_trainers(cmds, dict(os.environ))
     log = share_log(key) if key else ""
+    with open(os.path.join(out, "share.log"), "w") as f:  # the producer's whole log, kept
+        f.write(log)
     chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", log)
     waited = re.search(r"producer waited ([0-9.]+) s", log)
     return [{"run": name, "model": f"{m}:{size}", "samples_s": r["samples"] / r["wall_s"],
