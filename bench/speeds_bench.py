@@ -234,7 +234,7 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
     with open(os.path.join(out, "share.log"), "w") as f:  # the producer's whole log, kept
         f.write(log)
     chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", log)
-    waited = re.search(r"producer waited ([0-9.]+) s", log)
+    waited = re.search(r"found the ring full for ([0-9.]+) s", log)
     return [{"run": name, "model": f"{m}:{size}", "samples_s": r["samples"] / r["wall_s"],
              "producer_waited_s": float(waited.group(1)) if waited else None,
              "half_samples_s": r["half_samples"] / r["half_s"],
@@ -262,7 +262,7 @@ def main_models(args: argparse.Namespace) -> None:
     print(f"batch {args.batch_size}, image sizes as listed, {os.cpu_count()} cores, "
           f"{args.seconds:g} s; share producer workers {args.workers}\n")
     print("| run | model | samples/s | share of alone | share of synthetic beside the others | "
-          "2nd half samples/s | decouplings | chunks regenerated / published | producer waited s |")
+          "2nd half samples/s | decouplings | chunks regenerated / published | ring full s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['run']} | {r['model']} | {r['samples_s']:.0f} | "

@@ -348,7 +348,7 @@ int ServeRun::wait() {
   spdlog::info(
       "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died"
       "; {} chunks regenerated (consumers catching up or decoupled: {} decoupling(s)); the "
-      "producer waited {:.1f} s for its readers",
+      "producer found the ring full for {:.1f} s",
       s.chunks_published, s.samples_published, producer_->skipped_samples(), s.consumers_ever,
       s.consumers_died, s.chunks_regenerated, s.decouplings, s.producer_blocked_s);
   return failed ? 1 : 0;  // a stop during the linger does not make a failure a success

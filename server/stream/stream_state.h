@@ -20,14 +20,15 @@
 //   or before it, and it was delivered to someone or some consumer's cursor is past it. Under
 //   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
 // - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
-//   stream back (the producer waits for a slot, another consumer was sent every published chunk,
-//   and it pins published chunks it was not sent yet, or keeps the oldest chunk still held that
-//   another reader released: lockstep on a small ring) for its stall bound (on a ring sized by
-//   memory, or has lagged more than the lead behind another reader that long) stops pinning: it
-//   reads from its position on in private chunks (nothing lost) and merges back once it has
-//   caught up: the stream went on a ring's worth without it, and it reached a chunk the stream
-//   still holds within half the room the stream has ahead of its slowest reader. Without
-//   regeneration it waits, as under stall_policy=wait, and says so once.
+//   stream back (the producer waits for a slot with fewer than two of the stream's chunks in
+//   hand, another consumer was sent every published chunk, and it pins published chunks it was not
+//   sent yet, or keeps the oldest chunk still held that another reader released: lockstep on a
+//   small ring) for its stall bound (on a ring sized by memory, or has lagged more than the lead
+//   behind another reader that long) stops pinning: it reads from its position on in private chunks
+//   (nothing lost) and merges back once it has caught up: the stream went on a ring's worth without
+//   it, and it reached a chunk the stream still holds within half the room the stream has ahead of
+//   its slowest reader. Without regeneration it waits, as under stall_policy=wait, and says so
+//   once.
 // - Stalls are said: a stream that has not moved for stall_timeout is logged once, naming each
 //   consumer's pid, name, chunks held and position; every other consumer's heartbeat says what
 //   holds its data back (min_consumers not met, a named consumer).
@@ -250,6 +251,9 @@ class StreamState {
   // A consumer reading the shared stream has been sent every published chunk: it waits for the
   // producer.
   bool reader_waits(double now) const;
+  // The producer is filling two of the stream's chunks or more: whoever waits for it, waits for
+  // its speed, and nobody holds the stream back.
+  bool producer_has_work(double now) const;
   // One debug line a second (SPDLOG_LEVEL=debug): what each reader holds and owes the stream,
   // so that a run where nobody is decoupled shows why.
   void trace_stalls(double now);
@@ -275,8 +279,9 @@ class StreamState {
   void drop_consumer(uint64_t id, const char* why);
   bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
   struct SlotCount {
-    uint32_t reusable = 0;       // free, or published and refillable now (may_reuse)
-    uint32_t pinned_stream = 0;  // the stream's chunks that are not: filling, held or pinned
+    uint32_t reusable = 0;        // free, or published and refillable now (may_reuse)
+    uint32_t pinned_stream = 0;   // the stream's chunks that are not: filling, held or pinned
+    uint32_t filling_stream = 0;  // the stream's chunks the producer is filling
   };
   SlotCount count_slots(double now) const;
   // The stream's chunks filling, or published and sent to nobody yet, from the most advanced

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -1528,6 +1529,50 @@ TEST(StreamState, ReadersOfOneSpeedInLockstepAreNotDecoupled) {
       EXPECT_NEAR(double(fast), double(slow), 0.02 * fast);
     }
   }
+}
+
+// Two readers at the head of a producer that is the bottleneck (nvJPEG on a GPU both trainers
+// keep busy): it fills as many chunks as the ring lets it and finishes one every 3 rounds; each
+// reader takes each chunk as it arrives, and the slower one keeps the one before too (its GPU
+// still works on that batch). The producer keeps finding the ring full with a reader waiting, but
+// nobody holds the stream back: it goes at the producer's pace with or without them, and
+// decoupling one would only add its private chunks to the producer's work.
+TEST(StreamState, ReadersWaitingForABusyProducerHoldNobodyBack) {
+  constexpr uint64_t kPerEpoch = 100;
+  StreamRules r = regenerating(8, kPerEpoch);
+  r.epochs = 0;
+  r.stall_timeout_s = 3;
+  Stream s(r);
+  s.join("fast", 2);
+  s.join("slow", 2);
+  std::deque<StreamState::Fill> filling;
+  std::map<std::string, std::deque<ChunkDescriptor>> in_hand;
+  uint64_t published = 0, found_full = 0;
+  for (int round = 0; round < 600; ++round) {  // 30 s, ten stall bounds
+    while (auto f = s.fill()) filling.push_back(*f);
+    found_full += filling.size() >= 2;
+    if (round % 3 == 0 && !filling.empty()) {
+      s.publish(filling.front(), kPerEpoch);
+      filling.pop_front();
+      ++published;
+    }
+    s.tick();
+    for (const auto& [id, keep] : {std::pair<const char*, size_t>{"fast", 1}, {"slow", 2}}) {
+      for (auto& d : s.take<ChunkDescriptor>(id)) {
+        s.credit(id, 1);
+        in_hand[id].push_back(d);
+      }
+      while (in_hand[id].size() > keep) {
+        s.release(id, in_hand[id].front());
+        in_hand[id].pop_front();
+      }
+    }
+    s.now += 0.05;
+  }
+  ASSERT_GT(found_full, 500u) << "the producer had chunks in hand and wanted more slots";
+  EXPECT_GE(published, 199u) << "the stream went at the producer's pace";
+  EXPECT_EQ(s.state.stats().decouplings, 0u);
+  EXPECT_GE(s.state.producer_blocked_s(s.now), 20.0) << "it found the ring full";
 }
 
 // The lead counts the chunks ahead of the most advanced reader: chunks a reader that went past

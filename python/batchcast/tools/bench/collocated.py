@@ -98,6 +98,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--cuda-bench", help="path of build-gpu/bench/cuda_bench: adds the nvJPEG "
                                         "engine's standalone rate on --data to the anchor")
     p.add_argument("--batch-size", type=int)
+    p.add_argument("--chunk-size", type=int, help="samples per chunk of the batchcast servers "
+                                                 "(default the batch size)")
     p.add_argument("--fp32", action="store_true", help="train in float32 NCHW")
     p.add_argument("--gpus", type=int, default=1,
                    help="spread the trainers over GPUs 0..G-1; batchcast peers serve them from "
@@ -204,8 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     peers = _names(args.peers) or list(PEERS)
     energy = probes.Energy(args.gpus if args.device.startswith("cuda") else 1)
     meta = dict(probes.machine(), **{k: getattr(args, k) for k in (
-        "batch_size", "fp32", "device", "warmup", "settle", "seconds", "data", "data_cores",
-        "gpus")})
+        "batch_size", "chunk_size", "fp32", "device", "warmup", "settle", "seconds", "data",
+        "data_cores", "gpus")})
     results: Dict[str, Any] = {"meta": meta, "regimes": []}
     for trainers in regimes(args):
         results["regimes"].append(run_regime(args, energy, peers, trainers))

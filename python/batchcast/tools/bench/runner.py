@@ -112,7 +112,7 @@ def _start_server(cfg: argparse.Namespace, peer: str, sizes: List[int], n: int, 
                   log: IO[str]) -> subprocess.Popen:
     """A server of sizes[0] with a view for each other size (one decode for all sizes)."""
     cmd = [find_binary(), "serve", "--data", cfg.data, "--endpoint", endpoint,
-           "--batch-size", str(cfg.batch_size), "--image-size", str(sizes[0]),
+           "--batch-size", str(cfg.chunk_size or cfg.batch_size), "--image-size", str(sizes[0]),
            "--workers", str(workers), "--epochs", "0", "--min-consumers", str(n),
            # A status line (rate, ring use, consumers) every 5 s: what a stalled run's log needs.
            "--status-interval", "5",
