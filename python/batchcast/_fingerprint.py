@@ -4,7 +4,8 @@ their differences are views of it (docs/views.md).
 A fingerprint is a dict of stable texts (no memory addresses: they differ between processes):
 the stream fields (dataset type, root and length, the sampler, batch size, drop_last,
 collate_fn, how samples are decoded), which must match for one key, and VIEW_FIELDS (the
-dataset's transforms), which may differ where both pipelines run natively into a host pool.
+dataset's transforms), which may differ where both pipelines run natively, the same way, into a
+pool that makes both (a GPU pool resizes bilinearly only).
 Pure functions; no state.
 """
 
@@ -17,7 +18,8 @@ import torch.utils.data
 
 from . import _batchcast, _torchvision_plan
 
-__all__ = ["VIEW_FIELDS", "decoding_of", "fingerprint", "view_fields", "view_of"]
+__all__ = ["VIEW_FIELDS", "decoding_of", "fingerprint", "gpu_refusal", "joins_as_view",
+           "view_fields", "view_of"]
 
 # The fingerprint's fields that are a view of the stream, not the stream.
 VIEW_FIELDS = ("transform", "transforms")
@@ -76,11 +78,27 @@ def decoding_of(plan: Optional[_torchvision_plan.NativePlan]) -> str:
     return "python" if plan is None else f"native {plan.decoder} decoder, pool on {plan.device}"
 
 
-def joins_as_view(plan: Optional[_torchvision_plan.NativePlan]) -> bool:
-    """Whether a pipeline whose transform differs from the stream's can read it as a view:
-    recognised and decoded natively into a host pool (a share's GPU pool, nvJPEG's, serves views
-    to Loaders but is not joined as one by the drop-in yet: docs/views.md, "Not done")."""
-    return plan is not None and plan.device == "cpu"
+# How a host pool's stream decodes: its views take any recognised transform.
+_HOST = "native cpu decoder, pool on cpu"
+
+
+def joins_as_view(plan: Optional[_torchvision_plan.NativePlan], decoding: str) -> bool:
+    """Whether a pipeline whose transform differs from that of a stream made as ``decoding``
+    says (decoding_of) can read the stream as a view: its transform is recognised (``plan``)
+    and the stream's pool makes it. A host pool makes any recognised transform; a GPU pool one
+    that this trainer's plan decodes on that GPU too (nvJPEG: a bilinear resize)."""
+    return plan is not None and decoding in (decoding_of(plan), _HOST)
+
+
+def gpu_refusal(plan: Optional[_torchvision_plan.NativePlan], decoding: str) -> Optional[str]:
+    """Why a stream made on a GPU as ``decoding`` says cannot make the transform of ``plan`` (a
+    trainer that asked for a GPU pool too: pin_memory) as a view, naming the field and the fix;
+    None where that is not why."""
+    if plan is None or not plan.gpu_refused or " pool on cuda" not in decoding:
+        return None
+    return (f"{plan.gpu_refused}; use InterpolationMode.BILINEAR in this transform, or "
+            "pin_memory=False in every trainer of this key (a host pool, whose views resize "
+            "either way)")
 
 
 def view_of(key: str, mine: Dict[str, Any], running: Dict[str, Any],
@@ -91,7 +109,16 @@ def view_of(key: str, mine: Dict[str, Any], running: Dict[str, Any],
     differ = [name for name, value in mine.items() if running.get(name) != value]
     if not differ:
         return ""
-    if set(differ) <= set(VIEW_FIELDS) and joins_as_view(plan):
+    decoding = str(running.get("decoding"))
+    transform_only = bool(set(differ) & set(VIEW_FIELDS)) and set(differ) <= {*VIEW_FIELDS,
+                                                                               "decoding"}
+    refusal = gpu_refusal(plan, decoding) if transform_only else None
+    if refusal is not None:
+        raise ValueError(
+            f"DataLoader(share={key!r}): the stream of that key ({decoding}) cannot make this "
+            f"process's transform as a view: {refusal}"
+        )
+    if set(differ) <= set(VIEW_FIELDS) and joins_as_view(plan, decoding):
         # Another view of one stream: the server decodes each sample once for both and
         # derives this view's seed from the stream's (the same transform: the same bytes).
         assert plan is not None
@@ -99,15 +126,15 @@ def view_of(key: str, mine: Dict[str, Any], running: Dict[str, Any],
     lines = "; ".join(
         f"{name}: running {running.get(name)!r}, this process {mine[name]!r}" for name in differ
     )
-    if set(differ) <= set(VIEW_FIELDS):
-        why = ("only the transform differs, and a transform joins a stream as another view "
-               "only when both trainers' pipelines are recognised torchvision ImageFolder "
-               "pipelines decoded natively into a host pool (batchcast._torchvision_plan; "
-               "DataLoader(native=True), no pin_memory)")
+    if transform_only:
+        why = ("a transform joins a stream as another view only when both trainers' pipelines "
+               "are recognised torchvision ImageFolder pipelines (batchcast.torchvision_plan "
+               "logs why one is not) decoded natively the same way (DataLoader(native=True), "
+               "the same pin_memory)")
     else:
         why = ("one key is one stream: use another share key for this one (or the same "
-               "dataset, sampler, batch_size, drop_last and collate_fn; a transform that "
-               "differs joins as another view)")
+               "dataset, sampler, batch_size, drop_last, collate_fn and pin_memory; a "
+               "transform that differs joins as another view)")
     raise ValueError(
         f"DataLoader(share={key!r}): the stream of that key serves another pipeline; {lines}. "
         f"{why}"

@@ -54,6 +54,9 @@ class NativePlan:
     decoder: str  # "cpu" or "nvjpeg"
     rank: int = 0  # the shard (a DistributedSampler's rank and num_replicas)
     world_size: int = 1
+    # Why a pool asked for on a GPU (device and nvjpeg given) is in host memory instead: the
+    # GPU decoders resize bilinearly. "": no GPU was asked for, or the pool is on it.
+    gpu_refused: str = ""
 
     def serve_config(self) -> _batchcast.ServeConfig:
         """The :class:`_batchcast.ServeConfig` that serves this pipeline (set endpoint, epochs,
@@ -91,6 +94,7 @@ class _Transform:
     scale: Tuple[float, float] = (0.08, 1.0)
     ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     interpolation: str = "bilinear"
+    mode: str = "BILINEAR"  # the step's InterpolationMode, as torchvision names it
     flip_p: float = 0.0
     flips: int = 0
     kind: str = "pil"  # "pil", "uint8" (tensor) or "float" (tensor, values / 255)
@@ -120,15 +124,17 @@ def _square(size: Any, what: str) -> int:
     return sizes[0]
 
 
-def _interpolation(step: Any, kind: str) -> str:
+def _interpolation(t: _Transform, step: Any) -> None:
     mode = getattr(step.interpolation, "value", step.interpolation)
+    t.mode = getattr(step.interpolation, "name", str(mode))
     if mode == "bilinear":
-        return "bilinear"
+        t.interpolation = "bilinear"
     # PIL's NEAREST (both modes on a PIL image) is nearest-exact's rule; torch's "nearest"
     # on a tensor picks other pixels.
-    if mode == "nearest-exact" or (mode == "nearest" and kind == "pil"):
-        return "nearest"
-    raise _Unsupported(f"interpolation {mode!r}: the native resize is bilinear or nearest")
+    elif mode == "nearest-exact" or (mode == "nearest" and t.kind == "pil"):
+        t.interpolation = "nearest"
+    else:
+        raise _Unsupported(f"interpolation {mode!r}: the native resize is bilinear or nearest")
 
 
 def _float_target(dtype: Any) -> bool:
@@ -153,7 +159,7 @@ def _apply(t: _Transform, name: str, step: Any) -> None:
         t.geometry, t.image_size = "crop", _square(step.size, "RandomResizedCrop")
         t.scale = (float(step.scale[0]), float(step.scale[1]))
         t.ratio = (float(step.ratio[0]), float(step.ratio[1]))
-        t.interpolation = _interpolation(step, t.kind)
+        _interpolation(t, step)
     elif name == "Resize":
         if t.geometry is not None:
             raise _Unsupported(f"Resize after {t.geometry}")
@@ -163,7 +169,7 @@ def _apply(t: _Transform, name: str, step: Any) -> None:
         if not isinstance(size, int) and len(size) != 1:
             raise _Unsupported(f"Resize to {tuple(size)}: the native eval sizes the shorter side")
         t.geometry, t.resize_size = "resize", size if isinstance(size, int) else size[0]
-        t.interpolation = _interpolation(step, t.kind)
+        _interpolation(t, step)
     elif name == "CenterCrop":
         t.image_size = _square(step.size, "CenterCrop")
         if t.geometry != "resize" or t.image_size > t.resize_size:
@@ -311,7 +317,9 @@ def plan(
 
     ``seed`` seeds shuffling and augmentation (a DistributedSampler's own seed wins). ``device="cuda:K"`` with ``nvjpeg=True`` (the
     trainer moves its batches to that GPU and this build has nvJPEG) decodes into a pool on that
-    GPU; otherwise the pool is in host memory and decoding on the CPU. A Fallback is logged once.
+    GPU where the transform resizes bilinearly (nvJPEG's resize); otherwise the pool is in host
+    memory and decoding on the CPU (``gpu_refused`` says why, where a GPU was asked for). A
+    Fallback is logged once.
     """
     try:
         order = _check_loader_args(loader_args)
@@ -325,9 +333,10 @@ def plan(
         log.log(logging.WARNING if expected else logging.INFO,
                 "batchcast: the dataset runs in Python, not natively: %s", e)
         return Fallback(str(e))
-    # nvJPEG's resize kernel is bilinear only.
-    gpu = bool(device and str(device).startswith("cuda") and nvjpeg)
-    gpu = gpu and t.interpolation == "bilinear"
+    # nvJPEG's resize kernel is bilinear only: another interpolation decodes into a host pool,
+    # and the plan says why (a share decoding on a GPU refuses it as a view: _fingerprint).
+    asked_gpu = bool(device and str(device).startswith("cuda") and nvjpeg)
+    gpu = asked_gpu and t.interpolation == "bilinear"
     uint8 = t.kind != "float"
     return NativePlan(
         root=root,
@@ -352,4 +361,6 @@ def plan(
         decoder="nvjpeg" if gpu else "cpu",
         rank=order.rank,
         world_size=order.world_size,
+        gpu_refused=(f"interpolation {t.mode}: --decoder nvjpeg resizes bilinearly"
+                     if asked_gpu and not gpu else ""),
     )

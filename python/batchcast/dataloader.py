@@ -46,9 +46,11 @@ exits as soon as the loader that started it is closed or collected.
 Progressive resizing: a transform assigned to the dataset between epochs (``dataset.transform
 = T.Compose([T.RandomResizedCrop(160), ...])``) is read from the next iteration on, as another
 view of the same stream (docs/views.md): each epoch whole in one transform, the others' streams
-untouched. Where the pipeline is not native into a host pool, that next iteration raises
-ValueError instead (the producer would go on serving the old transform), unless it is the first
-(a Python pipeline's producer takes the dataset as it is then).
+untouched, on a host pool or a GPU pool alike. Where the pipeline is not native, or the share
+decodes on a GPU (nvJPEG: bilinear resizes only) and the new transform resizes otherwise, that
+next iteration raises ValueError naming why (the producer would go on serving the old
+transform), unless it is the first (a Python pipeline's producer takes the dataset as it is
+then). A second trainer of the key with another transform joins its stream as a view alike.
 
 Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
 DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
@@ -67,7 +69,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 import torch.utils.data
 
 from . import _batchcast
-from ._fingerprint import decoding_of, fingerprint, joins_as_view, view_fields
+from ._fingerprint import decoding_of, fingerprint, gpu_refusal, joins_as_view, view_fields
 from ._share import SharedStream, native_plan, pipeline_of, share_paths
 from .loader import Closeable
 
@@ -171,15 +173,22 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
             self._view_fields = now
             return
         plan = native_plan(self, *self._plan_args) if self.native else None
-        if not joins_as_view(plan):
+        assert self._decoding is not None
+        refusal = gpu_refusal(plan, self._decoding)
+        if refusal is not None:
+            raise ValueError(
+                f"DataLoader(share={self.share!r}): the dataset's new transform cannot be made "
+                f"by the share's pool ({self._decoding}): {refusal}"
+            )
+        if not joins_as_view(plan, self._decoding):
             changed = [name for name, value in now.items() if self._view_fields[name] != value]
             raise ValueError(
                 f"DataLoader(share={self.share!r}): the dataset's {' and '.join(changed)} "
                 "changed after the share's producer took it, and it would go on serving the "
                 "old one. A share follows a new transform (progressive resizing) only when the "
-                "old and the new are recognised torchvision pipelines decoded natively into a "
-                "host pool (batchcast._torchvision_plan logs why one is not; no pin_memory); "
-                "otherwise make a new DataLoader with another share key for the new transform"
+                "old and the new are recognised torchvision pipelines decoded natively "
+                "(batchcast._torchvision_plan logs why one is not); otherwise make a new "
+                "DataLoader with another share key for the new transform"
             )
         assert plan is not None
         self._stream.follow(_batchcast.view_text(plan.transform, with_seed=False))

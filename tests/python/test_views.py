@@ -222,12 +222,14 @@ def test_a_view_added_while_another_loader_keeps_a_batch_unread_gets_whole_epoch
         late.close()
 
 
-def train_epochs(loader, size: int, epochs: int, classes: int) -> List[List[int]]:
-    """A real training loop (a small CNN, SGD) over `epochs` epochs; each epoch's labels."""
+def train_epochs(loader, size: int, epochs: int, classes: int,
+                 device: str = "cpu") -> List[List[int]]:
+    """A real training loop (a small CNN, SGD, on `device`, where the batches must arrive) over
+    `epochs` epochs; each epoch's labels."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                                torch.nn.Linear(8, classes))
+                                torch.nn.Linear(8, classes)).to(device)
     optimiser = torch.optim.SGD(model.parameters(), lr=0.05)
     seen = []
     for epoch in range(epochs):
@@ -235,6 +237,7 @@ def train_epochs(loader, size: int, epochs: int, classes: int) -> List[List[int]
         labels: List[int] = []
         for x, y in loader:
             assert x.shape[1:] == (3, size, size) and x.dtype == torch.float32
+            assert x.device == y.device == torch.device(device), (x.device, y.device)
             loss = torch.nn.functional.cross_entropy(model(x), y)
             optimiser.zero_grad()
             loss.backward()

@@ -6,8 +6,13 @@ The oracle of an nvJPEG view's bytes is a one-view nvJPEG server whose transform
 server's chunk is the CPU pipeline's bytes (decoded on the CPU) or nvJPEG's (within its
 tolerance), in every view alike.
 
+The drop-in (`DataLoader(share=KEY, pin_memory=True)`, which decodes with nvJPEG into a GPU
+pool) joins such a pool as a view and follows a transform changed between epochs there; a
+transform nvJPEG cannot resize is refused naming the interpolation.
+
 Run on the GPU machine: pytest -q tests/python/test_views_gpu_decode.py (each test that serves
-skips without a GPU or without nvJPEG in the build; the refusal runs everywhere).
+skips without a GPU or without nvJPEG in the build; the refusals and the drop-in's decision run
+everywhere).
 """
 
 from __future__ import annotations
@@ -17,12 +22,21 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
+import torch
+import torch.utils.data
+import torchvision
+import torchvision.transforms as T
 
 import batchcast
 from batchcast import _batchcast
+from batchcast._fingerprint import decoding_of, fingerprint, joins_as_view, view_of
+from batchcast._torchvision_plan import plan
+from batchcast.dataloader import share_paths
 from conftest import watch_endpoint
-from test_views import (CLASSES, PER_CLASS, expected, folder, in_threads,  # noqa: F401 (fixture)
-                        late_view_beside_own, needs_gpu, read_cpu, serve_gpu, transform)
+from test_dataloader import new_key  # noqa: F401 (a fixture)
+from test_views import (CHUNK, CLASSES, PER_CLASS, expected, folder,  # noqa: F401 (fixture)
+                        in_threads, late_view_beside_own, needs_gpu, read_cpu, serve_gpu,
+                        train_epochs, transform)
 
 SAMPLES = CLASSES * PER_CLASS
 # A float view of its own seed, a uint8 eval view that always flips, a planar uint8 view.
@@ -141,3 +155,159 @@ def test_gpu_decoding_refuses_a_view_it_cannot_resize_naming_the_decoder(folder,
                              r"resizes bilinearly"):
         batchcast.serve(folder, endpoint, 5, transform=transform(), device="cuda:0",
                         decoder=decoder, views=["size=32,interpolation=nearest"])
+
+
+# --- the drop-in: DataLoader(share=KEY, pin_memory=True) on a GPU pool -------------------------
+
+NEAREST = T.InterpolationMode.NEAREST
+needs_nvjpeg_gpu = pytest.mark.skipif(
+    not (torch.cuda.is_available() and _batchcast.has_nvjpeg),
+    reason="needs a CUDA GPU and a build with nvJPEG (DataLoader(pin_memory=True) decodes with "
+           "nvJPEG into a GPU pool there; runs on the GPU machine)")
+
+
+def compose(size: int, interpolation=T.InterpolationMode.BILINEAR) -> T.Compose:
+    return T.Compose([T.RandomResizedCrop(size, interpolation=interpolation),
+                      T.RandomHorizontalFlip(), T.ToTensor(),
+                      T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+
+
+def test_the_dropin_takes_a_bilinear_transform_as_a_gpu_pools_view_and_refuses_another(folder):
+    """The drop-in's decision, on every machine (plans for a GPU are pure functions): beside a
+    share decoding with nvJPEG on cuda:0, a pin_memory trainer of another bilinear size reads a
+    view of its stream; one of a nearest resize is refused naming the interpolation and the fix;
+    a trainer without pin_memory decodes another way (a stream field). A host pool's stream
+    makes any recognised transform, a GPU pool's the bilinear ones."""
+    def trainer(tf: T.Compose, gpu: bool = True):
+        ds = torchvision.datasets.ImageFolder(folder, tf)
+        p = plan(ds, dict(batch_size=CHUNK, shuffle=True), seed=3,
+                 device="cuda:0" if gpu else None, nvjpeg=gpu)
+        prints = fingerprint(torch.utils.data.DataLoader(ds, batch_size=CHUNK, shuffle=True), 3)
+        prints["decoding"] = decoding_of(p)
+        return prints, p
+
+    running, stream = trainer(compose(64))
+    assert (stream.device, stream.decoder, stream.gpu_refused) == ("cuda:0", "nvjpeg", "")
+    gpu = running["decoding"]
+    assert gpu == "native nvjpeg decoder, pool on cuda:0"
+    mine, small = trainer(compose(40))
+    view = view_of("k", mine, running, small)
+    assert view == _batchcast.view_text(small.transform, with_seed=False)
+    resolved = _batchcast.resolve_view(view, stream.transform)
+    assert (resolved.image_size, resolved.interpolation) == (40, "bilinear")
+    assert view_of("k", running, running, stream) == ""
+
+    nearest_prints, nearest = trainer(compose(40, NEAREST))
+    assert (nearest.device, nearest.gpu_refused) == (
+        "cpu", "interpolation NEAREST: --decoder nvjpeg resizes bilinearly")
+    with pytest.raises(ValueError, match=r"DataLoader\(share='k'\): the stream of that key "
+                       r"\(native nvjpeg decoder, pool on cuda:0\) cannot make this process's "
+                       r"transform as a view: interpolation NEAREST: --decoder nvjpeg resizes "
+                       r"bilinearly; use InterpolationMode.BILINEAR in this transform, or "
+                       r"pin_memory=False in every trainer of this key"):
+        view_of("k", nearest_prints, running, nearest)
+
+    host_prints, host = trainer(compose(40), gpu=False)
+    with pytest.raises(ValueError, match=r"decoding: running 'native nvjpeg decoder, pool on "
+                       r"cuda:0', this process 'native cpu decoder, pool on cpu'.*the same "
+                       r"pin_memory"):
+        view_of("k", host_prints, running, host)
+
+    # Following a changed transform (the trainer's own plans against its stream's decoding).
+    host_pool = host_prints["decoding"]
+    assert joins_as_view(small, gpu) and joins_as_view(small, host_pool)
+    assert joins_as_view(nearest, host_pool) and not joins_as_view(nearest, gpu)
+    assert not joins_as_view(host, gpu) and not joins_as_view(None, host_pool)
+
+
+@needs_nvjpeg_gpu
+def test_dropin_trainers_of_two_sizes_on_a_gpu_pool_each_train_on_whole_epochs(folder, new_key):
+    """Two pin_memory=True trainers of one key, RandomResizedCrop(64) and (40): the second joins
+    the first's nvJPEG GPU pool as a view (no ValueError); each trains on CUDA batches of its
+    own size, every epoch whole with every label right (an unshuffled stream: the dataset's own
+    order), decoded by one producer."""
+    key = new_key()
+    device = f"cuda:{torch.cuda.current_device()}"
+    big, small = (batchcast.DataLoader(torchvision.datasets.ImageFolder(folder, compose(size)),
+                                       batch_size=CHUNK, pin_memory=True, share=key)
+                  for size in (64, 40))
+    assert big.decoding == small.decoding == f"native nvjpeg decoder, pool on {device}"
+    results = in_threads({"big": lambda: train_epochs(big, 64, 2, CLASSES, device),
+                          "small": lambda: train_epochs(small, 40, 2, CLASSES, device)},
+                         timeout=180)
+    targets = torchvision.datasets.ImageFolder(folder).targets
+    for name in ("big", "small"):
+        assert results[name] == [targets, targets], name
+    log = open(share_paths(key)["log"]).read()
+    assert log.count(f"native pipeline (nvjpeg decoder, pool on {device})") == 1, log[-2000:]
+    assert "view 1:" in log, log[-2000:]
+    big.close()
+    small.close()
+
+
+@needs_nvjpeg_gpu
+def test_a_dropin_on_a_gpu_pool_follows_a_transform_changed_between_epochs(folder, new_key):
+    """Progressive resizing on an nvJPEG GPU pool: one trainer assigns a smaller crop after
+    epoch 0 while another keeps its size on the same key. The first reads epochs 1 and 2 whole at
+    the new size, the second is untouched, both on CUDA and in one (shuffled) stream's order."""
+    key = new_key()
+    growing = torchvision.datasets.ImageFolder(folder, compose(64))
+    steady = torchvision.datasets.ImageFolder(folder, compose(64))
+    loaders = {name: batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, pin_memory=True,
+                                          share=key)
+               for name, ds in (("growing", growing), ("steady", steady))}
+    assert all(loader.decoding.startswith("native nvjpeg") for loader in loaders.values())
+    sizes = {"growing": [64, 40, 40], "steady": [64, 64, 64]}
+
+    def run(name: str) -> List[List[int]]:
+        labels = []
+        for epoch, size in enumerate(sizes[name]):
+            if name == "growing":
+                growing.transform = compose(size)
+            seen: List[int] = []
+            for x, y in loaders[name]:
+                assert x.is_cuda and y.is_cuda, (name, epoch, x.device)
+                assert x.shape[1:] == (3, size, size), (name, epoch, x.shape)
+                seen += y.tolist()
+            labels.append(seen)
+        return labels
+
+    labels = in_threads({name: (lambda n=name: run(n)) for name in loaders}, timeout=180)
+    targets = sorted(growing.targets)
+    for name in loaders:
+        assert [sorted(e) for e in labels[name]] == [targets] * 3, name
+    assert labels["growing"] == labels["steady"], "one stream: the same order in both views"
+    log = open(share_paths(key)["log"]).read()
+    assert log.count("view 1:") == 1, log[-2000:]  # 40 px: one view, added once
+    for loader in loaders.values():
+        loader.close()
+
+
+@needs_nvjpeg_gpu
+def test_a_gpu_pool_refuses_a_dropin_nearest_resize_naming_it_and_goes_on(folder, new_key):
+    """nvJPEG resizes bilinearly: a second pin_memory trainer with a nearest resize, and a
+    trainer of the share switching to one, each get a ValueError naming the interpolation and
+    the fix at that iteration; the stream and its readers go on (the refused trainer reads its
+    next epoch whole once its transform is bilinear again)."""
+    key = new_key()
+    ds = torchvision.datasets.ImageFolder(folder, compose(64))
+    first = batchcast.DataLoader(ds, batch_size=CHUNK, pin_memory=True, share=key)
+    assert sum(len(y) for _, y in first) == CLASSES * PER_CLASS
+    fix = (r"interpolation NEAREST: --decoder nvjpeg resizes bilinearly; use "
+           r"InterpolationMode.BILINEAR in this transform, or pin_memory=False")
+    other = batchcast.DataLoader(torchvision.datasets.ImageFolder(folder, compose(40, NEAREST)),
+                                 batch_size=CHUNK, pin_memory=True, share=key)
+    with pytest.raises(ValueError, match=r"cannot make this process's transform as a view: "
+                                         + fix):
+        iter(other)
+    other.close()
+    ds.transform = compose(40, NEAREST)
+    with pytest.raises(ValueError, match=r"the dataset's new transform cannot be made by the "
+                                         r"share's pool \(native nvjpeg decoder, pool on "
+                                         r"cuda:\d+\): " + fix):
+        iter(first)
+    ds.transform = compose(40)
+    batches = [(x.shape, y.cpu()) for x, y in first]
+    assert {shape[1:] for shape, _ in batches} == {(3, 40, 40)}
+    assert torch.cat([y for _, y in batches]).tolist() == ds.targets
+    first.close()
