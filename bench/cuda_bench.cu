@@ -420,6 +420,7 @@ void decode_files(const std::string& dir) {
 
 int main(int argc, char** argv) {
   using namespace batchcast;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured, also into a pipe
   try {
     if (argc == 3 && std::string(argv[1]) == "--consumer") return consumer_main(argv[2]);
     if (cuda_device_count() == 0) {
