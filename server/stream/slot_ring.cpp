@@ -86,6 +86,12 @@ size_t SlotRing::held_by(uint64_t consumer) const {
   return n;
 }
 
+uint32_t SlotRing::filling() const {
+  return static_cast<uint32_t>(std::count_if(slots_.begin(), slots_.end(), [](const SlotEntry& s) {
+    return s.state == SlotState::kFilling;
+  }));
+}
+
 uint32_t SlotRing::occupied() const {
   uint32_t n = 0;
   for (const auto& s : slots_) {

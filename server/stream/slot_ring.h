@@ -67,6 +67,8 @@ class SlotRing {
 
   // Slots that cannot take a new chunk now: filling, held, or published but never delivered.
   uint32_t occupied() const;
+  // Slots being filled.
+  uint32_t filling() const;
 
  private:
   std::vector<SlotEntry> slots_;

@@ -82,7 +82,6 @@ StreamState::SlotCount StreamState::count_slots(double now) const {
       ++n.reusable;
     else if (!protocol::is_private_seq(e.seq))
       ++n.pinned_stream;
-    if (e.state == SlotState::kFilling && !protocol::is_private_seq(e.seq)) ++n.filling_stream;
   }
   return n;
 }

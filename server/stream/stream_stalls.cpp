@@ -35,11 +35,11 @@ bool StreamState::private_chunk_waits(double now) const {
 void StreamState::trace_stalls(double now) {
   if (!spdlog::should_log(spdlog::level::debug) || now < next_stall_trace_) return;
   next_stall_trace_ = now + 1.0;
-  std::string line = fmt::format(
-      "stalls: producer {}, filling {} chunk(s), next chunk {}, a reader waits: {}",
-      blocked_since_ ? fmt::format("blocked {:.1f} s", now - *blocked_since_)
-                     : std::string("not blocked"),
-      count_slots(now).filling_stream, next_publish_seq_, reader_waits(now) ? "yes" : "no");
+  std::string line =
+      fmt::format("stalls: producer {}, filling {} chunk(s), next chunk {}, a reader waits: {}",
+                  blocked_since_ ? fmt::format("blocked {:.1f} s", now - *blocked_since_)
+                                 : std::string("not blocked"),
+                  ring_.filling(), next_publish_seq_, reader_waits(now) ? "yes" : "no");
   for (const auto& [id, c] : consumers_.all()) {
     const bool holds = std::find(holding_.begin(), holding_.end(), id) != holding_.end();
     line += fmt::format(
@@ -50,11 +50,11 @@ void StreamState::trace_stalls(double now) {
   spdlog::debug("{}", line);
 }
 
-bool StreamState::producer_has_work(double now) const {
-  // With two of the stream's chunks in hand the producer has work for its workers and its
+bool StreamState::producer_has_work() const {
+  // With two chunks in hand the producer has work for its workers and its
   // uploader alike: a reader then waits for the producer's speed (nvJPEG on a GPU the trainers
   // keep busy), not for a slot, and decoupling anyone would only add private chunks to its work.
-  return count_slots(now).filling_stream >= 2;
+  return ring_.filling() >= 2;
 }
 
 bool StreamState::reader_waits(double now) const {
@@ -72,7 +72,7 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
   // nobody.
   const bool someone_waits =
       private_chunk_waits(now) ||
-      (blocked_since_ && !finished_ && !producer_has_work(now) && reader_waits(now));
+      (blocked_since_ && !finished_ && !producer_has_work() && reader_waits(now));
   if (!someone_waits) return ids;
   // Those holding it back: the consumers that pin published chunks they were not sent yet
   // (whether or not someone else still holds those chunks: a slow consumer's own held slots
@@ -219,7 +219,7 @@ void StreamState::watch_stalls(double now) {
     waited_for_ = holding_;
     waited_for_seq_ = next_acquire_seq_;
   } else if (!waited_for_.empty() && next_publish_seq_ <= waited_for_seq_ && !finished_ &&
-             !producer_has_work(now) && reader_waits(now)) {
+             !producer_has_work() && reader_waits(now)) {
     // The producer fills the slot they held last, and a reader waits for that chunk: it still
     // waits for them, since without them the chunk would have been made ahead of time. (A
     // producer that takes long to fill a chunk, nvJPEG on a GPU time-sliced with the trainers,

@@ -251,9 +251,9 @@ class StreamState {
   // A consumer reading the shared stream has been sent every published chunk: it waits for the
   // producer.
   bool reader_waits(double now) const;
-  // The producer is filling two of the stream's chunks or more: whoever waits for it, waits for
-  // its speed, and nobody holds the stream back.
-  bool producer_has_work(double now) const;
+  // The producer is filling two chunks or more (the stream's or private ones): whoever waits for
+  // it, waits for its speed, and nobody holds the stream back.
+  bool producer_has_work() const;
   // One debug line a second (SPDLOG_LEVEL=debug): what each reader holds and owes the stream,
   // so that a run where nobody is decoupled shows why.
   void trace_stalls(double now);
@@ -279,9 +279,8 @@ class StreamState {
   void drop_consumer(uint64_t id, const char* why);
   bool may_reuse(uint64_t old_seq, bool delivered, double now) const;
   struct SlotCount {
-    uint32_t reusable = 0;        // free, or published and refillable now (may_reuse)
-    uint32_t pinned_stream = 0;   // the stream's chunks that are not: filling, held or pinned
-    uint32_t filling_stream = 0;  // the stream's chunks the producer is filling
+    uint32_t reusable = 0;       // free, or published and refillable now (may_reuse)
+    uint32_t pinned_stream = 0;  // the stream's chunks that are not: filling, held or pinned
   };
   SlotCount count_slots(double now) const;
   // The stream's chunks filling, or published and sent to nobody yet, from the most advanced
