@@ -2,12 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
 
 #include "common/error.h"
-#include "server/produce/task_queue.h"
 
 namespace batchcast {
 namespace {
@@ -29,6 +30,39 @@ struct ChunkJob {
 struct SampleTask {
   std::shared_ptr<ChunkJob> job;
   uint32_t position;  // inside the chunk
+};
+
+// A FIFO of sample tasks for the worker threads; close() ends them.
+class TaskQueue {
+ public:
+  void push(SampleTask t) {
+    {
+      std::lock_guard lk(mu_);
+      tasks_.push_back(std::move(t));
+    }
+    cv_.notify_one();
+  }
+  bool pop(SampleTask* t) {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return closed_ || !tasks_.empty(); });
+    if (tasks_.empty()) return false;
+    *t = std::move(tasks_.front());
+    tasks_.pop_front();
+    return true;
+  }
+  void close() {
+    {
+      std::lock_guard lk(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<SampleTask> tasks_;
+  bool closed_ = false;
 };
 
 }  // namespace
@@ -64,7 +98,7 @@ std::vector<std::vector<uint8_t*>> sample_outs(const ChunkJob& job, uint32_t pos
 }  // namespace
 
 bool SampleProducer::run() {
-  TaskQueue<SampleTask> queue;
+  TaskQueue queue;
   std::atomic<bool> failed{false};
   auto fill_one = [&](const SampleTask& task) {
     auto& job = *task.job;
@@ -90,7 +124,7 @@ bool SampleProducer::run() {
   // stream, and a server time-sliced with training contexts waits its turn): done by a worker,
   // that is a core not decoding. So a finished chunk goes to a thread of its own that uploads and
   // publishes (measured on 2 cores: workers blocked in upload a third of the time).
-  TaskQueue<SampleTask> uploads;
+  TaskQueue uploads;
   std::thread uploader;
   auto publish = [&](ChunkJob& job) {
     core_.publish(job.lease, job.position, std::move(job.tensors));
@@ -119,12 +153,10 @@ bool SampleProducer::run() {
         try {
           fill_one(task);
           if (--task.job->remaining == 0) {
-            if (options_.stage) {
-              const bool first = task.job->lease.regenerate.has_value();
-              uploads.push(std::move(task), first);
-            } else {
+            if (options_.stage)
+              uploads.push(std::move(task));
+            else
               publish(*task.job);
-            }
           }
         } catch (const std::exception& e) {
           failed = true;
@@ -177,8 +209,7 @@ bool SampleProducer::run() {
     }
     job->tensors = slot_layout_.specs(slot_tensors_, pos.sample_count);
     job->remaining = pos.sample_count;
-    const bool first = lease.regenerate.has_value();
-    for (uint32_t p = 0; p < pos.sample_count; ++p) queue.push({job, p}, first);
+    for (uint32_t p = 0; p < pos.sample_count; ++p) queue.push({job, p});
     return true;
   };
   // Chunks asked for again by consumers catching up, until every consumer got End.
