@@ -225,9 +225,7 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
         a = argparse.Namespace(**{**vars(args), "workers": own})
         cmds.append(trainer_cmd(a, key, 0.0, done if i else None, None if i else done,
                                 model=model, image_size=size, synthetic=mode == "synthetic"))
-        # Views of one share key need a host pool (docs/views.md): every run reads one then,
-        # the alone runs too, so that they compare.
-        if len({s for _, s in parse_models(args.models, args.image_size)}) > 1:
+        if args.no_pin:
             cmds[-1].append("--no-pin")
     results = run_trainers(cmds, dict(os.environ))
     log = share_log(key) if key else ""
@@ -299,7 +297,10 @@ def main() -> None:
                    "sizes join the key as views): each alone, all on random batches already on the GPU "
                    "(what the GPU they share allows each), all on one key, all on their own "
                    "DataLoaders (the first runs --seconds, the others until it is done)")
-    p.add_argument("--no-pin", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-pin", action="store_true",
+                   help="with --models: pin_memory=False, so the share decodes on the CPU into a "
+                        "host pool (the trainer copies each batch to the GPU) instead of with "
+                        "nvJPEG into a GPU pool")
     p.add_argument("--synthetic", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
     p.add_argument("--done-file", help=argparse.SUPPRESS)
