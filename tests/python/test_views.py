@@ -277,11 +277,16 @@ def test_dataloaders_of_one_key_with_other_crop_sizes_share_one_stream(folder, n
     small.close()
 
 
-def test_a_dataloader_follows_a_transform_changed_between_epochs(folder, new_key):
+@pytest.mark.parametrize("pin", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and _batchcast.has_nvjpeg),
+    reason="needs a CUDA GPU and a build with nvJPEG (pin_memory=True decodes with nvJPEG into a "
+           "GPU pool there; runs on the GPU machine)"))], ids=["host-pool", "nvjpeg-gpu-pool"])
+def test_a_dataloader_follows_a_transform_changed_between_epochs(folder, new_key, pin):
     """Progressive resizing through the drop-in: one trainer assigns a smaller RandomResizedCrop
     to its dataset after epoch 0 while another keeps its size on the same key. The first reads
-    epoch 1 whole at the new size, the second is untouched, and both read one stream (the same
-    order), decoded by one producer."""
+    epochs 1 and 2 whole at the new size, the second is untouched, and both read one stream (the
+    same shuffled order), decoded by one producer: on a host pool, and with pin_memory=True on
+    an nvJPEG GPU pool (the batches on CUDA)."""
     import torchvision
     import torchvision.transforms as T
 
@@ -291,8 +296,11 @@ def test_a_dataloader_follows_a_transform_changed_between_epochs(folder, new_key
     key = new_key()
     growing = torchvision.datasets.ImageFolder(folder, compose(64))
     steady = torchvision.datasets.ImageFolder(folder, compose(64))
-    loaders = {name: batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, share=key)
+    loaders = {name: batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, pin_memory=pin,
+                                          share=key)
                for name, ds in (("growing", growing), ("steady", steady))}
+    decoder = "nvjpeg" if pin else "cpu"
+    assert all(loader.decoding.startswith(f"native {decoder}") for loader in loaders.values())
     sizes = {"growing": [64, 40, 40], "steady": [64, 64, 64]}
 
     def run(name: str) -> List[List[int]]:
@@ -302,6 +310,7 @@ def test_a_dataloader_follows_a_transform_changed_between_epochs(folder, new_key
                 growing.transform = compose(size)
             seen = []
             for x, y in loaders[name]:
+                assert x.is_cuda == y.is_cuda == pin, (name, epoch, x.device)
                 assert x.shape[1:] == (3, size, size), (name, epoch, x.shape)
                 seen += y.tolist()
             labels.append(seen)

@@ -246,44 +246,6 @@ def test_dropin_trainers_of_two_sizes_on_a_gpu_pool_each_train_on_whole_epochs(f
 
 
 @needs_nvjpeg_gpu
-def test_a_dropin_on_a_gpu_pool_follows_a_transform_changed_between_epochs(folder, new_key):
-    """Progressive resizing on an nvJPEG GPU pool: one trainer assigns a smaller crop after
-    epoch 0 while another keeps its size on the same key. The first reads epochs 1 and 2 whole at
-    the new size, the second is untouched, both on CUDA and in one (shuffled) stream's order."""
-    key = new_key()
-    growing = torchvision.datasets.ImageFolder(folder, compose(64))
-    steady = torchvision.datasets.ImageFolder(folder, compose(64))
-    loaders = {name: batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, pin_memory=True,
-                                          share=key)
-               for name, ds in (("growing", growing), ("steady", steady))}
-    assert all(loader.decoding.startswith("native nvjpeg") for loader in loaders.values())
-    sizes = {"growing": [64, 40, 40], "steady": [64, 64, 64]}
-
-    def run(name: str) -> List[List[int]]:
-        labels = []
-        for epoch, size in enumerate(sizes[name]):
-            if name == "growing":
-                growing.transform = compose(size)
-            seen: List[int] = []
-            for x, y in loaders[name]:
-                assert x.is_cuda and y.is_cuda, (name, epoch, x.device)
-                assert x.shape[1:] == (3, size, size), (name, epoch, x.shape)
-                seen += y.tolist()
-            labels.append(seen)
-        return labels
-
-    labels = in_threads({name: (lambda n=name: run(n)) for name in loaders}, timeout=180)
-    targets = sorted(growing.targets)
-    for name in loaders:
-        assert [sorted(e) for e in labels[name]] == [targets] * 3, name
-    assert labels["growing"] == labels["steady"], "one stream: the same order in both views"
-    log = open(share_paths(key)["log"]).read()
-    assert log.count("view 1:") == 1, log[-2000:]  # 40 px: one view, added once
-    for loader in loaders.values():
-        loader.close()
-
-
-@needs_nvjpeg_gpu
 def test_a_gpu_pool_refuses_a_dropin_nearest_resize_naming_it_and_goes_on(folder, new_key):
     """nvJPEG resizes bilinearly: a second pin_memory trainer with a nearest resize, and a
     trainer of the share switching to one, each get a ValueError naming the interpolation and

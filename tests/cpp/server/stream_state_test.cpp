@@ -1429,6 +1429,14 @@ TEST(StreamState, AReaderBehindForLessThanItsBoundWhenTheWindowFillsGetsItsBound
   EXPECT_EQ(s.state.stats().decouplings, 1u) << "but once it held the stream back its bound";
 }
 
+// A GPU pool's ring of 8 slots, endless epochs of `per_epoch` chunks, the default stall bound.
+StreamRules gpu_ring(uint64_t per_epoch) {
+  StreamRules r = regenerating(8, per_epoch);
+  r.epochs = 0;
+  r.stall_timeout_s = 3;
+  return r;
+}
+
 // Lockstep on a small ring (a GPU pool's 8 slots), the readers reading as the client does
 // (client/consumer.cpp): each asks for `prefetch` (2) chunks, asks for one more as its user
 // takes one, copies a private chunk out and releases it as it arrives, and releases a stream
@@ -1443,10 +1451,7 @@ TEST(StreamState, AReaderBehindForLessThanItsBoundWhenTheWindowFillsGetsItsBound
 std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, bool eager, StreamStats* stats,
                                                     int slow_every = 4) {
   constexpr uint64_t kPerEpoch = 100;
-  StreamRules r = regenerating(8, kPerEpoch);
-  r.epochs = 0;
-  r.stall_timeout_s = 3;
-  Stream s(r);
+  Stream s(gpu_ring(kPerEpoch));
   s.join("fast", 2);
   s.join("slow", 2);
   struct Reader {
@@ -1539,10 +1544,7 @@ TEST(StreamState, ReadersOfOneSpeedInLockstepAreNotDecoupled) {
 // decoupling one would only add its private chunks to the producer's work.
 TEST(StreamState, ReadersWaitingForABusyProducerHoldNobodyBack) {
   constexpr uint64_t kPerEpoch = 100;
-  StreamRules r = regenerating(8, kPerEpoch);
-  r.epochs = 0;
-  r.stall_timeout_s = 3;
-  Stream s(r);
+  Stream s(gpu_ring(kPerEpoch));
   s.join("fast", 2);
   s.join("slow", 2);
   std::deque<StreamState::Fill> filling;
