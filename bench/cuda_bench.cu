@@ -5,10 +5,9 @@
 //      chunks whose label holds the CLOCK_MONOTONIC time the CPU finished the chunk; a consumer
 //      process (this program, --consumer) stops the clock once its stream has the batch;
 //   3. JPEG decode images/s: nvJPEG (batched) versus the CPU decoder (TurboJPEG) on one core.
-// `cuda_bench --decode DIR` measures only 3, on DIR's JPEG files (the collocated benchmark's
-// physical anchor: the nvJPEG engine's standalone rate on the files the trainers read).
-// `cuda_bench --copies` measures only how a chunk reaches every GPU of a pool on several GPUs.
-// Needs a GPU; exits 0 with a message without one.
+// `--decode DIR`: only 3, on DIR's JPEG files (the collocated benchmark's physical anchor: the
+// engine's standalone rate); `--copies`: only how a chunk reaches every GPU of a pool.
+// Needs a GPU; exits 0 with a message without one. Rows are line-buffered (a cut run keeps them).
 #include <sys/wait.h>
 #include <time.h>
 #include <turbojpeg.h>
@@ -420,7 +419,7 @@ void decode_files(const std::string& dir) {
 
 int main(int argc, char** argv) {
   using namespace batchcast;
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured, also into a pipe
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     if (argc == 3 && std::string(argv[1]) == "--consumer") return consumer_main(argv[2]);
     if (cuda_device_count() == 0) {
