@@ -50,11 +50,11 @@ void StreamState::trace_stalls(double now) {
   spdlog::debug("{}", line);
 }
 
-bool StreamState::producer_has_work() const {
-  // With two chunks in hand the producer has work for its workers and its
-  // uploader alike: a reader then waits for the producer's speed (nvJPEG on a GPU the trainers
-  // keep busy), not for a slot, and decoupling anyone would only add private chunks to its work.
-  return ring_.filling() >= 2;
+bool StreamState::reader_waits_for_a_slot(double now) const {
+  // With two chunks in hand the producer has work for its workers and its uploader alike: a
+  // reader then waits for the producer's speed (nvJPEG on a GPU the trainers keep busy), not for
+  // a slot, and decoupling anyone would only add private chunks to its work.
+  return !finished_ && ring_.filling() < 2 && reader_waits(now);
 }
 
 bool StreamState::reader_waits(double now) const {
@@ -71,8 +71,7 @@ std::vector<uint64_t> StreamState::holding_back(double now) const {
   // trainer), also after the stream's last chunk was made. A lone slow consumer holds back
   // nobody.
   const bool someone_waits =
-      private_chunk_waits(now) ||
-      (blocked_since_ && !finished_ && !producer_has_work() && reader_waits(now));
+      private_chunk_waits(now) || (blocked_since_ && reader_waits_for_a_slot(now));
   if (!someone_waits) return ids;
   // Those holding it back: the consumers that pin published chunks they were not sent yet
   // (whether or not someone else still holds those chunks: a slow consumer's own held slots
@@ -218,8 +217,8 @@ void StreamState::watch_stalls(double now) {
   if (!holding_.empty()) {
     waited_for_ = holding_;
     waited_for_seq_ = next_acquire_seq_;
-  } else if (!waited_for_.empty() && next_publish_seq_ <= waited_for_seq_ && !finished_ &&
-             !producer_has_work() && reader_waits(now)) {
+  } else if (!waited_for_.empty() && next_publish_seq_ <= waited_for_seq_ &&
+             reader_waits_for_a_slot(now)) {
     // The producer fills the slot they held last, and a reader waits for that chunk: it still
     // waits for them, since without them the chunk would have been made ahead of time. (A
     // producer that takes long to fill a chunk, nvJPEG on a GPU time-sliced with the trainers,

@@ -20,8 +20,8 @@
 //   or before it, and it was delivered to someone or some consumer's cursor is past it. Under
 //   stall_policy=skip a consumer that asked for nothing for stall_timeout stops pinning cursors.
 // - Decouple (stall_policy=decouple, producers that regenerate): a consumer that holds the
-//   stream back (the producer waits for a slot with fewer than two of the stream's chunks in
-//   hand, another consumer was sent every published chunk, and it pins published chunks it was not
+//   stream back (the producer waits for a slot with fewer than two chunks in hand, another
+//   consumer was sent every published chunk, and it pins published chunks it was not
 //   sent yet, or keeps the oldest chunk still held that another reader released: lockstep on a
 //   small ring) for its stall bound (on a ring sized by memory, or has lagged more than the lead
 //   behind another reader that long) stops pinning: it reads from its position on in private chunks
@@ -251,9 +251,10 @@ class StreamState {
   // A consumer reading the shared stream has been sent every published chunk: it waits for the
   // producer.
   bool reader_waits(double now) const;
-  // The producer is filling two chunks or more (the stream's or private ones): whoever waits for
-  // it, waits for its speed, and nobody holds the stream back.
-  bool producer_has_work() const;
+  // A reader waits (reader_waits) and the stream is not finished, while the producer fills fewer
+  // than two chunks (the stream's or private ones): with more in hand, whoever waits for it waits
+  // for its speed, and nobody holds the stream back.
+  bool reader_waits_for_a_slot(double now) const;
   // One debug line a second (SPDLOG_LEVEL=debug): what each reader holds and owes the stream,
   // so that a run where nobody is decoupled shows why.
   void trace_stalls(double now);
