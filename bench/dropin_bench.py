@@ -131,7 +131,7 @@ def run_mode(args: argparse.Namespace, mode: str, n: int) -> Dict[str, Any]:
         with open(log) as f:
             text = f.read()
         os.unlink(log)
-        want = "native pipeline" + (" (nvjpeg" if args.cuda else " (cpu")
+        want = "native pipeline" + (" (mixed" if args.cuda else " (cpu")
         if (want in text) != (mode == "native"):
             raise RuntimeError(f"the {mode} share did not run as asked; its log:\n{text}")
     samples = sum(r["samples"] for r in results)
@@ -153,7 +153,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/dropin")
     p.add_argument("--cuda", action="store_true",
                    help="trainers pin (pin_memory=True) and move batches to cuda: the native "
-                        "share then decodes with nvJPEG into a GPU pool")
+                        "share then decodes into a GPU pool with the mixed decoder")
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--role", choices=["main", "trainer"], default="main")
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
@@ -172,7 +172,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"batch {args.batch_size}, image {args.image_size}, {args.epochs} epochs, "
           f"{args.workers} worker(s) per baseline trainer, {os.cpu_count()} cores"
-          f"{', batches to cuda (native: nvJPEG)' if args.cuda else ''}\n")
+          f"{', batches to cuda (native: the mixed decoder)' if args.cuda else ''}\n")
     print("| N | mode | samples | wall s | CPU core-s | CPU s/sample | vs N DataLoaders |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -300,7 +300,7 @@ def main() -> None:
     p.add_argument("--no-pin", action="store_true",
                    help="with --models: pin_memory=False, so the share decodes on the CPU into a "
                         "host pool (the trainer copies each batch to the GPU) instead of with "
-                        "nvJPEG into a GPU pool")
+                        "the mixed decoder into a GPU pool")
     p.add_argument("--synthetic", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
     p.add_argument("--done-file", help=argparse.SUPPRESS)

@@ -4,7 +4,8 @@ Every case runs in a fresh process that has already imported torch, torchvision 
 and built the dataset (as a trainer has before it makes its loader): ImageFolder +
 RandomResizedCrop(S) + RandomHorizontalFlip + ToTensor + Normalize. It then times loader
 construction, ``iter(loader)`` and the first ``next()`` (with --cuda: pin_memory=True and until
-the batch is on cuda:0, where the share and the Loader case decode with nvJPEG):
+the batch is on cuda:0, where the share and the Loader case decode into a GPU pool with the
+mixed decoder):
 
 - ``torch-0``, ``torch-W``: ``torch.utils.data.DataLoader`` with 0 and --workers workers;
 - ``share-cold``: ``batchcast.DataLoader(share=KEY)``, the first trainer of a fresh key (the
@@ -250,7 +251,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cuda", action="store_true",
                    help="pin_memory=True and batches moved to cuda:0 (the share and the Loader "
-                        "case then decode with nvJPEG into a GPU pool)")
+                        "case then decode into a GPU pool, the mixed decoder)")
     p.add_argument("--json", help="also write the raw results here")
     p.add_argument("--before", metavar="DIR",
                    help="a folder holding another batchcast package (a copy of an earlier "
@@ -265,16 +266,24 @@ def main() -> None:
     from batchcast.server import make_dataset
 
     make_dataset(args.data, 10, 60)
-    runs = [cases(args, rep) for rep in range(args.repeats)]
-    parts = anatomy(args)
-    report(args, runs, parts)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"runs": runs, "anatomy": parts, "args": vars(args)}, f, indent=1)
+    runs: List[Dict[str, Any]] = []
+    parts: Dict[str, float] = {}
+
+    def save() -> None:  # after every step: a run cut short still leaves what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"runs": runs, "anatomy": parts, "args": vars(args)}, f, indent=1)
+
+    for rep in range(args.repeats):
+        runs.append(cases(args, rep))
+        save()
+    report_cases(args, runs)
+    parts.update(anatomy(args))
+    save()
+    report_anatomy(parts)
 
 
-def report(args: argparse.Namespace, runs: List[Dict[str, Any]], parts: Dict[str, float]
-           ) -> None:
+def report_cases(args: argparse.Namespace, runs: List[Dict[str, Any]]) -> None:
     print(f"batch {args.batch_size}, {args.image_size} px, {args.workers} workers, "
           f"{os.cpu_count()} cores{', batches to cuda:0' if args.cuda else ''}, median of "
           f"{len(runs)} runs, seconds\n")
@@ -292,6 +301,10 @@ def report(args: argparse.Namespace, runs: List[Dict[str, Any]], parts: Dict[str
         print(f"  {t:7.3f}  {text}")
     for line in last["producer"]:
         print(f"  producer: {line}")
+    sys.stdout.flush()
+
+
+def report_anatomy(parts: Dict[str, float]) -> None:
     print("\n| step alone | s |\n|---|---|")
     for name, seconds in parts.items():
         print(f"| {name} | {seconds:.3f} |")

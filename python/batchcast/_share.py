@@ -91,8 +91,9 @@ def native_plan(
     ``user_args`` are the DataLoader arguments as the user gave them (sampler, collate_fn...).
 
     Where it decodes: pinned batches say the trainer moves them to a GPU, so with
-    ``pin_memory`` (a CUDA device usable, nvJPEG in this build) the native server decodes with
-    nvJPEG into a pool on ``pin_memory_device`` (default: the current CUDA device) and batches
+    ``pin_memory`` (a CUDA device usable, nvJPEG in this build) the native server decodes into a
+    pool on ``pin_memory_device`` (default: the current CUDA device), its ``num_workers`` CPU
+    threads first and nvJPEG what a trainer waits for (the mixed decoder), and batches
     arrive as CUDA tensors there; otherwise the CPU decoder fills a host pool."""
     device, nvjpeg = None, False
     if pin_memory and _batchcast.has_nvjpeg and torch.cuda.is_available():

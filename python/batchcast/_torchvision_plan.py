@@ -51,7 +51,7 @@ class NativePlan:
     shuffle: bool
     drop_last: bool
     device: str  # where the pool lives: "cpu" or "cuda:K"
-    decoder: str  # "cpu" or "nvjpeg"
+    decoder: str  # "cpu" or "mixed" (a GPU pool: CPU workers first, nvJPEG the rest)
     rank: int = 0  # the shard (a DistributedSampler's rank and num_replicas)
     world_size: int = 1
     # Why a pool asked for on a GPU (device and nvjpeg given) is in host memory instead: the
@@ -317,9 +317,11 @@ def plan(
 
     ``seed`` seeds shuffling and augmentation (a DistributedSampler's own seed wins). ``device="cuda:K"`` with ``nvjpeg=True`` (the
     trainer moves its batches to that GPU and this build has nvJPEG) decodes into a pool on that
-    GPU where the transform resizes bilinearly (nvJPEG's resize); otherwise the pool is in host
-    memory and decoding on the CPU (``gpu_refused`` says why, where a GPU was asked for). A
-    Fallback is logged once.
+    GPU where the transform resizes bilinearly (nvJPEG's resize), with the mixed decoder: the
+    CPU workers decode what they keep up with, nvJPEG the chunks a trainer waits for (beside
+    GPU-bound trainers nvJPEG alone decodes a few thousand images/s: bench/RESULTS.md);
+    otherwise the pool is in host memory and decoding on the CPU (``gpu_refused`` says why,
+    where a GPU was asked for). A Fallback is logged once.
     """
     try:
         order = _check_loader_args(loader_args)
@@ -358,9 +360,9 @@ def plan(
         shuffle=order.shuffle,
         drop_last=bool(loader_args.get("drop_last", False)),
         device=str(device) if gpu else "cpu",
-        decoder="nvjpeg" if gpu else "cpu",
+        decoder="mixed" if gpu else "cpu",
         rank=order.rank,
         world_size=order.world_size,
-        gpu_refused=(f"interpolation {t.mode}: --decoder nvjpeg resizes bilinearly"
+        gpu_refused=(f"interpolation {t.mode}: decoding on a GPU (nvJPEG) resizes bilinearly"
                      if asked_gpu and not gpu else ""),
     )

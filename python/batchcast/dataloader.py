@@ -34,8 +34,9 @@ recognises (RandomResizedCrop + flip, or Resize + CenterCrop, then ToTensor/Norm
 v2 forms; no custom sampler or collate_fn) is served by the native C++ pipeline instead of the
 dataset's Python code: the same labels, class order, transform parameters, dtype and layout,
 within the pipeline's documented tolerance, and its own seeded shuffle and augmentation draws.
-With ``pin_memory=True`` on a machine with a GPU and a build with nvJPEG, it decodes on that GPU
-(``pin_memory_device``, default the current device) and batches arrive as CUDA tensors there.
+With ``pin_memory=True`` on a machine with a GPU and a build with nvJPEG, it decodes into a pool
+on that GPU (``pin_memory_device``, default the current device), ``num_workers`` CPU threads
+first and nvJPEG the chunks a trainer waits for, and batches arrive as CUDA tensors there.
 Anything else runs in Python, and one log line (logger ``batchcast.torchvision_plan``) names the
 step that prevented the native path. ``native=False`` always runs the dataset's own code. Which
 one runs is logged once at INFO (logger ``batchcast``) and is the loader's ``decoding`` (and
@@ -47,7 +48,7 @@ Progressive resizing: a transform assigned to the dataset between epochs (``data
 = T.Compose([T.RandomResizedCrop(160), ...])``) is read from the next iteration on, as another
 view of the same stream (docs/views.md): each epoch whole in one transform, the others' streams
 untouched, on a host pool or a GPU pool alike. Where the pipeline is not native, or the share
-decodes on a GPU (nvJPEG: bilinear resizes only) and the new transform resizes otherwise, that
+decodes on a GPU (nvJPEG resizes bilinearly only) and the new transform resizes otherwise, that
 next iteration raises ValueError naming why (the producer would go on serving the old
 transform), unless it is the first (a Python pipeline's producer takes the dataset as it is
 then). A second trainer of the key with another transform joins its stream as a view alike.

@@ -53,6 +53,16 @@ struct ConsumerRecord {
   double lagging_s = 0;
   uint64_t samples = 0;  // reported by its heartbeats
   double wait_s = 0;
+  // Its pace over the last pace window (StreamState::watch_paces), from those counters: samples
+  // a second of the time it did not wait for data (what it reads when never kept waiting), and
+  // the share of the window it waited; measured from `pace_mark`.
+  double own_pace = 0;
+  double waited_share = 0;
+  struct PaceMark {
+    double t = -1;  // < 0: not yet marked
+    uint64_t samples = 0;
+    double wait_s = 0;
+  } pace_mark;
 };
 
 class ConsumerRegistry {

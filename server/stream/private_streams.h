@@ -45,6 +45,7 @@ class PrivateStreams {
     // the stream still holds its next chunk, once it has caught up.
     bool rejoin = false;
     uint64_t decoupled_at = 0;     // the stream's next chunk number when it was decoupled
+    bool caught_up_first = false;  // the stream waited for it once since (StreamState::catch_up)
     uint64_t stream_position = 0;  // reported in its next descriptor
     uint32_t requested = 0;        // asked of the producer, not yet filled
     std::map<ChunkAddress, protocol::ChunkDescriptor> ready;  // filled, waiting for their turn

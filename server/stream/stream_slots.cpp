@@ -9,9 +9,10 @@ namespace batchcast {
 
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
-  // Far enough ahead of every reader: a wait for the readers, not for a slot (nobody holds the
-  // stream back), so it is producer time blocked but never a stall.
-  if (rules_.lead_chunks && chunks_ahead() >= rules_.lead_chunks) {
+  // Far enough ahead of every reader, or a decoupled reader catches up first: a wait for the
+  // readers, not for a slot (nobody holds the stream back), so producer time blocked but never a
+  // stall.
+  if ((rules_.lead_chunks && chunks_ahead() >= rules_.lead_chunks) || catching_up_) {
     if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
     blocked_since_.reset();
     if (!ahead_since_) ahead_since_ = now;

@@ -264,6 +264,7 @@ void StreamState::watch_stalls(double now) {
     }
   }
   trace_stalls(now);
+  watch_paces(now);
   for (uint64_t id : laggards) {
     decouple(consumers_.all().at(id));
     holding_.erase(std::find(holding_.begin(), holding_.end(), id));
@@ -276,6 +277,7 @@ void StreamState::watch_stalls(double now) {
       waiting_for_ +=
           " (decoupled after " + std::to_string(static_cast<int>(stall_bound(c))) + " s)";
   }
+  watch_catch_up(now);
   if (!blocked_since_) {
     stall_logged_ = false;
     return;

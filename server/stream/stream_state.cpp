@@ -56,6 +56,7 @@ void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition p
     }
     ring_.finish_fill(slot);
     counters_.chunks_regenerated++;
+    regenerated_samples_ += position.sample_count;
     if (!private_.filled(seq, std::move(d))) ring_.mark_passed(slot);
     return;
   }

@@ -29,6 +29,10 @@
 //   it, and it reached a chunk the stream still holds within half the room the stream has ahead of
 //   its slowest reader. Without regeneration it waits, as under stall_policy=wait, and says so
 //   once.
+// - Catch up: a decoupled consumer whose own pace (heartbeats: samples per second not waited)
+//   is well above the stream's while it waits for its private chunks is caught up first, once
+//   per decoupling: the producer fills no stream chunk until it merged (at most about twice its
+//   gap at the producer's pace; a gap of more than 15 s stays private).
 // - Stalls are said: a stream that has not moved for stall_timeout is logged once, naming each
 //   consumer's pid, name, chunks held and position; every other consumer's heartbeat says what
 //   holds its data back (min_consumers not met, a named consumer).
@@ -61,7 +65,8 @@
 //
 // The seek rules (on_seek, the private and sought deliveries, wanted) are defined in
 // stream_seek.cpp, the slots (acquire, reuse, lead, reserve) in stream_slots.cpp, the stalls in
-// stream_stalls.cpp, the views in stream_views.cpp, the rest in stream_state.cpp.
+// stream_stalls.cpp, the catch-ups in stream_catch_up.cpp, the views in stream_views.cpp, the
+// rest in stream_state.cpp.
 //
 // Thread-safety: none; the owner serialises every call. Lifetime: the injected functions must
 // outlive it.
@@ -264,6 +269,10 @@ class StreamState {
   void decouple(ConsumerRecord& c);
   // A decoupled consumer whose next chunk the stream still holds merges there; true if it did.
   bool try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p);
+  // Every pace window: each consumer's own pace and the stream's and producer's (samples/s).
+  void watch_paces(double now);
+  // Chooses (or lets go) the decoupled consumer the stream waits for while it catches up.
+  void watch_catch_up(double now);
   // Whether `c` pins the stream's chunks at and after its cursor.
   bool pins_stream(const ConsumerRecord& c, double now) const;
   // It reads the shared stream (not private chunks) and pins it.
@@ -323,6 +332,18 @@ class StreamState {
   uint64_t next_acquire_seq_ = 0;
   uint64_t next_publish_seq_ = 0;  // chunks below are published (or reused)
   uint64_t stream_position_ = 0;   // samples in published chunks
+  uint64_t regenerated_samples_ = 0;  // samples in private chunks filled
+  // Paces over the last window (watch_paces), samples/s: the stream's published chunks, and
+  // everything the producer filled (the stream's and private chunks).
+  double stream_pace_ = 0, producer_pace_ = 0;
+  struct {
+    double t = -1;
+    uint64_t published = 0, regenerated = 0;
+  } pace_mark_;
+  // The decoupled consumer the stream waits for while it catches up (watch_catch_up), and
+  // until when at most.
+  std::optional<uint64_t> catching_up_;
+  double catch_up_until_ = 0;
   struct Filled {
     uint32_t slot;
     protocol::ChunkPosition position;

@@ -63,7 +63,7 @@ def test_train_pipeline_is_recognised_with_its_parameters(folder):
     assert (p.batch_size, p.shuffle, p.drop_last, t.seed) == (8, True, True, 3)
     assert (p.device, p.decoder) == ("cpu", "cpu")
     gpu = plan(ds, dict(batch_size=8), device="cuda:1", nvjpeg=True)
-    assert (gpu.device, gpu.decoder) == ("cuda:1", "nvjpeg")
+    assert (gpu.device, gpu.decoder) == ("cuda:1", "mixed")
 
 
 def test_eval_and_uint8_pipelines_are_recognised(folder):
@@ -359,10 +359,11 @@ def test_dataloader_share_falls_back_to_python_and_logs_why(folder, new_key, cap
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and bc.has_nvjpeg),
                     reason="needs a CUDA GPU and a build with nvJPEG (runs on the GPU machine)")
-def test_dataloader_share_with_pin_memory_decodes_with_nvjpeg_on_the_gpu(folder, new_key):
-    """pin_memory=True says the trainer moves batches to its GPU: the share decodes there with
-    nvJPEG and hands out CUDA tensors, in torchvision's labels and order, each image within
-    the nvJPEG path's tolerance of torchvision's."""
+def test_dataloader_share_with_pin_memory_decodes_into_a_gpu_pool(folder, new_key):
+    """pin_memory=True says the trainer moves batches to its GPU: the share decodes into a pool
+    there (the mixed decoder: CPU workers first, nvJPEG what a trainer waits for) and hands out
+    CUDA tensors, in torchvision's labels and order, each image within the nvJPEG path's
+    tolerance of torchvision's (the CPU pipeline's bytes are closer still)."""
     tf = T.Compose([T.Resize(44), T.CenterCrop(40), T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = torchvision.datasets.ImageFolder(folder, tf)
     key = new_key()
@@ -375,7 +376,7 @@ def test_dataloader_share_with_pin_memory_decodes_with_nvjpeg_on_the_gpu(folder,
     for i in range(len(ds)):
         assert_close_to_torchvision(images[i], ds[i][0], ds.samples[i][0])
     device = f"cuda:{torch.cuda.current_device()}"
-    assert f"native pipeline (nvjpeg decoder, pool on {device})" in share_log(key)
+    assert f"native pipeline (mixed decoder, pool on {device})" in share_log(key)
     loader.close()
 
 

@@ -279,14 +279,14 @@ def test_dataloaders_of_one_key_with_other_crop_sizes_share_one_stream(folder, n
 
 @pytest.mark.parametrize("pin", [False, pytest.param(True, marks=pytest.mark.skipif(
     not (torch.cuda.is_available() and _batchcast.has_nvjpeg),
-    reason="needs a CUDA GPU and a build with nvJPEG (pin_memory=True decodes with nvJPEG into a "
-           "GPU pool there; runs on the GPU machine)"))], ids=["host-pool", "nvjpeg-gpu-pool"])
+    reason="needs a CUDA GPU and a build with nvJPEG (pin_memory=True decodes into a GPU pool "
+           "there; runs on the GPU machine)"))], ids=["host-pool", "gpu-pool"])
 def test_a_dataloader_follows_a_transform_changed_between_epochs(folder, new_key, pin):
     """Progressive resizing through the drop-in: one trainer assigns a smaller RandomResizedCrop
     to its dataset after epoch 0 while another keeps its size on the same key. The first reads
     epochs 1 and 2 whole at the new size, the second is untouched, and both read one stream (the
     same shuffled order), decoded by one producer: on a host pool, and with pin_memory=True on
-    an nvJPEG GPU pool (the batches on CUDA)."""
+    a GPU pool (the mixed decoder; the batches on CUDA)."""
     import torchvision
     import torchvision.transforms as T
 
@@ -299,7 +299,7 @@ def test_a_dataloader_follows_a_transform_changed_between_epochs(folder, new_key
     loaders = {name: batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, pin_memory=pin,
                                           share=key)
                for name, ds in (("growing", growing), ("steady", steady))}
-    decoder = "nvjpeg" if pin else "cpu"
+    decoder = "mixed" if pin else "cpu"
     assert all(loader.decoding.startswith(f"native {decoder}") for loader in loaders.values())
     sizes = {"growing": [64, 40, 40], "steady": [64, 64, 64]}
 

@@ -6,8 +6,8 @@ The oracle of an nvJPEG view's bytes is a one-view nvJPEG server whose transform
 server's chunk is the CPU pipeline's bytes (decoded on the CPU) or nvJPEG's (within its
 tolerance), in every view alike.
 
-The drop-in (`DataLoader(share=KEY, pin_memory=True)`, which decodes with nvJPEG into a GPU
-pool) joins such a pool as a view and follows a transform changed between epochs there; a
+The drop-in (`DataLoader(share=KEY, pin_memory=True)`, which decodes into a GPU pool with the
+mixed decoder) joins such a pool as a view and follows a transform changed between epochs there; a
 transform nvJPEG cannot resize is refused naming the interpolation.
 
 Run on the GPU machine: pytest -q tests/python/test_views_gpu_decode.py (each test that serves
@@ -162,8 +162,8 @@ def test_gpu_decoding_refuses_a_view_it_cannot_resize_naming_the_decoder(folder,
 NEAREST = T.InterpolationMode.NEAREST
 needs_nvjpeg_gpu = pytest.mark.skipif(
     not (torch.cuda.is_available() and _batchcast.has_nvjpeg),
-    reason="needs a CUDA GPU and a build with nvJPEG (DataLoader(pin_memory=True) decodes with "
-           "nvJPEG into a GPU pool there; runs on the GPU machine)")
+    reason="needs a CUDA GPU and a build with nvJPEG (DataLoader(pin_memory=True) decodes into "
+           "a GPU pool there with the mixed decoder; runs on the GPU machine)")
 
 
 def compose(size: int, interpolation=T.InterpolationMode.BILINEAR) -> T.Compose:
@@ -174,7 +174,7 @@ def compose(size: int, interpolation=T.InterpolationMode.BILINEAR) -> T.Compose:
 
 def test_the_dropin_takes_a_bilinear_transform_as_a_gpu_pools_view_and_refuses_another(folder):
     """The drop-in's decision, on every machine (plans for a GPU are pure functions): beside a
-    share decoding with nvJPEG on cuda:0, a pin_memory trainer of another bilinear size reads a
+    share decoding into a GPU pool on cuda:0, a pin_memory trainer of another bilinear size reads a
     view of its stream; one of a nearest resize is refused naming the interpolation and the fix;
     a trainer without pin_memory decodes another way (a stream field). A host pool's stream
     makes any recognised transform, a GPU pool's the bilinear ones."""
@@ -187,9 +187,9 @@ def test_the_dropin_takes_a_bilinear_transform_as_a_gpu_pools_view_and_refuses_a
         return prints, p
 
     running, stream = trainer(compose(64))
-    assert (stream.device, stream.decoder, stream.gpu_refused) == ("cuda:0", "nvjpeg", "")
+    assert (stream.device, stream.decoder, stream.gpu_refused) == ("cuda:0", "mixed", "")
     gpu = running["decoding"]
-    assert gpu == "native nvjpeg decoder, pool on cuda:0"
+    assert gpu == "native mixed decoder, pool on cuda:0"
     mine, small = trainer(compose(40))
     view = view_of("k", mine, running, small)
     assert view == _batchcast.view_text(small.transform, with_seed=False)
@@ -199,16 +199,16 @@ def test_the_dropin_takes_a_bilinear_transform_as_a_gpu_pools_view_and_refuses_a
 
     nearest_prints, nearest = trainer(compose(40, NEAREST))
     assert (nearest.device, nearest.gpu_refused) == (
-        "cpu", "interpolation NEAREST: --decoder nvjpeg resizes bilinearly")
+        "cpu", "interpolation NEAREST: decoding on a GPU (nvJPEG) resizes bilinearly")
     with pytest.raises(ValueError, match=r"DataLoader\(share='k'\): the stream of that key "
-                       r"\(native nvjpeg decoder, pool on cuda:0\) cannot make this process's "
-                       r"transform as a view: interpolation NEAREST: --decoder nvjpeg resizes "
-                       r"bilinearly; use InterpolationMode.BILINEAR in this transform, or "
+                       r"\(native mixed decoder, pool on cuda:0\) cannot make this process's "
+                       r"transform as a view: interpolation NEAREST: decoding on a GPU \(nvJPEG\) "
+                       r"resizes bilinearly; use InterpolationMode.BILINEAR in this transform, or "
                        r"pin_memory=False in every trainer of this key"):
         view_of("k", nearest_prints, running, nearest)
 
     host_prints, host = trainer(compose(40), gpu=False)
-    with pytest.raises(ValueError, match=r"decoding: running 'native nvjpeg decoder, pool on "
+    with pytest.raises(ValueError, match=r"decoding: running 'native mixed decoder, pool on "
                        r"cuda:0', this process 'native cpu decoder, pool on cpu'.*the same "
                        r"pin_memory"):
         view_of("k", host_prints, running, host)
@@ -223,7 +223,7 @@ def test_the_dropin_takes_a_bilinear_transform_as_a_gpu_pools_view_and_refuses_a
 @needs_nvjpeg_gpu
 def test_dropin_trainers_of_two_sizes_on_a_gpu_pool_each_train_on_whole_epochs(folder, new_key):
     """Two pin_memory=True trainers of one key, RandomResizedCrop(64) and (40): the second joins
-    the first's nvJPEG GPU pool as a view (no ValueError); each trains on CUDA batches of its
+    the first's GPU pool (mixed decoder) as a view (no ValueError); each trains on CUDA batches of its
     own size, every epoch whole with every label right (an unshuffled stream: the dataset's own
     order), decoded by one producer."""
     key = new_key()
@@ -231,7 +231,7 @@ def test_dropin_trainers_of_two_sizes_on_a_gpu_pool_each_train_on_whole_epochs(f
     big, small = (batchcast.DataLoader(torchvision.datasets.ImageFolder(folder, compose(size)),
                                        batch_size=CHUNK, pin_memory=True, share=key)
                   for size in (64, 40))
-    assert big.decoding == small.decoding == f"native nvjpeg decoder, pool on {device}"
+    assert big.decoding == small.decoding == f"native mixed decoder, pool on {device}"
     results = in_threads({"big": lambda: train_epochs(big, 64, 2, CLASSES, device),
                           "small": lambda: train_epochs(small, 40, 2, CLASSES, device)},
                          timeout=180)
@@ -239,7 +239,7 @@ def test_dropin_trainers_of_two_sizes_on_a_gpu_pool_each_train_on_whole_epochs(f
     for name in ("big", "small"):
         assert results[name] == [targets, targets], name
     log = open(share_paths(key)["log"]).read()
-    assert log.count(f"native pipeline (nvjpeg decoder, pool on {device})") == 1, log[-2000:]
+    assert log.count(f"native pipeline (mixed decoder, pool on {device})") == 1, log[-2000:]
     assert "view 1:" in log, log[-2000:]
     big.close()
     small.close()
@@ -247,7 +247,7 @@ def test_dropin_trainers_of_two_sizes_on_a_gpu_pool_each_train_on_whole_epochs(f
 
 @needs_nvjpeg_gpu
 def test_a_gpu_pool_refuses_a_dropin_nearest_resize_naming_it_and_goes_on(folder, new_key):
-    """nvJPEG resizes bilinearly: a second pin_memory trainer with a nearest resize, and a
+    """The GPU decoders resize bilinearly: a second pin_memory trainer with a nearest resize, and a
     trainer of the share switching to one, each get a ValueError naming the interpolation and
     the fix at that iteration; the stream and its readers go on (the refused trainer reads its
     next epoch whole once its transform is bilinear again)."""
@@ -255,7 +255,7 @@ def test_a_gpu_pool_refuses_a_dropin_nearest_resize_naming_it_and_goes_on(folder
     ds = torchvision.datasets.ImageFolder(folder, compose(64))
     first = batchcast.DataLoader(ds, batch_size=CHUNK, pin_memory=True, share=key)
     assert sum(len(y) for _, y in first) == CLASSES * PER_CLASS
-    fix = (r"interpolation NEAREST: --decoder nvjpeg resizes bilinearly; use "
+    fix = (r"interpolation NEAREST: decoding on a GPU \(nvJPEG\) resizes bilinearly; use "
            r"InterpolationMode.BILINEAR in this transform, or pin_memory=False")
     other = batchcast.DataLoader(torchvision.datasets.ImageFolder(folder, compose(40, NEAREST)),
                                  batch_size=CHUNK, pin_memory=True, share=key)
@@ -265,7 +265,7 @@ def test_a_gpu_pool_refuses_a_dropin_nearest_resize_naming_it_and_goes_on(folder
     other.close()
     ds.transform = compose(40, NEAREST)
     with pytest.raises(ValueError, match=r"the dataset's new transform cannot be made by the "
-                                         r"share's pool \(native nvjpeg decoder, pool on "
+                                         r"share's pool \(native mixed decoder, pool on "
                                          r"cuda:\d+\): " + fix):
         iter(first)
     ds.transform = compose(40)

@@ -1457,6 +1457,7 @@ std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, bool eager,
   struct Reader {
     std::vector<ChunkDescriptor> queued, in_hand;
     uint64_t read = 0;
+    double wait_s = 0;  // rounds it had nothing to work on, told in its heartbeats
   };
   std::map<std::string, Reader> readers;
   auto take = [&](const std::string& id) {  // the user takes the next chunk
@@ -1497,6 +1498,14 @@ std::pair<uint64_t, uint64_t> read_fast_beside_slow(int fill_rounds, bool eager,
       if (!eager) take("slow");
       ++slow.read;
       done_with_oldest("slow", eager ? slow.in_hand.size() - 1 : 3);
+    }
+    // Its heartbeats carry its pace: a slow reader is not caught up first (it is not faster
+    // than the stream), so it stays decoupled instead of holding the stream back again.
+    for (const char* id : {"fast", "slow"}) {
+      Reader& rd = readers[id];
+      if (rd.queued.empty() && (std::string(id) == "fast" || rd.in_hand.empty()))
+        rd.wait_s += 0.05;
+      s.send(id, protocol::Heartbeat{rd.read * kChunk, rd.wait_s, {}});
     }
     s.now += 0.05;
   }
@@ -1575,6 +1584,86 @@ TEST(StreamState, ReadersWaitingForABusyProducerHoldNobodyBack) {
   EXPECT_GE(published, 199u) << "the stream went at the producer's pace";
   EXPECT_EQ(s.state.stats().decouplings, 0u);
   EXPECT_GE(s.state.producer_blocked_s(s.now), 20.0) << "it found the ring full";
+}
+
+// Two GPU trainers of one speed at the head of a producer that is what both wait for (nvJPEG on
+// a GPU the trainers keep busy): it fills chunks in the order they were asked for, stream and
+// private alike, and finishes one every `fill_rounds` rounds. Each reader takes each chunk as it
+// arrives, gives its credit back, keeps one in hand, and tells its counters in heartbeats (a
+// round with nothing to take is waited for). `b` warms up for its first `warm_up_s` seconds: it
+// holds its first chunk and reads nothing more (cudnn autotuning, a validation pass). Returns
+// each reader's chunks read over the last `tail_rounds` rounds; `stats` the stream's.
+std::pair<uint64_t, uint64_t> read_after_warm_up(double warm_up_s, int rounds, int tail_rounds,
+                                                 StreamStats* stats) {
+  constexpr uint64_t kPerEpoch = 100;
+  constexpr int kFillRounds = 2;
+  constexpr double kRoundS = 0.05;
+  Stream s(gpu_ring(kPerEpoch));
+  s.join("a", 2);
+  s.join("b", 2);
+  std::deque<StreamState::Fill> filling;
+  int busy = kFillRounds;
+  struct Reader {
+    std::deque<ChunkDescriptor> in_hand;
+    uint64_t read = 0, tail = 0;
+    double wait_s = 0;
+  };
+  std::map<std::string, Reader> readers;
+  const double start = s.now;
+  for (int round = 0; round < rounds; ++round) {
+    while (auto f = s.state.try_acquire_private(s.now)) filling.push_back(*f);
+    while (auto f = s.fill()) filling.push_back(*f);
+    if (!filling.empty() && --busy <= 0) {
+      const StreamState::Fill f = filling.front();
+      filling.pop_front();
+      if (f.regenerate)
+        s.publish_at(f, f.regenerate->epoch, f.regenerate->index, kPerEpoch);
+      else
+        s.publish(f, kPerEpoch);
+      busy = kFillRounds;
+    }
+    s.tick();
+    for (const char* id : {"a", "b"}) {
+      Reader& rd = readers[id];
+      const bool warming = std::string(id) == "b" && s.now - start < warm_up_s;
+      if (warming && rd.read > 0) continue;  // its first batch takes that long
+      auto got = s.take<ChunkDescriptor>(id);
+      if (got.empty()) rd.wait_s += kRoundS;
+      for (auto& d : got) {
+        s.credit(id, 1);
+        ++rd.read;
+        if (round >= rounds - tail_rounds) ++rd.tail;
+        if (protocol::is_private_seq(d.seq))
+          s.release(id, d);  // copied out on arrival
+        else
+          rd.in_hand.push_back(d);
+      }
+      while (rd.in_hand.size() > 1) {
+        s.release(id, rd.in_hand.front());
+        rd.in_hand.pop_front();
+      }
+      s.send(id, protocol::Heartbeat{rd.read * kChunk, rd.wait_s, {}});
+    }
+    s.now += kRoundS;
+  }
+  *stats = s.state.stats();
+  for (auto& c : stats->consumers) c.name = c.pid == s.pid_of("b") ? "b" : "a";
+  return {readers["a"].tail, readers["b"].tail};
+}
+
+// A trainer decoupled while it warmed up reads faster than the stream once warm, but the
+// producer is what everyone waits for: on private chunks it would take half of it from the
+// stream for good and never close its gap. The stream waits while it catches up, once; then
+// both read every chunk the producer makes.
+TEST(StreamState, AFastReaderDecoupledWhileWarmingUpCatchesUpAndMerges) {
+  StreamStats st;
+  constexpr int kTail = 400;  // the last 20 s: the producer makes a chunk every 2 rounds
+  auto [a, b] = read_after_warm_up(5.0, 1200, kTail, &st);
+  EXPECT_EQ(st.decouplings, 1u) << "b held the stream back while it warmed up";
+  for (const auto& c : st.consumers) EXPECT_FALSE(c.decoupled) << c.name << " merged back";
+  EXPECT_GE(a, 0.9 * kTail / 2) << "a reads at the producer's pace again";
+  EXPECT_GE(b, 0.9 * kTail / 2) << "b too, on the stream's chunks";
+  EXPECT_LE(st.chunks_regenerated, 150u) << "b's gap, made once";
 }
 
 // The lead counts the chunks ahead of the most advanced reader: chunks a reader that went past
