@@ -207,11 +207,12 @@ def parse_models(text: str, image_size: int) -> List[Tuple[str, int]]:
 
 
 def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]],
-               mode: str) -> List[Dict[str, Any]]:
+               mode: str, pause: float = 0.0) -> List[Dict[str, Any]]:
     """Trainers of `models` (model, image size) side by side (the first runs --seconds, the
     others until it is done): on one key (mode "key"; trainers of other image sizes join it as
     views, docs/views.md), each on its own DataLoader with cores/N workers ("own"), or each on
-    random batches already on the GPU ("synthetic": what the GPU they share allows each).
+    random batches already on the GPU ("synthetic": what the GPU they share allows each). With
+    `pause`, the second trainer stops that long every --pause-every s (a validation pass).
     Samples/s per trainer."""
     out = os.path.abspath(os.path.join(args.out, name))
     shutil.rmtree(out, ignore_errors=True)
@@ -224,7 +225,8 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
     for i, (model, size) in enumerate(models):
         a = argparse.Namespace(**{**vars(args), "workers": own})
         cmds.append(trainer_cmd(a, key, 0.0, done if i else None, None if i else done,
-                                model=model, image_size=size, synthetic=mode == "synthetic"))
+                                pause=pause if i == 1 else 0.0, model=model, image_size=size,
+                                synthetic=mode == "synthetic"))
         if args.no_pin:
             cmds[-1].append("--no-pin")
     results = run_trainers(cmds, dict(os.environ))
@@ -232,6 +234,7 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
     with open(os.path.join(out, "share.log"), "w") as f:  # the producer's whole log, kept
         f.write(log)
     chunks = re.search(r"done: (\d+) chunks.*?(\d+) chunks regenerated.*?(\d+) decoupling", log)
+    caught_up = log.count("caught up: it reads the shared stream again")
     waited = re.search(r"found the ring full for ([0-9.]+) s", log)
     return [{"run": name, "model": f"{m}:{size}", "samples_s": r["samples"] / r["wall_s"],
              "producer_waited_s": float(waited.group(1)) if waited else None,
@@ -239,6 +242,7 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
              "chunks_published": int(chunks.group(1)) if chunks else None,
              "chunks_regenerated": int(chunks.group(2)) if chunks else None,
              "decouplings": int(chunks.group(3)) if chunks else None,
+             "catch_ups": caught_up,
              "share_log_warnings": [ln for ln in log.splitlines() if "WARN" in ln.upper()][:5],
              # with SPDLOG_LEVEL=debug: the producer's last view of who holds what (docs/stream.md)
              "share_log_stalls": [ln for ln in log.splitlines() if "stalls:" in ln][-5:]}
@@ -248,11 +252,15 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
 def main_models(args: argparse.Namespace) -> None:
     models = parse_models(args.models, args.image_size)
     runs = [(f"{m}:{s} alone", [(m, s)], "key") for m, s in models]
-    runs += [(f"{len(models)} synthetic", models, "synthetic"), ("one key", models, "key"),
-             (f"{len(models)} DataLoaders", models, "own")]
+    runs = [(name, group, mode, 0.0) for name, group, mode in runs]
+    runs += [(f"{len(models)} synthetic", models, "synthetic", 0.0),
+             ("one key", models, "key", 0.0)]
+    runs += [(f"one key, the second pausing {p:g} s", models, "key", p)
+             for p in (float(x) for x in args.pauses.split(",") if x) if len(models) > 1]
+    runs += [(f"{len(models)} DataLoaders", models, "own", 0.0)]
     rows: List[Dict[str, Any]] = []
-    for name, group, mode in runs:
-        rows += run_models(args, name, group, mode)
+    for name, group, mode, pause in runs:
+        rows += run_models(args, name, group, mode, pause)
         print(json.dumps(rows[-len(group):]), file=sys.stderr, flush=True)
     alone = {r["model"]: r["samples_s"] for r in rows if r["run"].endswith("alone")}
     # What the shared GPU allows each trainer beside the others: its rate on synthetic batches.
@@ -260,13 +268,15 @@ def main_models(args: argparse.Namespace) -> None:
     print(f"batch {args.batch_size}, image sizes as listed, {os.cpu_count()} cores, "
           f"{args.seconds:g} s; share producer workers {args.workers}\n")
     print("| run | model | samples/s | share of alone | share of synthetic beside the others | "
-          "2nd half samples/s | decouplings | chunks regenerated / published | ring full s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "2nd half samples/s | decouplings | catch-ups | chunks regenerated / published | "
+          "ring full s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['run']} | {r['model']} | {r['samples_s']:.0f} | "
               f"{r['samples_s'] / alone[r['model']]:.2f} | "
               f"{r['samples_s'] / ceiling[r['model']]:.2f} | {r['half_samples_s']:.0f} | "
-              f"{r['decouplings']} | {r['chunks_regenerated']} / {r['chunks_published']} | "
+              f"{r['decouplings']} | {r['catch_ups']} | "
+              f"{r['chunks_regenerated']} / {r['chunks_published']} | "
               f"{r['producer_waited_s']} |")
     if args.json:
         with open(args.json, "w") as f:

@@ -45,7 +45,11 @@ class PrivateStreams {
     // the stream still holds its next chunk, once it has caught up.
     bool rejoin = false;
     uint64_t decoupled_at = 0;     // the stream's next chunk number when it was decoupled
-    bool caught_up_first = false;  // the stream waited for it once since (StreamState::catch_up)
+    // It took nothing (no credit, no release) for half its bound before it was decoupled: it had
+    // stopped (warming up, validating), not slowed down, and may read faster than the stream
+    // once back (StreamState::watch_catch_up).
+    bool paused = false;
+    bool caught_up_first = false;  // the stream waited for it once since
     uint64_t stream_position = 0;  // reported in its next descriptor
     uint32_t requested = 0;        // asked of the producer, not yet filled
     std::map<ChunkAddress, protocol::ChunkDescriptor> ready;  // filled, waiting for their turn

@@ -1,10 +1,13 @@
 // StreamState's catch-ups (stream_state.h, "Catch up"): the paces it measures and the decoupled
 // consumer the stream waits for while it catches up. A consumer decoupled for holding the stream
-// back (a trainer warming up, one that validated) reads private chunks; where the producer is
-// what every reader waits for (nvJPEG on a GPU the trainers keep busy, a CPU decoding for all),
-// those chunks take their share of it from the stream for good, and a reader faster than the
-// stream never closes its gap. Stopping the stream until it has merged costs the others that
-// gap once instead. The rest of the stalls are in stream_stalls.cpp.
+// back while it had stopped (a trainer warming up, one that validated) reads private chunks;
+// where the producer is what every reader waits for (nvJPEG on a GPU the trainers keep busy, a
+// CPU decoding for all), those chunks take their share of it from the stream for good, and a
+// reader faster than the stream never closes its gap. Stopping the stream until it has merged
+// costs the others that gap once instead. A consumer decoupled for reading slowly is never
+// caught up first: a trainer paced below the stream that is behind its own schedule reads in
+// bursts as fast as it is served, which no pace measured over seconds tells from a fast one.
+// The rest of the stalls are in stream_stalls.cpp.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -23,7 +26,7 @@ constexpr double kFasterThanTheStream = 1.25;
 constexpr double kStarvedShare = 0.25;
 // The others wait for a catch-up estimated at most this long (a trainer back from validation or
 // a checkpoint); a reader further behind stays on private chunks.
-constexpr double kCatchUpAtMostS = 15.0;
+constexpr double kCatchUpAtMostS = 10.0;
 }  // namespace
 
 void StreamState::watch_paces(double now) {
@@ -61,7 +64,7 @@ void StreamState::watch_catch_up(double now) {
     for (auto& [id, c] : consumers_.all()) {
       auto* p = private_.find(id);
       // Merging needs the stream to have gone a ring's worth on without it (try_rejoin).
-      if (!p || !p->rejoin || p->caught_up_first || c.end_sent || c.closing ||
+      if (!p || !p->rejoin || !p->paused || p->caught_up_first || c.end_sent || c.closing ||
           next_publish_seq_ < p->decoupled_at + rules_.slot_count)
         continue;
       if (c.own_pace < kFasterThanTheStream * stream_pace_ || c.waited_share < kStarvedShare)
@@ -71,7 +74,7 @@ void StreamState::watch_catch_up(double now) {
       if (estimate > kCatchUpAtMostS) continue;
       p->caught_up_first = true;
       catching_up_ = id;
-      catch_up_until_ = now + 2 * estimate + stall_bound(c);
+      catch_up_until_ = now + estimate + stall_bound(c);
       spdlog::info(
           "{} reads faster than the stream ({:.0f} samples/s against {:.0f}) and is {} samples "
           "behind: the stream waits while it catches up (about {:.1f} s)",

@@ -136,7 +136,7 @@ std::string StreamState::label(const ConsumerRecord& c, bool detail) const {
   return s;
 }
 
-void StreamState::decouple(ConsumerRecord& c) {
+void StreamState::decouple(ConsumerRecord& c, double now) {
   const double held_for = c.held_back_s;
   const double lagged_for = c.lagging_s;
   const uint64_t behind = samples_behind(c);
@@ -154,7 +154,10 @@ void StreamState::decouple(ConsumerRecord& c) {
   } else {
     return;
   }
-  private_.find(c.id)->decoupled_at = next_publish_seq_;
+  auto* p = private_.find(c.id);
+  p->decoupled_at = next_publish_seq_;
+  // Took nothing for half its bound: stopped (warming up, validating), not slow.
+  p->paused = now - c.last_activity >= stall_bound(c) / 2;
   c.next_seq = next_publish_seq_;
   c.held_back_s = 0;
   c.lagging_s = 0;
@@ -266,7 +269,7 @@ void StreamState::watch_stalls(double now) {
   trace_stalls(now);
   watch_paces(now);
   for (uint64_t id : laggards) {
-    decouple(consumers_.all().at(id));
+    decouple(consumers_.all().at(id), now);
     holding_.erase(std::find(holding_.begin(), holding_.end(), id));
   }
   for (uint64_t id : holding_) {

@@ -29,10 +29,11 @@
 //   it, and it reached a chunk the stream still holds within half the room the stream has ahead of
 //   its slowest reader. Without regeneration it waits, as under stall_policy=wait, and says so
 //   once.
-// - Catch up: a decoupled consumer whose own pace (heartbeats: samples per second not waited)
-//   is well above the stream's while it waits for its private chunks is caught up first, once
-//   per decoupling: the producer fills no stream chunk until it merged (at most about twice its
-//   gap at the producer's pace; a gap of more than 15 s stays private).
+// - Catch up: a consumer decoupled while it had stopped (warming up, validating) whose own pace
+//   (heartbeats: samples per second not waited) is well above the stream's while it waits for
+//   its private chunks is caught up first, once per decoupling: the producer fills no stream
+//   chunk until it merged (at most its gap at the producer's pace plus its bound; a gap of more
+//   than 10 s stays private).
 // - Stalls are said: a stream that has not moved for stall_timeout is logged once, naming each
 //   consumer's pid, name, chunks held and position; every other consumer's heartbeat says what
 //   holds its data back (min_consumers not met, a named consumer).
@@ -266,7 +267,7 @@ class StreamState {
   // A private chunk was asked for and every slot holds a stream chunk that may not be reused:
   // its consumer (resumed, catching up, decoupled) waits for the stream's readers.
   bool private_chunk_waits(double now) const;
-  void decouple(ConsumerRecord& c);
+  void decouple(ConsumerRecord& c, double now);
   // A decoupled consumer whose next chunk the stream still holds merges there; true if it did.
   bool try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p);
   // Every pace window: each consumer's own pace and the stream's and producer's (samples/s).

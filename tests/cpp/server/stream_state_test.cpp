@@ -1591,10 +1591,12 @@ TEST(StreamState, ReadersWaitingForABusyProducerHoldNobodyBack) {
 // private alike, and finishes one every `fill_rounds` rounds. Each reader takes each chunk as it
 // arrives, gives its credit back, keeps one in hand, and tells its counters in heartbeats (a
 // round with nothing to take is waited for). `b` warms up for its first `warm_up_s` seconds: it
-// holds its first chunk and reads nothing more (cudnn autotuning, a validation pass). Returns
+// holds its first chunk and reads nothing more (cudnn autotuning, a validation pass). With
+// `b_every`, b is paced instead: a chunk every `b_every` rounds on schedule, and as many as it
+// is sent while it is behind it (a trainer that sleeps until its next batch is due). Returns
 // each reader's chunks read over the last `tail_rounds` rounds; `stats` the stream's.
 std::pair<uint64_t, uint64_t> read_after_warm_up(double warm_up_s, int rounds, int tail_rounds,
-                                                 StreamStats* stats) {
+                                                 StreamStats* stats, int b_every = 0) {
   constexpr uint64_t kPerEpoch = 100;
   constexpr int kFillRounds = 2;
   constexpr double kRoundS = 0.05;
@@ -1627,6 +1629,7 @@ std::pair<uint64_t, uint64_t> read_after_warm_up(double warm_up_s, int rounds, i
       Reader& rd = readers[id];
       const bool warming = std::string(id) == "b" && s.now - start < warm_up_s;
       if (warming && rd.read > 0) continue;  // its first batch takes that long
+      if (b_every && std::string(id) == "b" && rd.read > uint64_t(round / b_every)) continue;
       auto got = s.take<ChunkDescriptor>(id);
       if (got.empty()) rd.wait_s += kRoundS;
       for (auto& d : got) {
@@ -1664,6 +1667,19 @@ TEST(StreamState, AFastReaderDecoupledWhileWarmingUpCatchesUpAndMerges) {
   EXPECT_GE(a, 0.9 * kTail / 2) << "a reads at the producer's pace again";
   EXPECT_GE(b, 0.9 * kTail / 2) << "b too, on the stream's chunks";
   EXPECT_LE(st.chunks_regenerated, 150u) << "b's gap, made once";
+}
+
+// A reader decoupled for reading slower than the stream is never caught up first, even though
+// it reads in bursts as fast as it is served while behind its schedule: the stream would wait
+// for it each time it is decoupled again.
+TEST(StreamState, ASlowReaderDecoupledIsNotCaughtUpFirstWhateverItsBursts) {
+  StreamStats st;
+  constexpr int kTail = 400;
+  auto [a, b] = read_after_warm_up(0.0, 1200, kTail, &st, 3);
+  EXPECT_EQ(st.decouplings, 1u);
+  for (const auto& c : st.consumers) EXPECT_EQ(c.decoupled, c.name == "b") << c.name;
+  EXPECT_LE(b, kTail / 3 + 2) << "b reads at most on its schedule";
+  EXPECT_GE(a, kTail / 2 - b - 10) << "a gets what b's private chunks leave of the producer";
 }
 
 // The lead counts the chunks ahead of the most advanced reader: chunks a reader that went past
