@@ -221,7 +221,7 @@ GPU_RANK = textwrap.dedent(
 )
 
 
-def test_two_nccl_jobs_on_two_gpus_share_nvjpeg_pools_per_rank(tmp_path):
+def test_two_nccl_jobs_on_two_gpus_share_gpu_pools_per_rank(tmp_path):
     """Job A under torchrun, job B under torch.multiprocessing.spawn, each 2 ranks with nccl and
     DistributedSampler, ``DataLoader(share=, pin_memory=True)``: rank r's share decodes on
     cuda:r. Each rank gets its half of every epoch, rank r of both jobs the same samples and

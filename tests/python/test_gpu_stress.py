@@ -1,7 +1,7 @@
-"""GPU sharing under stress: nvJPEG pools with small chunks, several trainer processes that
+"""GPU sharing under stress: GPU pools with small chunks, several trainer processes that
 differ (batch size, a random pause, a ``break`` mid-epoch, a ``state_dict`` resume), through the
-drop-in (``batchcast.DataLoader(share=, pin_memory=True)``) and through ``Loader(device="cuda")``
-on ``batchcast serve --decoder nvjpeg``. Every round must end: every epoch a trainer reads whole
+drop-in (``batchcast.DataLoader(share=, pin_memory=True)``: the mixed decoder) and through
+``Loader(device="cuda")`` on ``batchcast serve --decoder nvjpeg``. Every round must end: every epoch a trainer reads whole
 holds each sample exactly once, trainers of one batch size get identical bytes, every process
 exits within EXIT_BOUND_S of its last batch, and the share producer within the leak check's 5 s.
 A trainer that ends by an exception, SIGINT or SIGTERM frees the others and the producer alike.
@@ -179,7 +179,7 @@ def check_coverage(configs: list, results: list, samples: int) -> None:
 
 @needs_gpu
 @pytest.mark.parametrize("r", range(FIRST, FIRST + ROUNDS))
-def test_dropin_trainers_that_differ_share_an_nvjpeg_pool(one_per_class, run_py, tmp_path, r):
+def test_dropin_trainers_that_differ_share_a_gpu_pool(one_per_class, run_py, tmp_path, r):
     cfg = round_config(r)
     key = f"stress-{uuid.uuid4().hex[:8]}"
     watch_endpoint(_share_endpoint(key))
