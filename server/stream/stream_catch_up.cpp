@@ -53,11 +53,13 @@ void StreamState::watch_paces(double now) {
 void StreamState::watch_catch_up(double now) {
   if (catching_up_) {
     auto it = consumers_.all().find(*catching_up_);
-    const auto* p = it == consumers_.all().end() ? nullptr : private_.find(*catching_up_);
+    const bool reads = it != consumers_.all().end() && !it->second.end_sent && !it->second.closing;
+    const auto* p = reads ? private_.find(*catching_up_) : nullptr;
     if (p && p->rejoin && now >= catch_up_until_)
       spdlog::warn("{} has not caught up in time: the stream goes on, it reads private chunks",
                    label(it->second, false));
-    if (!p || !p->rejoin || now >= catch_up_until_) catching_up_.reset();  // merged, left, late
+    // Merged, left, ended, or late.
+    if (!p || !p->rejoin || now >= catch_up_until_) catching_up_.reset();
   }
   if (!catching_up_ && rules_.stall_policy == StallPolicy::kDecouple && !finished_ &&
       producer_pace_ > 0) {
