@@ -4,11 +4,15 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <set>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "common/error.h"
@@ -18,6 +22,7 @@ namespace {
 
 constexpr const char* kImageExtensions[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
                                             ".pgm", ".tif",  ".tiff", ".webp"};
+constexpr size_t kScanThreads = 8;
 
 // os.path.join for two POSIX components.
 std::string join_path(const std::string& a, const std::string& b) {
@@ -108,6 +113,27 @@ bool has_image_extension(const std::string& file_name) {
   return false;
 }
 
+namespace {
+
+// One class folder's image files, in torchvision's order: os.walk's (root, dirs, files) tuples
+// sorted, i.e. by root path string, and the files sorted within each.
+std::vector<std::string> class_files(const std::string& folder) {
+  std::vector<WalkedDirectory> walked;
+  std::set<std::pair<dev_t, ino_t>> ancestors;
+  walk(folder, ancestors, &walked);
+  std::sort(walked.begin(), walked.end(),
+            [](const WalkedDirectory& a, const WalkedDirectory& b) { return a.root < b.root; });
+  std::vector<std::string> paths;
+  for (WalkedDirectory& directory : walked) {
+    std::sort(directory.files.begin(), directory.files.end());
+    for (const std::string& name : directory.files)
+      if (has_image_extension(name)) paths.push_back(join_path(directory.root, name));
+  }
+  return paths;
+}
+
+}  // namespace
+
 Dataset Dataset::image_folder(const std::string& root) {
   struct stat info {};
   if (::stat(root.c_str(), &info) != 0) {
@@ -127,25 +153,37 @@ Dataset Dataset::image_folder(const std::string& root) {
     throw Error("image folder '" + root + "' has no class folders (expected " + root +
                 "/<class>/<image>, as torchvision's ImageFolder)");
   }
-  std::vector<std::string> empty_classes;
-  for (size_t label = 0; label < dataset.classes_.size(); ++label) {
-    std::vector<WalkedDirectory> walked;
-    std::set<std::pair<dev_t, ino_t>> ancestors;
-    walk(join_path(root, dataset.classes_[label]), ancestors, &walked);
-    // torchvision sorts os.walk's (root, dirs, files) tuples, i.e. by root path string.
-    std::sort(walked.begin(), walked.end(),
-              [](const WalkedDirectory& a, const WalkedDirectory& b) { return a.root < b.root; });
-    size_t before = dataset.entries_.size();
-    for (WalkedDirectory& directory : walked) {
-      std::sort(directory.files.begin(), directory.files.end());
-      for (const std::string& name : directory.files) {
-        if (has_image_extension(name)) {
-          dataset.entries_.push_back(
-              DatasetEntry{join_path(directory.root, name), static_cast<int64_t>(label)});
-        }
+  // Class folders are walked on up to kScanThreads threads: an ImageNet-sized folder holds a
+  // thousand, each listed by its own system calls (and, on a network file system, round trips);
+  // each class's files keep torchvision's order and the classes theirs.
+  const size_t classes = dataset.classes_.size();
+  std::vector<std::vector<std::string>> files(classes);
+  std::vector<std::exception_ptr> failures(classes);
+  std::atomic<size_t> next{0};
+  auto scan = [&] {
+    for (size_t i = next++; i < classes; i = next++) {
+      try {
+        files[i] = class_files(join_path(root, dataset.classes_[i]));
+      } catch (...) {
+        failures[i] = std::current_exception();
       }
     }
-    if (dataset.entries_.size() == before) empty_classes.push_back(dataset.classes_[label]);
+  };
+  const size_t threads =
+      std::min<size_t>({classes, kScanThreads, std::max(1u, std::thread::hardware_concurrency())});
+  std::vector<std::thread> helpers;
+  try {
+    for (size_t t = 1; t < threads; ++t) helpers.emplace_back(scan);
+  } catch (const std::system_error&) {  // no more threads to be had: fewer scan it all
+  }
+  scan();
+  for (std::thread& helper : helpers) helper.join();
+  std::vector<std::string> empty_classes;
+  for (size_t label = 0; label < classes; ++label) {
+    if (failures[label]) std::rethrow_exception(failures[label]);
+    if (files[label].empty()) empty_classes.push_back(dataset.classes_[label]);
+    for (std::string& path : files[label])
+      dataset.entries_.push_back(DatasetEntry{std::move(path), static_cast<int64_t>(label)});
   }
   if (!empty_classes.empty()) {
     std::string names;

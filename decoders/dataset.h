@@ -25,7 +25,8 @@ class Dataset {
   // within each; a file is a sample if its name ends, case-insensitively, in one of torchvision's
   // IMG_EXTENSIONS (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp). Paths are
   // os.path.join(root, class, ...). Throws Error naming the folder if it is missing, has no class
-  // folder, or a class folder holds no image (torchvision raises for that too).
+  // folder, or a class folder holds no image (torchvision raises for that too). The class folders
+  // are walked on up to 8 threads of its own, joined before it returns.
   static Dataset image_folder(const std::string& root);
 
   // A text file of "path label" lines. Paths are relative to the list file's folder unless

@@ -265,15 +265,12 @@ def _check_dataset(dataset: Any) -> str:
             f"dataset.samples has {len(samples)} entries, the folder scan {len(native)} "
             "(filtered, extended or edited samples)"
         )
-    entries = native.entries  # one list: an ImageNet-sized comparison stays a C loop
-    if entries == [tuple(sample) for sample in samples]:
-        return os.path.abspath(root)
-    for i, (path, label) in enumerate(samples):
-        if entries[i] != (path, label):
-            raise _Unsupported(
-                f"dataset.samples[{i}] = {(path, label)!r}, the folder scan has {entries[i]!r} "
-                "(edited samples)"
-            )
+    i = native.first_difference(samples)  # one C loop, also over an ImageNet-sized list
+    if i >= 0:
+        raise _Unsupported(
+            f"dataset.samples[{i}] = {tuple(samples[i])!r}, the folder scan has {native[i]!r} "
+            "(edited samples)"
+        )
     return os.path.abspath(root)
 
 

@@ -70,6 +70,11 @@ def test_image_folder_matches_torchvision(tricky_folder):
     assert len(ours) == len(theirs) == 13
     assert ours[0] == tuple(theirs.samples[0])
     assert ours[-1] == tuple(theirs.samples[-1])
+    assert ours.first_difference(theirs.samples) == -1
+    assert ours.first_difference(theirs.samples[:-1]) == 12, "only shorter: its length"
+    assert ours.first_difference(theirs.samples[1:]) == 0
+    assert ours.first_difference([*theirs.samples[:5], (theirs.samples[5][0], 99)]) == 5
+    assert ours.first_difference([*theirs.samples[:2], "not a pair"]) == 2
     with pytest.raises(IndexError):
         ours[len(ours)]
 

@@ -256,6 +256,14 @@ def test_edited_samples_fall_back(folder):
     ds.samples = ds.samples[1:]
     p = plan(ds, {})
     assert isinstance(p, Fallback) and "dataset.samples" in p.reason
+    # Same length, one label or path edited: the reason names the first sample that differs.
+    for edit in (lambda s: (s[0], s[1] + 1), lambda s: (s[0] + ".bak", s[1])):
+        ds = torchvision.datasets.ImageFolder(folder, train_tf())
+        ds.samples[3] = edit(ds.samples[3])
+        p = plan(ds, {})
+        assert isinstance(p, Fallback), p
+        assert p.reason.startswith(f"dataset.samples[3] = {ds.samples[3]!r}, the folder scan "
+                                   f"has {torchvision.datasets.ImageFolder(folder).samples[3]!r}")
 
 
 @pytest.mark.parametrize("args,message", [
