@@ -65,9 +65,8 @@ void StreamState::watch_catch_up(double now) {
       producer_pace_ > 0) {
     for (auto& [id, c] : consumers_.all()) {
       auto* p = private_.find(id);
-      // Merging needs the stream to have gone a ring's worth on without it (try_rejoin).
       if (!p || !p->rejoin || !p->paused || p->caught_up_first || c.end_sent || c.closing ||
-          next_publish_seq_ < p->decoupled_at + rules_.slot_count)
+          !went_on_without(*p))  // it could not merge yet (try_rejoin)
         continue;
       if (c.own_pace < kFasterThanTheStream * stream_pace_ || c.waited_share < kStarvedShare)
         continue;

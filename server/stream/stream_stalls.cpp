@@ -174,11 +174,10 @@ void StreamState::decouple(ConsumerRecord& c, double now) {
 }
 
 bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
-  // Caught up means: the stream went on without it (a ring's worth; until then its next chunk
-  // is still there because it held the stream back), and it came back within half the room the
-  // stream has ahead of its slowest reader, so that merging does not make it hold the stream
-  // back again at once.
-  if (next_publish_seq_ < p.decoupled_at + rules_.slot_count) return false;
+  // Caught up means: the stream went on without it (went_on_without), and it came back within
+  // half the room the stream has ahead of its slowest reader, so that merging does not make it
+  // hold the stream back again at once.
+  if (!went_on_without(p)) return false;
   const uint64_t window = std::max<uint32_t>(1, (rules_.slot_count - catch_up_slots()) / 2);
   const uint64_t per_epoch = chunks_per_epoch();
   const uint64_t tail = tail_for(c);

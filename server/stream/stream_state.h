@@ -270,6 +270,11 @@ class StreamState {
   void decouple(ConsumerRecord& c, double now);
   // A decoupled consumer whose next chunk the stream still holds merges there; true if it did.
   bool try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p);
+  // The stream has gone a ring's worth of chunks on since `p`'s consumer was decoupled: until
+  // then its next chunk is still there because it held the stream back, and it may not merge.
+  bool went_on_without(const PrivateStreams::Stream& p) const {
+    return next_publish_seq_ >= p.decoupled_at + rules_.slot_count;
+  }
   // Every pace window: each consumer's own pace and the stream's and producer's (samples/s).
   void watch_paces(double now);
   // Chooses (or lets go) the decoupled consumer the stream waits for while it catches up.
