@@ -89,7 +89,7 @@ FillLease lease_of(uint64_t seq, uint32_t slot, const ArenaSet& arenas, uint64_t
 }
 
 uint64_t gpu_slot_bytes(const std::vector<TensorConversion>& conv) {
-  return (SlotLayout::plan(CudaStage::converted(image_tensors(), conv), kBatch).bytes + 4095) /
+  return (SlotLayout::plan(converted(image_tensors(), conv), kBatch).bytes + 4095) /
          4096 * 4096;
 }
 
@@ -228,7 +228,7 @@ int consumer_main(const std::string& endpoint) {
 
 void latency(const char* self, bool normalise) {
   const auto conv = conversions(normalise);
-  auto slot_tensors = CudaStage::converted(image_tensors(), conv);
+  auto slot_tensors = converted(image_tensors(), conv);
   auto slot_layout = SlotLayout::plan(slot_tensors, kBatch);
   const uint32_t chunks = 1000;
   StreamHostOptions so;

@@ -110,36 +110,47 @@ def chunk_bytes(tensors: List[TensorDescription]) -> int: ...
 has_nvjpeg: bool
 
 class ServeConfig:
-    """Every setting of ``batchcast serve``; ``transform`` is the PipelineOptions."""
+    """Every setting of ``batchcast serve`` (generated: scripts/options_doc.py)."""
 
     data: str
     file_list: str
     synthetic: int
     sample_bytes: int
-    on_error: str  # "raise" or "skip"
+    on_error: str
     endpoint: str
     listen_all: bool
     batch_size: int
-    ring: int
-    ring_memory: int
-    workers: int
-    min_consumers: int
-    transform: PipelineOptions
-    views: List[str]
-    device: str
-    decoder: str  # "cpu", "nvjpeg" or "mixed"
     epochs: int
     shuffle: bool
+    min_consumers: int
+    ring: int
+    ring_memory: int
     rank: int
     world_size: int
     every_rank: bool
-    stall_policy: str  # "decouple", "wait" or "skip"
+    stall_policy: str
     stall_timeout: float
+    fail_linger: float
+    transform: PipelineOptions
+    views: List[str]
+    workers: int
+    device: str
+    decoder: str
     metrics_dir: str
     metrics_interval: float
     status_interval: float
-    fail_linger: float
-    def __init__(self, **fields: Any) -> None: ...
+    def __init__(
+        self, *, data: str = '', file_list: str = '', synthetic: int = 0, sample_bytes: int =
+        1024, on_error: str = 'raise', endpoint: str = '', listen_all: bool = False, batch_size:
+        int = 64, epochs: int = 1, shuffle: bool = True, min_consumers: int = 1, ring: int = 0,
+        ring_memory: int = 0, rank: int = 0, world_size: int = 1, every_rank: bool = False,
+        stall_policy: str = 'decouple', stall_timeout: float = 3.0, fail_linger: float = 30.0,
+        transform: PipelineOptions = ..., views: List[str] = [], workers: int = ..., device: str
+        = 'cpu', decoder: str = 'cpu', metrics_dir: str = '', metrics_interval: float = 1.0,
+        status_interval: float = 5.0
+    ) -> None: ...
+    @staticmethod
+    def options() -> List[Dict[str, Any]]: ...
     def validate(self) -> None: ...
     def command_line(self) -> List[str]: ...
 
@@ -172,28 +183,47 @@ class Dataset:
     def classes(self) -> List[str]: ...
     def first_difference(self, samples: Sequence[Tuple[str, int]]) -> int: ...
 
-def resolve_view(view: str, transform: PipelineOptions) -> PipelineOptions: ...
-def view_text(options: PipelineOptions, with_seed: bool = True) -> str: ...
+class View:
+    fields: List[str]  # the view fields, in the canonical order
+    def __init__(self, options: PipelineOptions = ...) -> None: ...
+    @staticmethod
+    def parse(text: str, base: View = ...) -> View: ...
+    @staticmethod
+    def resolve(text: str, transform: View) -> View: ...
+    @property
+    def options(self) -> PipelineOptions: ...
+    def text(self, with_seed: bool = True) -> str: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
 def make_dataset(out_dir: str, source_dir: str = "/usr/share/backgrounds", classes: int = 10,
                  images_per_class: int = 40, seed: int = 0) -> Dict[str, int]: ...
 
 class PipelineOptions:
-    """The transform: what ImagePipeline and ServeConfig.transform take."""
+    """The transform (generated: scripts/options_doc.py)."""
 
     image_size: int
     train: bool
-    scale: Sequence[float]  # (MIN, MAX); read back as a list
+    scale: Sequence[float]
     ratio: Sequence[float]
     flip_p: float
     resize_size: int
-    interpolation: str  # "bilinear" or "nearest"
-    output: str  # "float32", "float16", "bfloat16" or "uint8"
-    uint8_layout: str  # "hwc" or "chw"
+    interpolation: str
+    output: str
+    uint8_layout: str
     mean: Sequence[float]
     std: Sequence[float]
     seed: int
     max_image_pixels: int
-    def __init__(self, **fields: Any) -> None: ...
+    def __init__(
+        self, *, image_size: int = 224, train: bool = True, scale: Sequence[float] = [0.08,
+        1.0], ratio: Sequence[float] = [0.75, 1.3333333333333333], flip_p: float = 0.5,
+        resize_size: int = 0, interpolation: str = 'bilinear', output: str = 'float32',
+        uint8_layout: str = 'hwc', mean: Sequence[float] = [0.48500001430511475,
+        0.4560000002384186, 0.4059999883174896], std: Sequence[float] = [0.2290000021457672,
+        0.2240000069141388, 0.22499999403953552], seed: int = 0, max_image_pixels: int =
+        178956970
+    ) -> None: ...
 
 class ImagePipeline:
     def __init__(self, options: PipelineOptions = ...) -> None: ...

@@ -122,7 +122,7 @@ def view_of(key: str, mine: Dict[str, Any], running: Dict[str, Any],
         # Another view of one stream: the server decodes each sample once for both and
         # derives this view's seed from the stream's (the same transform: the same bytes).
         assert plan is not None
-        return _batchcast.view_text(plan.transform, with_seed=False)
+        return _batchcast.View(plan.transform).text(with_seed=False)
     lines = "; ".join(
         f"{name}: running {running.get(name)!r}, this process {mine[name]!r}" for name in differ
     )

@@ -1,13 +1,14 @@
 """Views in Python: what ``Loader(view=...)``, ``serve(views=...)`` and ``DataLoader(share=)``
-send as a view text (decoders/view_spec.h; docs/views.md)."""
+send as a view text (decoders/view.h; docs/views.md)."""
 
 from typing import Any, Mapping, Optional, Union
 
-ViewLike = Union[None, str, Mapping[str, Any]]
+from . import _batchcast
 
-# The fields of a view, as the server reads them.
-FIELDS = ("size", "crop", "scale", "ratio", "flip", "resize", "interpolation", "output",
-          "layout", "mean", "std", "seed")
+ViewLike = Union[None, str, Mapping[str, Any], _batchcast.View]
+
+# The fields of a view, as the server reads them (the native list: decoders/view.h).
+FIELDS = tuple(_batchcast.View.fields)
 
 
 def _value(value: Any) -> str:
@@ -19,13 +20,16 @@ def _value(value: Any) -> str:
 
 
 def view_text(view: ViewLike) -> str:
-    """A view as its text: a str as given, a mapping as ``FIELD=VALUE,...`` (sequences as
-    ``A:B``), None as "" (the server's own transform). Unknown fields raise ValueError naming
+    """A view as its text: a str as given, a :class:`_batchcast.View` as its canonical text, a
+    mapping as ``FIELD=VALUE,...`` (sequences as ``A:B``), None as "" (the server's own
+    transform). Unknown fields raise ValueError naming
     them; values are checked by the server, whose error names the field."""
     if view is None:
         return ""
     if isinstance(view, str):
         return view
+    if isinstance(view, _batchcast.View):
+        return view.text()
     unknown = [k for k in view if k not in FIELDS]
     if unknown:
         raise ValueError(f"view field(s) {', '.join(map(repr, unknown))} unknown; "

@@ -192,7 +192,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 "DataLoader with another share key for the new transform"
             )
         assert plan is not None
-        self._stream.follow(_batchcast.view_text(plan.transform, with_seed=False))
+        self._stream.follow(_batchcast.View(plan.transform).text(with_seed=False))
         self._view_fields = now
 
     # -- share -------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
-// Python bindings of decoders/: Dataset, make_dataset and ImagePipeline. Thin: every call that
+// Python bindings of decoders/: Dataset, make_dataset, ImagePipeline, its PipelineOptions and
+// View (whose field list, decoders/view.h, makes PipelineOptions' attributes). Thin: every call that
 // touches files or pixels releases the GIL; errors surface as the C++ exceptions' Python
 // translations (messages name the file and the reason).
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,7 +15,7 @@
 #include "decoders/dataset.h"
 #include "decoders/image_pipeline.h"
 #include "decoders/make_dataset.h"
-#include "decoders/view_spec.h"
+#include "decoders/view.h"
 #include "python/src/bindings.h"
 #include "python/src/settings_class.h"
 
@@ -92,12 +94,6 @@ void bind_decoders(py::module_& m) {
            "The first index where `samples` ((path, label) pairs) differs from the entries, "
            "len(samples) where only the lengths differ, -1 where they are equal.");
 
-  m.def("resolve_view", &resolve_view, py::arg("view"), py::arg("transform"),
-        "The options of the view a Loader(view=`view`) reads from a server whose transform "
-        "(its seed the stream's) is `transform` (docs/views.md; decoders/view_spec.h). Raises "
-        "naming the field the pipeline cannot make.");
-  m.def("view_text", &view_spec_text, py::arg("options"), py::arg("with_seed") = true,
-        "The canonical view text of `options`.");
   m.def(
       "make_dataset",
       [](const std::string& out_dir, const std::string& source_dir, int classes,
@@ -124,34 +120,43 @@ void bind_decoders(py::module_& m) {
       py::arg("classes") = 10, py::arg("images_per_class") = 40, py::arg("seed") = 0,
       "Write an ImageFolder of ImageNet-like JPEGs cut from real photos; returns a report dict.");
 
-  SettingsClass<PipelineOptions>(
+  SettingsClass<PipelineOptions> options(
       m, "PipelineOptions",
       "The transform (decoders/image_pipeline.h): what ImagePipeline and ServeConfig.transform "
-      "take. Keyword construction; fields left out keep their defaults.")
-      .field("image_size", &PipelineOptions::image_size, "side S of the square output")
-      .field("train", &PipelineOptions::train,
-             "RandomResizedCrop + RandomHorizontalFlip; False: Resize + CenterCrop")
-      .field("scale", &PipelineOptions::scale, "RandomResizedCrop area fraction range (MIN, MAX)")
-      .field("ratio", &PipelineOptions::ratio, "RandomResizedCrop aspect ratio range (MIN, MAX)")
-      .field("flip_p", &PipelineOptions::flip_p, "probability of the horizontal flip (training)")
-      .field("resize_size", &PipelineOptions::resize_size,
-             "eval: shorter side before the centred crop (0: image_size * 256 / 224)")
-      .named("interpolation", &PipelineOptions::interpolation, kInterpolationNames,
-             "resize filter: 'bilinear' or 'nearest'")
-      .property(
-          "output", [](const PipelineOptions& o) { return std::string(dtype_name(o.output)); },
-          [](PipelineOptions& o, const std::string& v) {
-            o.output = parse_dtype(v, kOutputDTypes);
-          },
-          "'float32', 'float16', 'bfloat16' (normalised) or 'uint8'")
-      .named("uint8_layout", &PipelineOptions::uint8_layout, kUint8LayoutNames,
-             "uint8 samples as 'hwc' (S, S, 3) or 'chw' (3, S, S)")
-      .field("mean", &PipelineOptions::mean, "Normalize mean per RGB channel")
-      .field("std", &PipelineOptions::std, "Normalize std per RGB channel")
-      .field("seed", &PipelineOptions::seed, "seed of every random draw (with epoch and index)")
-      .field("max_image_pixels", &PipelineOptions::max_image_pixels,
-             "decompression-bomb guard, checked from the header")
-      .finish();
+      "take. Keyword construction; fields left out keep their defaults.");
+  for_each_view_field([&](const ViewField& f, auto member, auto names) {
+    using T = std::remove_reference_t<decltype(PipelineOptions().*member)>;
+    if constexpr (std::is_enum_v<T>)
+      options.named(f.option, member, *names, f.help);
+    else
+      options.field(f.option, member, f.help);
+  });
+  options.field("max_image_pixels", &PipelineOptions::max_image_pixels,
+                "decompression-bomb guard, checked from the header");
+  options.finish();
+
+  py::class_<View>(
+      m, "View",
+      "What a consumer makes of each decoded sample (docs/views.md; decoders/view.h): a transform "
+      "and the seed of its draws, compared by value. Its text is its spelling on the wire.")
+      .def(py::init<PipelineOptions>(), py::arg("options") = PipelineOptions{})
+      .def_static("parse", py::overload_cast<const std::string&, const View&>(&View::parse),
+                  py::arg("text"), py::arg("base") = View(),
+                  "`text` (FIELD=VALUE,...) over `base`; raises BatchcastError naming the field.")
+      .def_static("resolve", &View::resolve, py::arg("text"), py::arg("transform"),
+                  "The view a Loader(view=`text`) reads from a server whose transform (its seed "
+                  "the stream's) is `transform`.")
+      .def_property_readonly("options", &View::options)
+      .def("text", &View::text, py::arg("with_seed") = true,
+           "The canonical text: every field, in the fields' order.")
+      .def("__eq__", [](const View& a, const View& b) { return a == b; }, py::is_operator())
+      .def("__hash__", [](const View& v) { return py::hash(py::str(v.text())); })
+      .def("__repr__", [](const View& v) { return "View('" + v.text() + "')"; })
+      .def_property_readonly_static("fields", [](const py::object&) {
+        std::vector<std::string> names;
+        for_each_view_field([&](const ViewField& f, auto, auto) { names.push_back(f.name); });
+        return names;
+      });
 
   py::class_<ImagePipeline>(m, "ImagePipeline",
                             "Decode + augment one image into a sample; thread-safe, deterministic "

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "server/host/stream_host.h"
 #include "server/serve/serve.h"
 #include "server/serve/serve_cli.h"
+#include "server/serve/serve_options.h"
 
 namespace py = pybind11;
 
@@ -52,6 +54,44 @@ class PyServeRun {
   std::unique_ptr<ServeRun> server_;
 };
 
+// ServeConfig.options(): one row per option, in --help's order.
+py::list option_rows() {
+  py::list rows;
+  const ServeConfig d;
+  auto row = [&](const std::string& name, const ServeOption& o, const std::string& type) {
+    py::dict r;
+    r["name"] = name;
+    r["flag"] = o.flag_text();
+    r["group"] = o.group;
+    r["type"] = type;
+    r["env"] = o.env ? py::object(py::str(o.env)) : py::object(py::none());
+    r["help"] = o.help;
+    rows.append(r);
+  };
+  auto type_of = [](auto value, auto names) -> std::string {
+    using T = decltype(value);
+    if (names) {
+      std::string out;
+      for (const auto& [name, v] : *names) out += (out.empty() ? "" : "|") + name;
+      return out;
+    }
+    if constexpr (std::is_same_v<T, bool>) return "flag";
+    if constexpr (std::is_same_v<T, std::string>) return "text";
+    if constexpr (std::is_same_v<T, std::vector<std::string>>) return "text, repeated";
+    if constexpr (std::is_floating_point_v<T>) return "number";
+    if constexpr (std::is_integral_v<T>) return "integer";
+    return "numbers";
+  };
+  for_each_serve_setting([&](const ServeOption& o, auto member, auto names) {
+    row(o.name, o, o.check == ServeOption::Check::kByteSize ? "bytes" : type_of(d.*member, names));
+  });
+  for_each_view_field([&](const ViewField& f, auto member, auto names) {
+    const ServeOption o = view_field_option(f);
+    row(std::string("transform.") + f.option, o, o.inverted ? "flag" : type_of(d.transform.*member, names));
+  });
+  return rows;
+}
+
 }  // namespace
 
 void bind_serve(py::module_& m) {
@@ -60,42 +100,24 @@ void bind_serve(py::module_& m) {
 #else
   m.attr("has_nvjpeg") = false;
 #endif
-  SettingsClass<ServeConfig>(
+  SettingsClass<ServeConfig> config(
       m, "ServeConfig",
-      "Every setting of `batchcast serve` (its --help has each one's meaning; fields are the "
-      "options' names with _ for -). Keyword construction; fields left out keep their defaults.")
-      .field("data", &ServeConfig::data, "image folder (ImageFolder layout)")
-      .field("file_list", &ServeConfig::file_list, "text file of 'path label' lines")
-      .field("synthetic", &ServeConfig::synthetic, "serve N synthetic samples")
-      .field("sample_bytes", &ServeConfig::sample_bytes, "bytes per synthetic sample")
-      .named("on_error", &ServeConfig::on_error, ServeConfig::kOnError, "'raise' or 'skip'")
-      .field("endpoint", &ServeConfig::endpoint, "'' : the per-user default ipc endpoint")
-      .field("listen_all", &ServeConfig::listen_all, "tcp://*:PORT on every interface")
-      .field("batch_size", &ServeConfig::batch_size, "samples per chunk")
-      .field("ring", &ServeConfig::ring, "slots in the shared pool (0: sized by ring_memory)")
-      .field("ring_memory", &ServeConfig::ring_memory,
-             "bytes of shared memory for a ring sized by memory (0: the host's default)")
-      .field("workers", &ServeConfig::workers, "decoding threads")
-      .field("min_consumers", &ServeConfig::min_consumers, "consumers to wait for")
-      .field("transform", &ServeConfig::transform,
-             "the PipelineOptions (its seed: shuffling's and augmentation's)")
-      .field("views", &ServeConfig::views,
-             "further views from the first chunk on: view texts (docs/views.md)")
-      .field("device", &ServeConfig::device, "'cpu', 'cuda:K', 'cuda:0,cuda:1', 'all', ...")
-      .named("decoder", &ServeConfig::decoder, ServeConfig::kDecoders, "'cpu', 'nvjpeg' or 'mixed'")
-      .field("epochs", &ServeConfig::epochs, "epochs to serve (0: until stopped)")
-      .field("shuffle", &ServeConfig::shuffle, "shuffle every epoch")
-      .field("rank", &ServeConfig::rank, "this server's shard")
-      .field("world_size", &ServeConfig::world_size, "number of shards")
-      .field("every_rank", &ServeConfig::every_rank, "every rank's shard from this process")
-      .named("stall_policy", &ServeConfig::stall_policy, ServeConfig::kStallPolicies,
-             "'decouple', 'wait' or 'skip'")
-      .field("stall_timeout", &ServeConfig::stall_timeout, "seconds a consumer may stall")
-      .field("metrics_dir", &ServeConfig::metrics_dir, "'' : no metrics")
-      .field("metrics_interval", &ServeConfig::metrics_interval, "seconds between samples")
-      .field("status_interval", &ServeConfig::status_interval, "seconds between status lines")
-      .field("fail_linger", &ServeConfig::fail_linger, "seconds to answer after a failure")
-      .finish()
+      "Every setting of `batchcast serve` (ServeConfig.options() lists each one with its flag, "
+      "group, default and help). Keyword construction; fields left out keep their defaults.");
+  for_each_serve_setting([&](const ServeOption& o, auto member, auto names) {
+    using T = std::remove_reference_t<decltype(ServeConfig().*member)>;
+    if constexpr (std::is_enum_v<T>)
+      config.named(o.name, member, *names, o.help);
+    else
+      config.field(o.name, member, o.help);
+  });
+  config.field("transform", &ServeConfig::transform,
+               "the PipelineOptions (its seed: shuffling's and augmentation's)");
+  config.finish()
+      .def_static("options", &option_rows,
+                  "Every option as a dict (name: the field, or transform.FIELD; flag; group; "
+                  "type; env; help), in --help's order (defaults: ServeConfig()'s fields): "
+                  "what docs/options.md and the .pyi stub are checked against.")
       .def(
           "validate", [](const ServeConfig& c) { ServeConfig(c).validate(); },
           "Checks the settings against each other as the server does; raises BatchcastError "

@@ -39,19 +39,11 @@
 #include "decoders/gpu_convert.h"
 #include "server/produce/chunk_stage.h"
 #include "server/produce/slot_layout.h"
+#include "server/produce/tensor_conversion.h"
 #include "shm/arena_set.h"
 #include "shm/cuda_pool.h"
 
 namespace batchcast {
-
-// What happens to one source tensor on its way into the slot.
-struct TensorConversion {
-  // Set: the tensor is uint8 {H, W, 3} in staging and becomes normalised {3, H, W} of this type
-  // (kFloat32/kFloat16/kBFloat16) in the slot. Empty: copied unchanged.
-  std::optional<DType> normalize;
-  std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
-  std::array<float, 3> std{0.229f, 0.224f, 0.225f};
-};
 
 class CudaStage : public ChunkStage {
  public:
@@ -73,10 +65,6 @@ class CudaStage : public ChunkStage {
   void begin(const FillLease& lease, uint32_t samples) override;
   void fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) override;
   void upload(const FillLease& lease, uint32_t sample_count) override;
-
-  // The slot tensors a source's tensors become under `conversions`.
-  static std::vector<SampleTensor> converted(const std::vector<SampleTensor>& staged,
-                                             const std::vector<TensorConversion>& conversions);
 
  private:
   struct ViewStage {

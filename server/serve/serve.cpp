@@ -15,13 +15,13 @@
 
 #include "common/error.h"
 #include "common/process.h"
-#include "decoders/view_spec.h"
 #include "metrics/collector.h"
 #include "server/host/stream_host.h"
 #include "server/produce/chunk_stage.h"
 #include "server/produce/image_source.h"
 #include "server/produce/sample_producer.h"
 #include "server/produce/slot_layout.h"
+#include "server/produce/view_set.h"
 #include "server/produce/synthetic_source.h"
 #include "server/serve/signal_watcher.h"
 #include "server/stream/stream_plan.h"
@@ -35,14 +35,14 @@
 namespace batchcast {
 namespace {
 
-std::unique_ptr<SampleSource> make_source(const ServeConfig& c) {
-  if (c.synthetic) return std::make_unique<SyntheticSource>(c.synthetic, c.sample_bytes);
+std::unique_ptr<SampleSource> make_source(const ServeConfig& c, const ViewSet* views) {
+  if (!views) return std::make_unique<SyntheticSource>(c.synthetic, c.sample_bytes);
   auto dataset = c.data.empty() ? Dataset::file_list(c.file_list) : Dataset::image_folder(c.data);
   spdlog::info("dataset: {} samples{}", dataset.size(),
                dataset.classes().empty()
                    ? ""
                    : ", " + std::to_string(dataset.classes().size()) + " classes");
-  return std::make_unique<ImageSource>(std::move(dataset), c.pipeline_options());
+  return std::make_unique<ImageSource>(std::move(dataset), *views);
 }
 
 // The metrics collector's view of the stream host: the server process and one entry per consumer
@@ -133,113 +133,22 @@ void wait_for_consumers(const std::atomic<bool>& stop, const std::function<uint6
   }
 }
 
-// A new view's slots: their size and its tensors in them, for chunks of `chunk` samples.
-void lay_out_view(StreamHostOptions::ViewAnswer& answer, std::vector<SampleTensor> tensors,
-                  uint32_t chunk) {
-  SlotLayout layout = SlotLayout::plan(tensors, chunk);
-  answer.slot_bytes = layout.bytes;
-  answer.specs = [layout, tensors = std::move(tensors)](uint32_t samples) {
-    return layout.specs(tensors, samples);
-  };
-}
-
-// A consumer's (or --view's) view text -> a view of `source` (decoders/view_spec.h's
-// resolve_view over the transform as configured: a field it derives, such as eval's resize
-// size, is derived again for the view's own size): a view it has, or a new one, with its slot
-// layout for chunks of `chunk` samples.
-StreamHostOptions::ViewAnswer answer_view(ImageSource& source, const PipelineOptions& transform,
-                                          uint32_t chunk, const std::string& text) {
-  StreamHostOptions::ViewAnswer answer;
-  try {
-    const PipelineOptions view = resolve_view(text, transform);
-    if (auto known = source.find_view(view)) {
-      answer.view = *known;
-      return answer;
-    }
-    answer.view = source.add_view(view);
-    lay_out_view(answer, source.view_tensors(answer.view), chunk);
-  } catch (const Error& e) {
-    answer.error = e.what();
-  }
-  return answer;
-}
-
 }  // namespace
-
-// The views of a GPU pool (docs/views.md). View v is known by its options as asked
-// (view_spec_text with seed: two outputs of one crop are two views). Decoded on the CPU, the
-// source's view v is their uint8 HWC staging and conversions[v] turns it into the view's output
-// on the GPU (CudaStage); decoded on the GPU (--decoder nvjpeg|mixed), the source's view v is the
-// view itself and conversions[v] is empty (NvjpegStage). Views are answered at start (--view) or
-// on the event loop when a consumer asks for a new one (the host then allocates its arenas, the
-// stage its staging at the first lease that carries it), and read by the stage's begin() on the
-// producer thread: under mu.
-struct GpuViews {
-  std::mutex mu;
-  std::vector<std::string> texts;
-#ifdef BATCHCAST_HAVE_CUDA
-  std::vector<std::vector<TensorConversion>> conversions;
-#endif
-};
-
-#ifdef BATCHCAST_HAVE_CUDA
-
-namespace {
-
-StreamHostOptions::ViewAnswer answer_gpu_view(GpuViews& views, ImageSource& source,
-                                              const ServeConfig& c, const std::string& text) {
-  StreamHostOptions::ViewAnswer answer;
-  try {
-    const PipelineOptions view = c.decodable_view(text);
-    const std::string key = view_spec_text(view, true);
-    std::lock_guard lk(views.mu);
-    for (uint32_t v = 0; v < views.texts.size(); ++v)
-      if (views.texts[v] == key) {
-        answer.view = v;
-        return answer;
-      }
-    std::vector<TensorConversion> conversions = c.conversions(view);
-    if (source.view_count() != views.texts.size())
-      throw Error("this server adds no views any more (an earlier view could not be made)");
-    answer.view = source.add_view(c.staged(view));
-    std::vector<SampleTensor> tensors =
-        CudaStage::converted(source.view_tensors(answer.view), conversions);
-    views.texts.push_back(key);
-    views.conversions.push_back(conversions);
-    lay_out_view(answer, std::move(tensors), c.batch_size);
-  } catch (const Error& e) {
-    answer.error = e.what();
-  }
-  return answer;
-}
-
-}  // namespace
-#endif
 
 ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
-  source_ = make_source(c);
+  if (!c.synthetic)
+    views_ = std::make_unique<ViewSet>(c.transform_view(), c.staging(), c.decoder_flag(),
+                                       c.batch_size);
+  source_ = make_source(c, views_.get());
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
-  StreamHostOptions so = c.server_options(*source_, plan_->epoch_samples());
-  auto* images = c.synthetic ? nullptr : static_cast<ImageSource*>(source_.get());
-  std::function<StreamHostOptions::ViewAnswer(const std::string&)> find_view;
-  if (images && !c.on_gpu())
-    find_view = [images, transform = c.pipeline_options(),
-                 chunk = c.batch_size](const std::string& text) {
-      return answer_view(*images, transform, chunk, text);
+  StreamHostOptions so = c.server_options(views_ ? views_->slot_tensors(0) : source_->tensors(),
+                                          plan_->epoch_samples());
+  if (views_)
+    so.find_view = [views = views_.get()](const std::string& text) {
+      return views->answer(text);
     };
-#ifdef BATCHCAST_HAVE_CUDA
-  if (images && c.on_gpu()) {
-    gpu_views_ = std::make_unique<GpuViews>();
-    gpu_views_->texts.push_back(view_spec_text(c.transform, true));
-    gpu_views_->conversions.push_back(c.conversions());
-    find_view = [views = gpu_views_.get(), images, &c = config_](const std::string& text) {
-      return answer_gpu_view(*views, *images, c, text);
-    };
-  }
-#endif
-  so.find_view = find_view;
   spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
                so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
                so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
@@ -274,13 +183,11 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   if (c.on_gpu() && !stage_)
     stage_ = std::make_unique<CudaStage>(
         *source_,
-        [core = core_.get(), views = gpu_views_.get(), &c = config_](uint32_t view) {
-          CudaStage::View v{core->view_memory(view).arenas(), c.conversions()};
-          if (views) {  // an image folder's views (a synthetic source has view 0 only)
-            std::lock_guard lk(views->mu);
-            v.conversions = views->conversions.at(view);
-          }
-          return v;
+        [core = core_.get(), views = views_.get()](uint32_t view) {
+          // A synthetic source has view 0 only, copied as it is.
+          return CudaStage::View{core->view_memory(view).arenas(),
+                                 views ? views->conversions(view)
+                                       : std::vector<TensorConversion>()};
         },
         c.batch_size);
   if (const ArenaSet* arenas = core_->memory().arenas(); arenas && arenas->arenas().size() > 1)

@@ -19,12 +19,12 @@
 namespace batchcast {
 
 class ChunkStage;
-struct GpuViews;
 class MetricsCollector;
 class SampleSource;
 class SampleProducer;
 class StreamHost;
 class StreamPlan;
+class ViewSet;
 
 class ServeRun {
  public:
@@ -47,10 +47,11 @@ class ServeRun {
 
  private:
   ServeConfig config_;
+  // An image stream's views (read by the source, the stage and the core's event loop: outlives
+  // them); null for synthetic samples, which have view 0 only.
+  std::unique_ptr<ViewSet> views_;
   std::unique_ptr<SampleSource> source_;
   std::unique_ptr<StreamPlan> plan_;
-  // GPU pools decoded on the CPU: their views (read by the core's event loop: outlives it).
-  std::unique_ptr<GpuViews> gpu_views_;
   std::unique_ptr<StreamHost> core_;
   std::unique_ptr<ChunkStage> stage_;  // destroyed before the stream host whose arena it borrows
   std::unique_ptr<MetricsCollector> collector_;

@@ -1,8 +1,9 @@
-// The `batchcast serve` command line, one front end of ServeConfig (serve_config.h): its options
-// (CLI11; each option checked on its own, with validators; --help's text) bound straight to the
-// config's fields, and serve_command_line(), the way back: the arguments that make the program
-// build a given config (what batchcast.serve() runs in another process). In-process callers
-// (the Python module's ServeRun) build a ServeConfig directly and use neither.
+// The `batchcast serve` command line, one front end of ServeConfig (serve_config.h), made from the
+// option lists (serve_options.h): add_serve_options() binds a CLI11 option to each field (checked
+// on its own with validators; --help's text), and serve_command_line() is the way back, the
+// arguments that make the program build a given config (what a Python launcher runs in another
+// process). In-process callers (the Python module's ServeRun) build a ServeConfig directly and use
+// neither.
 //
 // Thread-safety: add_serve_options() binds the options to `c` (which must outlive the parse);
 // serve_command_line() is a pure function of its argument.
@@ -38,7 +39,7 @@ CLI::Option* add_choice(CLI::App* cmd, const std::string& name, T& value,
 extern const CLI::Validator kPositive;
 extern const CLI::Validator kNonNegative;
 
-// The serve options in groups, as `serve --help` shows them: data, pipeline, stream, GPU, metrics.
+// Every serve option, in groups, as `serve --help` shows them: data, stream, pipeline, GPU, metrics.
 void add_serve_options(CLI::App* cmd, ServeConfig& c);
 
 // The arguments of `batchcast serve` (after `serve`) that give `c`'s settings: each setting

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "common/error.h"
-#include "decoders/view_spec.h"
 #include "protocol/endpoint.h"
 #include "protocol/messages.h"
 #include "server/serve/ring_size.h"
@@ -50,7 +49,10 @@ void ServeConfig::validate() {
   const bool on_gpu = devices->all || devices->devices.front().kind != DeviceSpec::Kind::kCpu;
   if (!views.empty()) {
     if (synthetic) throw Error("--view makes images; --synthetic has none: drop --view");
-    for (const auto& text : views) decodable_view(text);  // names the bad field
+    for (const auto& text : views)  // names the bad field
+      ViewSet::decodable(text, transform_view(),
+                         gpu_decoding() ? ViewSet::Staging::kGpuDecode : ViewSet::Staging::kHost,
+                         decoder_flag());
   }
   if (gpu_decoding()) {
     const std::string flag = decoder_flag();
@@ -87,33 +89,10 @@ void ServeConfig::validate() {
 #endif
 }
 
-PipelineOptions ServeConfig::decodable_view(const std::string& text) const {
-  PipelineOptions view = resolve_view(text, transform);
-  if (gpu_decoding() && view.interpolation != Interpolation::kBilinear)
-    throw Error("view '" + text + "': " + decoder_flag() +
-                " resizes bilinearly: drop its interpolation field, or serve it from a server "
-                "with --decoder cpu");
-  return view;
+ViewSet::Staging ServeConfig::staging() const {
+  if (gpu_decoding()) return ViewSet::Staging::kGpuDecode;
+  return on_gpu() ? ViewSet::Staging::kGpuConvert : ViewSet::Staging::kHost;
 }
-
-PipelineOptions ServeConfig::staged(PipelineOptions view) const {
-  if (on_gpu() && !gpu_decoding() && view.output != DType::kUInt8) {
-    view.output = DType::kUInt8;  // HWC: what the GPU conversion reads
-    view.uint8_layout = Uint8Layout::kHWC;
-  }
-  return view;
-}
-
-#ifdef BATCHCAST_HAVE_CUDA
-std::vector<TensorConversion> ServeConfig::conversions(const PipelineOptions& view) const {
-  if (!on_gpu() || gpu_decoding() || synthetic || view.output == DType::kUInt8) return {};
-  TensorConversion images;  // tensor #0; the labels (#1) are copied unchanged
-  images.normalize = view.output;
-  images.mean = view.mean;
-  images.std = view.std;
-  return {images};
-}
-#endif
 
 std::vector<ServeConfig> ServeConfig::rank_configs() const {
   std::vector<ServeConfig> out;
@@ -135,18 +114,13 @@ std::vector<ServeConfig> ServeConfig::rank_configs() const {
   return out;
 }
 
-StreamHostOptions ServeConfig::server_options(const SampleSource& source,
+StreamHostOptions ServeConfig::server_options(const std::vector<SampleTensor>& slot_tensors,
                                               uint64_t epoch_samples) const {
   StreamHostOptions so;
   so.endpoint = endpoint;
   so.allow_remote = listen_all;
-#ifdef BATCHCAST_HAVE_CUDA
   so.cuda_devices = cuda_devices_;
-  so.slot_bytes =
-      SlotLayout::plan(CudaStage::converted(source.tensors(), conversions()), batch_size).bytes;
-#else
-  so.slot_bytes = SlotLayout::plan(source.tensors(), batch_size).bytes;
-#endif
+  so.slot_bytes = SlotLayout::plan(slot_tensors, batch_size).bytes;
   if (ring) {
     so.ring_slots = ring;
   } else if (on_gpu()) {

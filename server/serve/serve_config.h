@@ -1,7 +1,8 @@
 // ServeConfig: every setting of `batchcast serve`, and what follows from them.
 //
-// Two front ends fill the fields: the command line (serve_cli.h, which checks each option on its
-// own: choices, ranges, existing paths) and Python (_batchcast.ServeConfig, python/src/
+// Each field is declared as an option once, in serve_options.h (name, group, help, rule), and two
+// front ends fill the fields from there: the command line (serve_cli.h, which checks each option
+// on its own: choices, ranges, existing paths) and Python (_batchcast.ServeConfig, python/src/
 // bind_serve.cpp), which builds it directly, with no argument strings. validate() then checks
 // the settings against each other, once, and settles what they imply (the GPU of the pool,
 // whether it decodes there). The rest of the server reads the settled values through the
@@ -22,10 +23,8 @@
 #include "decoders/image_pipeline.h"
 #include "server/host/stream_host.h"
 #include "server/produce/sample_producer.h"
+#include "server/produce/view_set.h"
 #include "shm/device_identity.h"
-#ifdef BATCHCAST_HAVE_CUDA
-#include "server/produce/cuda_stage.h"
-#endif
 
 namespace batchcast {
 
@@ -48,11 +47,10 @@ struct ServeConfig {
   uint32_t workers = std::max(1u, std::thread::hardware_concurrency());
   uint32_t min_consumers = 1;
 
-  // The transform, declared once: decoders/image_pipeline.h has each field's meaning and default.
-  // The command line binds its options to these fields (serve_cli.cpp); Python builds it as
-  // _batchcast.PipelineOptions. Its seed is the stream's too (shuffling and augmentation).
+  // The transform: decoders/image_pipeline.h has each field's meaning and default, decoders/view.h
+  // its fields' names and rules. Python builds it as _batchcast.PipelineOptions. Its seed is the stream's too (shuffling and augmentation).
   PipelineOptions transform;
-  // Further views served from the first chunk on (docs/views.md): texts of decoders/view_spec.h
+  // Further views served from the first chunk on (docs/views.md): view texts (decoders/view.h)
   // read over `transform`, e.g. "size=160,crop=center". Consumers may add views when they attach
   // (Loader(view=...)); both need an image source in a host pool.
   std::vector<std::string> views;
@@ -79,9 +77,8 @@ struct ServeConfig {
   // After a stream failure: seconds the server keeps answering with the error before it exits.
   double fail_linger = 30.0;
 
-  // The command-line and Python names of the enum settings (the one table each: serve_cli.cpp
-  // and python/src/bind_serve.cpp offer them; the transform's own enums are named in
-  // decoders/image_pipeline.h).
+  // The names of the enum settings (the one table each, which serve_options.h hands every front
+  // end; the transform's own enums are named in decoders/image_pipeline.h).
   static const std::map<std::string, DecoderKind> kDecoders;
   static const std::map<std::string, OnErrorPolicy> kOnError;
   static const std::map<std::string, StallPolicy> kStallPolicies;
@@ -97,28 +94,16 @@ struct ServeConfig {
   bool gpu_decoding() const { return decoder != DecoderKind::kCpu; }
   std::string decoder_flag() const;  // "--decoder <name>", as errors name it
 
-  // The view `text` asks for (decoders/view_spec.h's resolve_view over `transform`), checked
-  // against the decoder (the GPU decoders resize bilinearly only); throws Error naming the view,
-  // the field and the fix.
-  PipelineOptions decodable_view(const std::string& text) const;
-  // What ImageSource decodes: `transform`, except that a GPU pool without GPU decoding stages
-  // uint8 HWC and normalises on the GPU (conversions()), so the CPU never writes floats it
-  // would have to upload.
-  PipelineOptions pipeline_options() const { return staged(transform); }
-  // The same for a view of the stream (decoders/view_spec.h's resolve_view): what ImageSource
-  // decodes for it.
-  PipelineOptions staged(PipelineOptions view) const;
-#ifdef BATCHCAST_HAVE_CUDA
-  // Per source tensor of the transform (or of a view): what the GPU does to it between staging
-  // and slot.
-  std::vector<TensorConversion> conversions() const { return conversions(transform); }
-  std::vector<TensorConversion> conversions(const PipelineOptions& view) const;
-#endif
+  // How the views of an image stream are made in this pool (server/produce/view_set.h), and the
+  // transform as a view (view 0; its seed the stream's).
+  ViewSet::Staging staging() const;
+  View transform_view() const { return View(transform); }
   // After validate(), with every_rank: one validated config per rank, as described above.
   std::vector<ServeConfig> rank_configs() const;
-  // The stream host's options for serving `source` (slot bytes: its tensors as the pool holds
+  // The stream host's options for chunks of `slot_tensors` (view 0's tensors as the pool holds
   // them).
-  StreamHostOptions server_options(const SampleSource& source, uint64_t epoch_samples) const;
+  StreamHostOptions server_options(const std::vector<SampleTensor>& slot_tensors,
+                                   uint64_t epoch_samples) const;
   SampleProducerOptions producer_options() const;  // without a stage
 
  private:

@@ -1,7 +1,7 @@
 """Views (docs/views.md): several transforms of one stream, every sample decoded once for all.
 
 Real `batchcast serve` processes over a real JPEG ImageFolder, real Loaders. The oracle of a
-view's bytes is the view's own ImagePipeline (options from _batchcast.resolve_view, the rule the
+view's bytes is the view's own ImagePipeline (options from _batchcast.View.resolve, the rule the
 server applies) on the sample's file; streams are served unshuffled so that the k-th sample of
 an epoch is dataset index k.
 
@@ -53,7 +53,8 @@ def serve(folder: str, endpoint: str, **kw):
 
 
 def expected(folder: str, view, epoch: int, index: int) -> np.ndarray:
-    options = _batchcast.resolve_view(batchcast._views.view_text(view), transform())
+    options = _batchcast.View.resolve(batchcast._views.view_text(view),
+                                      _batchcast.View(transform())).options
     path = _batchcast.Dataset.image_folder(folder).entries[index][0]
     return _batchcast.ImagePipeline(options).process(path, epoch, index)
 
@@ -466,7 +467,7 @@ def test_gpu_pool_views_each_equal_a_one_view_gpu_server(folder, endpoint):
     check_view(folder, None, results["own"])
     check_view(folder, GPU_VIEWS[1], results[GPU_VIEWS[1]])  # uint8: copied as decoded
     for k, view in enumerate(GPU_VIEWS):
-        one = _batchcast.resolve_view(view, transform())
+        one = _batchcast.View.resolve(view, _batchcast.View(transform())).options
         ep = watch_endpoint(f"{endpoint}.one{k}")
         with serve_gpu(folder, ep, transform_=one):
             with batchcast.Loader(ep, timeout=60) as loader:
@@ -511,7 +512,7 @@ def test_gpu_pool_view_added_at_attach_gets_whole_epochs(folder, endpoint, decod
     with serve_gpu(folder, endpoint, epochs=2, min_consumers=1, decoder=decoder):
         results = late_view_beside_own(endpoint, view)
     assert results["own"] == [CLASSES * PER_CLASS] * 2
-    one = _batchcast.resolve_view(view, transform())
+    one = _batchcast.View.resolve(view, _batchcast.View(transform())).options
     ep = watch_endpoint(f"{endpoint}.one")
     with serve_gpu(folder, ep, transform_=one, epochs=2, decoder=decoder):
         with batchcast.Loader(ep, timeout=60) as loader:

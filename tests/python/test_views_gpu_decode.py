@@ -55,7 +55,8 @@ def read_views(endpoint: str, views: List, epochs: int) -> Dict:
 
 def one_view_server(folder: str, endpoint: str, view, decoder: str, epochs: int = 1) -> List:
     """The epochs of a one-view server whose transform is `view` (None: the test's transform)."""
-    one = transform() if view is None else _batchcast.resolve_view(view, transform())
+    one = (transform() if view is None
+           else _batchcast.View.resolve(view, _batchcast.View(transform())).options)
     with serve_gpu(folder, endpoint, transform_=one, decoder=decoder, epochs=epochs):
         with batchcast.Loader(endpoint, timeout=60) as loader:
             return read_cpu(loader, epochs)
@@ -192,8 +193,8 @@ def test_the_dropin_takes_a_bilinear_transform_as_a_gpu_pools_view_and_refuses_a
     assert gpu == "native mixed decoder, pool on cuda:0"
     mine, small = trainer(compose(40))
     view = view_of("k", mine, running, small)
-    assert view == _batchcast.view_text(small.transform, with_seed=False)
-    resolved = _batchcast.resolve_view(view, stream.transform)
+    assert view == _batchcast.View(small.transform).text(with_seed=False)
+    resolved = _batchcast.View.resolve(view, _batchcast.View(stream.transform)).options
     assert (resolved.image_size, resolved.interpolation) == (40, "bilinear")
     assert view_of("k", running, running, stream) == ""
 

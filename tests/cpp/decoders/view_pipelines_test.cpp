@@ -1,6 +1,7 @@
 // Views: process_views decodes each sample once for several pipelines, and every view's bytes
 // equal what that view's own ImagePipeline writes (the oracle), whatever the other views are;
-// view texts: parse, canonical form, derived seeds and the errors that name the field.
+// View: parse, canonical text, identity by value, derived seeds and the errors that name the
+// field.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,7 +9,7 @@
 
 #include "common/error.h"
 #include "decoders/image_pipeline.h"
-#include "decoders/view_spec.h"
+#include "decoders/view.h"
 #include "tests/cpp/decoders/test_images.h"
 
 namespace batchcast {
@@ -26,7 +27,7 @@ std::vector<PipelineOptions> sweep_views() {
        {"size=224", "size=160,flip=0", "size=128,output=uint8",
         "size=96,crop=center,output=float16", "size=64,scale=0.5:1,seed=3",
         "size=48,interpolation=nearest,output=uint8,layout=chw", "size=224,seed=11"}) {
-    views.push_back(parse_view_spec(text).options);
+    views.push_back(View::parse(text).options());
   }
   return views;
 }
@@ -77,8 +78,8 @@ TEST(ViewPipelines, NullOutSkipsThatView) {
   TempDir dir;
   const std::string file = dir.file("a.jpg");
   write_file(file, encode_jpeg(photo_rgb(500, 400, 1)));
-  ImagePipeline a(parse_view_spec("size=64,output=uint8").options);
-  ImagePipeline b(parse_view_spec("size=32,output=uint8").options);
+  ImagePipeline a(View::parse("size=64,output=uint8").options());
+  ImagePipeline b(View::parse("size=32,output=uint8").options());
   const ImagePipeline* views[] = {&a, &b};
   std::vector<uint8_t> out_b(b.sample_bytes()), alone(b.sample_bytes());
   void* outs[] = {nullptr, out_b.data()};
@@ -99,38 +100,68 @@ TEST(ViewPipelines, BadSampleThrowsSampleError) {
   EXPECT_THROW(process_views(views, outs, 2, file, 0, 0), SampleError);
 }
 
-TEST(ViewSpec, ParsesOverTheBaseAndRoundTrips) {
+TEST(View, ParsesOverTheBaseAndRoundTrips) {
   PipelineOptions base;
   base.image_size = 200;
   base.seed = 99;
-  ViewSpec s = parse_view_spec("size=160,crop=center,resize=192,output=bfloat16", base);
-  EXPECT_EQ(s.options.image_size, 160);
-  EXPECT_FALSE(s.options.train);
-  EXPECT_EQ(s.options.resize_size, 192);
-  EXPECT_EQ(s.options.output, DType::kBFloat16);
-  EXPECT_FALSE(s.seed.has_value());
-  EXPECT_EQ(parse_view_spec("", base).options.image_size, 200);
+  View v = View::parse("size=160,crop=center,resize=192,output=bfloat16", View(base));
+  EXPECT_EQ(v.options().image_size, 160);
+  EXPECT_FALSE(v.options().train);
+  EXPECT_EQ(v.options().resize_size, 192);
+  EXPECT_EQ(v.options().output, DType::kBFloat16);
+  EXPECT_EQ(v.options().seed, 99u);
+  EXPECT_FALSE(v.seed_given());
+  EXPECT_EQ(View::parse("", View(base)).options().image_size, 200);
   // The canonical text reads back to the same view.
   for (const auto& o : sweep_views()) {
-    const std::string text = view_spec_text(o, true);
-    EXPECT_EQ(view_spec_text(parse_view_spec(text).options, true), text);
+    const View view(o);
+    EXPECT_EQ(View::parse(view.text()), view) << view.text();
+    EXPECT_EQ(View::parse(view.text()).text(), view.text());
   }
-  EXPECT_EQ(parse_view_spec("seed=5").seed, 5u);
+  EXPECT_TRUE(View::parse("seed=5").seed_given());
+  EXPECT_EQ(View::parse("seed=5").options().seed, 5u);
+  EXPECT_EQ(View::parse("size=160,seed=4").text(false), View::parse("size=160").text(false));
 }
 
-TEST(ViewSpec, DerivedSeedsSeparateViewsAndIgnoreTheSeedField) {
-  PipelineOptions a = parse_view_spec("size=160").options;
-  PipelineOptions b = parse_view_spec("size=128").options;
-  PipelineOptions a_seeded = parse_view_spec("size=160,seed=4").options;
-  EXPECT_EQ(view_seed(1, a), view_seed(1, a_seeded));
-  EXPECT_NE(view_seed(1, a), view_seed(1, b));
-  EXPECT_NE(view_seed(1, a), view_seed(2, a));
+// Identity is the value: a derived field compares as derived, a field training ignores is
+// ignored, and every other field (the seed included) tells views apart.
+TEST(View, IdentityIsTheValueNotTheSpelling) {
+  EXPECT_EQ(View::parse("crop=center,size=224"), View::parse("crop=center,size=224,resize=256"));
+  EXPECT_NE(View::parse("crop=center,size=224"), View::parse("crop=center,size=224,resize=300"));
+  EXPECT_EQ(View::parse("resize=300"), View::parse(""));  // training: no resize step
+  EXPECT_EQ(View::parse("flip=0.50,mean=0.485:0.456:0.406"), View::parse(""));
+  EXPECT_NE(View::parse("seed=1"), View::parse("seed=2"));
+  EXPECT_TRUE(View::parse("seed=1").same_transform(View::parse("seed=2")));
+  EXPECT_NE(View::parse("output=uint8,layout=chw"), View::parse("output=uint8"));
 }
 
-TEST(ViewSpec, ErrorsNameTheField) {
+// A consumer's view over the server's transform: the transform itself draws with the stream's
+// seed; another view with a seed derived from its fields; a seed it names is its own.
+TEST(View, ResolvesOverTheTransform) {
+  PipelineOptions t;
+  t.seed = 7;
+  const View transform(t);
+  EXPECT_EQ(View::resolve("", transform), transform);
+  EXPECT_EQ(View::resolve("size=224", transform), transform);
+  const View small = View::resolve("size=160", transform);
+  EXPECT_EQ(small.options().seed, View::parse("size=160").derived_seed(7));
+  EXPECT_NE(small.options().seed, 7u);
+  EXPECT_EQ(View::resolve("size=160,seed=3", transform).options().seed, 3u);
+}
+
+TEST(View, DerivedSeedsSeparateViewsAndIgnoreTheSeedField) {
+  const View a = View::parse("size=160");
+  const View b = View::parse("size=128");
+  const View a_seeded = View::parse("size=160,seed=4");
+  EXPECT_EQ(a.derived_seed(1), a_seeded.derived_seed(1));
+  EXPECT_NE(a.derived_seed(1), b.derived_seed(1));
+  EXPECT_NE(a.derived_seed(1), a.derived_seed(2));
+}
+
+TEST(View, ErrorsNameTheField) {
   auto error_of = [](const std::string& text) {
     try {
-      parse_view_spec(text);
+      View::parse(text);
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -145,7 +176,7 @@ TEST(ViewSpec, ErrorsNameTheField) {
   EXPECT_NE(error_of("flip=2").find("flip must be in 0..1"), std::string::npos);
   EXPECT_NE(error_of("scale=0.5").find("scale takes 2 numbers"), std::string::npos);
   EXPECT_NE(error_of("scale=0.9:0.1").find("scale must satisfy"), std::string::npos);
-  EXPECT_NE(error_of("std=1:0:1").find("std must be finite and non-zero"), std::string::npos);
+  EXPECT_NE(error_of("std=1:0:1").find("std must be other than 0"), std::string::npos);
   EXPECT_NE(error_of("colour=red").find("'colour' is not a view field"), std::string::npos);
   EXPECT_NE(error_of("size").find("is not FIELD=VALUE"), std::string::npos);
   EXPECT_NE(error_of("crop=center,size=224,resize=100").find("resize_size 100 must be"),
