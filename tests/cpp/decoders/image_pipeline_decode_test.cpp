@@ -205,7 +205,7 @@ TEST(ImageHeader, DimensionsOfEveryOtherFormat) {
     std::vector<uint8_t> out(pipeline.sample_bytes());
     pipeline.process_bytes(bytes.data(), bytes.size(), extension, 0, 0, out.data());
   }
-  // A BMP claiming 1320 x 51717 (found by the fuzzer) is refused before anything is allocated.
+  // A BMP claiming 1320 x 51717 (a fuzzer input) is refused before anything is allocated.
   std::vector<uint8_t> bmp;
   cv::imencode(".bmp", bgr, bmp);
   bmp[18] = 0x28, bmp[19] = 0x05, bmp[20] = bmp[21] = 0;
