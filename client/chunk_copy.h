@@ -3,12 +3,12 @@
 // slot goes back to the server at once instead of when the user has read the chunk.
 //
 // Why (docs/stream.md, "Catch-up"): private chunks are not shared, so slots held by consumers
-// catching up add up. Had each kept its chunks in their slots while its user held its batches or
-// did not read (several loaders read in lockstep by one thread), a few of them could take every
-// slot the server reserves for catching up and leave none a next one: the stream stalled. Copied
-// on arrival, a private chunk occupies a slot only while it is filled and in transit, whatever
-// the users do. The price is one copy of each private chunk, the batches cut from it being
-// views of that copy (Batch::copied).
+// catching up add up. Were each to keep its chunks in their slots while its user holds its
+// batches or does not read (several loaders read in lockstep by one thread), a few of them could
+// take every slot the server reserves for catching up and leave none a next one: the stream would
+// stall. Copied on arrival, a private chunk occupies a slot only while it is filled and in
+// transit, whatever the users do. The price is one copy of each private chunk, the batches cut
+// from it being views of that copy (Batch::copied).
 //
 // The copy holds the slot's bytes [0, end of its last tensor), so the descriptor's offsets and
 // strides apply to data() unchanged. Host pools copy with memcpy; GPU pools (CUDA builds,

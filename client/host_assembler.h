@@ -1,9 +1,9 @@
 // HostAssembler: batches of host pools (see client/assembler.h for the contract).
 //
 // A batch spanning chunks is copied piece by piece as its chunks arrive (staged), so it holds
-// one chunk at a time. Holding every piece until the batch was complete deadlocked the ring once
-// a batch spanned more chunks than the pool has slots (e.g. batch 250 over chunks of 32 in 8
-// slots): the producer waited for a slot, the consumer for a chunk.
+// one chunk at a time. Holding every piece until the batch is complete would deadlock the ring
+// once a batch spans more chunks than the pool has slots (e.g. batch 250 over chunks of 32 in 8
+// slots): the producer would wait for a slot, the consumer for a chunk.
 // Ownership: the staging buffers go to the copied Batch. Thread-safety: one thread.
 // PinnedHostAssembler (client/cuda_assembler.h) extends its views.
 #pragma once

@@ -10,10 +10,11 @@
 // outputs (and reallocating its own buffers) while work queued earlier on the stream it is given
 // has not run. Called while the previous chunk's kernels still read the output buffer, it
 // overwrites their input; called while its own previous batch is still in flight, it can block for
-// ever in a cuMemFree inside the library (the server's uploader hung there, its chunks' events never
-// completed, and every consumer waited on them). So decode_batch() drains `stream` on the host
-// before each hardware call: the engine's work then never overlaps the stream's, at the cost of
-// the host waiting for the previous chunk's GPU work, which the engine would have waited for anyway.
+// ever in a cuMemFree inside the library (the server's uploader then hangs there, its chunks'
+// events never complete, and every consumer waits on them). So decode_batch() drains `stream` on
+// the host before each hardware call: the engine's work then never overlaps the stream's, at the
+// cost of the host waiting for the previous chunk's GPU work, which the engine would have waited
+// for anyway.
 //
 // Ownership: owns its nvJPEG handles and states (RAII, move-only, destroyed in the destructor).
 // Thread-safety: one thread at a time per decoder; use one decoder per thread.

@@ -123,7 +123,7 @@ bool SampleProducer::run() {
   // A stage's upload may block on the GPU for a long time (nvJPEG's batched decode waits on its
   // stream, and a server time-sliced with training contexts waits its turn): done by a worker,
   // that is a core not decoding. So a finished chunk goes to a thread of its own that uploads and
-  // publishes (measured on 2 cores: workers blocked in upload a third of the time).
+  // publishes (bench/RESULTS.md, "the mixed decoder on 2 cores").
   TaskQueue uploads;
   std::thread uploader;
   auto publish = [&](ChunkJob& job) {

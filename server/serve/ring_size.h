@@ -5,7 +5,7 @@
 // The budget by default is what the host can spare without a second thought: at most 1 GiB, a
 // sixteenth of the memory available and a quarter of the free space of /dev/shm (the pool is
 // reserved there in full when it is created). The slot count stays within [kMinRingSlots,
-// kMaxRingSlots]: the old fixed ring is the floor; the cap bounds the server's per-chunk
+// kMaxRingSlots]: the floor is a GPU pool's ring; the cap bounds the server's per-chunk
 // bookkeeping. A GPU pool keeps kMinRingSlots: device memory belongs to the trainers, and a
 // budget read from the GPU's free memory at start cannot see what trainers starting afterwards
 // will allocate (a wrong guess is a trainer out of memory, not a slower server); and the nvJPEG
@@ -23,7 +23,7 @@ namespace batchcast {
 constexpr uint32_t kMinRingSlots = 8;
 constexpr uint32_t kMaxRingSlots = 1024;
 // How far the producer runs ahead of every reader in a memory-sized ring (StreamRules::
-// lead_chunks): the old ring's depth, enough to keep the workers busy.
+// lead_chunks): a GPU pool's ring depth, enough to keep the workers busy.
 constexpr uint32_t kRingLeadChunks = 8;
 constexpr uint64_t kMaxRingMemory = uint64_t{1} << 30;
 

@@ -10,7 +10,7 @@
 // name attaches, departures and dropped messages. StreamHost is the I/O shell around it; tests
 // drive it directly with their own clock, liveness and outbox.
 //
-// Rules (each is unit-tested in tests/cpp/server/stream_state_test.cpp):
+// Rules (each is unit-tested in tests/cpp/server/stream_state_*_test.cpp):
 // - Chunks are published in seq order whatever the order of publish() calls.
 // - Nothing is delivered before `min_consumers` attached; nothing undelivered is overwritten.
 // - Lead: with rules.lead_chunks, the producer fills at most that many chunks nobody was sent

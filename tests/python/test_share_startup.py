@@ -26,7 +26,7 @@ from test_decoders import photo, save_jpeg
 from test_faults import leftovers, share_files, wait_gone
 
 # Far beyond the producer's reaction (a pipe's end of file, polled every 0.1 s) and below its
-# start-up timeout (120 s), which is how the old behaviour would have ended.
+# start-up timeout (120 s), where a producer that missed its trainers' exit would end.
 EXIT_BOUND_S = 60
 
 

@@ -34,9 +34,9 @@ from batchcast._torchvision_plan import plan
 from batchcast.dataloader import share_paths
 from conftest import watch_endpoint
 from test_dataloader import new_key  # noqa: F401 (a fixture)
-from test_views import (CHUNK, CLASSES, PER_CLASS, expected, folder,  # noqa: F401 (fixture)
-                        in_threads, late_view_beside_own, needs_gpu, read_cpu, serve_gpu,
-                        train_epochs, transform)
+from views_common import (CHUNK, CLASSES, PER_CLASS, expected, folder,  # noqa: F401 (fixture)
+                          in_threads, late_view_beside_own, needs_gpu, read_cpu, serve_gpu,
+                          train_epochs, transform)
 
 SAMPLES = CLASSES * PER_CLASS
 # A float view of its own seed, a uint8 eval view that always flips, a planar uint8 view.

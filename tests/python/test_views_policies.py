@@ -3,7 +3,7 @@ work per view as they do for the stream.
 
 Real `batchcast serve` processes (and share producers) over a real JPEG ImageFolder, real
 Loaders and DataLoaders. A view's bytes are checked against its own ImagePipeline
-(test_views.expected), on unshuffled streams where the k-th sample of an epoch is index k.
+(views_common.expected), on unshuffled streams where the k-th sample of an epoch is index k.
 
 Run: .venv/bin/python -m pytest tests/python/test_views_policies.py
 """
@@ -22,7 +22,7 @@ import pytest
 import batchcast
 from batchcast.dataloader import share_paths
 from conftest import photo_like, watch_endpoint
-from test_views import CLASSES, PER_CLASS, check_view, folder, read, serve  # noqa: F401
+from views_common import CLASSES, PER_CLASS, check_view, folder, read, serve  # noqa: F401
 
 SAMPLES = CLASSES * PER_CLASS
 VIEW = "size=32,crop=center"

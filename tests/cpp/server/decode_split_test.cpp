@@ -35,8 +35,8 @@ int start(DecodeSplit& split, uint64_t seq, int n) {
 
 TEST(DecodeSplit, WhileNoConsumerWaitsEverySampleIsDecodedOnTheCpu) {
   // A stream the CPU keeps up with: consumers always find a published chunk, whatever the
-  // number of chunks queued for the workers (the old rule sent chunks beyond a backlog of two to
-  // the engine).
+  // number of chunks queued for the workers (a rule on the backlog alone would send chunks beyond
+  // a backlog of two to the engine).
   Waited waited;
   DecodeSplit split(waited.source());
   for (uint64_t seq = 0; seq < 8; ++seq) EXPECT_EQ(start(split, seq, 64), 64) << seq;
@@ -46,8 +46,8 @@ TEST(DecodeSplit, WhileNoConsumerWaitsEverySampleIsDecodedOnTheCpu) {
 
 TEST(DecodeSplit, TheUnstartedSamplesOfTheChunkConsumersWaitForGoToTheEngine) {
   // Chunk 3 is on the CPU; 20 of its 64 samples are started when it becomes the stream's head
-  // and a consumer waits for it: the other 44 go to the engine (the old rule kept the whole chunk
-  // on the CPU, stalling the stream behind it).
+  // and a consumer waits for it: the other 44 go to the engine (kept whole on the CPU, the chunk
+  // would stall the stream behind it).
   Waited waited;
   DecodeSplit split(waited.source());
   EXPECT_EQ(start(split, 3, 20), 20);
