@@ -296,8 +296,12 @@ uint32_t StreamHost::add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs
                 "; serve fewer views, a smaller --ring, or this view from another server");
   }
   state_->add_view(welcome(*view_memory_.back()), std::move(specs));
-  spdlog::info("view {}: {} slots x {} KiB in {}", index, slots, slot_bytes >> 10,
-               gpus.empty() ? "/dev/shm/" + name : "a GPU pool (header /dev/shm/" + name + ")");
+  uint64_t stream_bytes = memory_.pool().slot_bytes();
+  for (const auto& view : view_memory_) stream_bytes += view->pool().slot_bytes();
+  spdlog::info("view {}: {} slots x {} KiB ({:.0f} MiB) in {}; the stream's pools: {:.0f} MiB",
+               index, slots, slot_bytes >> 10, slots * (slot_bytes / 1048576.0),
+               gpus.empty() ? "/dev/shm/" + name : "a GPU pool (header /dev/shm/" + name + ")",
+               slots * (stream_bytes / 1048576.0));
   return index;
 }
 

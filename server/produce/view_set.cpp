@@ -52,18 +52,17 @@ StreamHostOptions::ViewAnswer ViewSet::answer(const std::string& text) {
     const View view = decodable(text, transform_, staging_, decoder_flag_);
     std::lock_guard lk(add_mu_);
     const uint32_t n = count();
-    for (uint32_t v = 0; v < n; ++v)
-      if (entries_[v]->view == view) {
-        answer.view = v;
-        return answer;
-      }
-    if (n == SampleSource::kMaxViews)
-      throw Error("this server already serves " + std::to_string(n) +
-                  " views, the most one stream has; start another server for more");
-    entries_[n] = make_entry(view);
-    count_.store(n + 1, std::memory_order_release);
-    const Entry& e = *entries_[n];
     answer.view = n;
+    for (uint32_t v = 0; v < n; ++v)
+      if (entries_[v]->view == view) answer.view = v;
+    if (answer.view == n) {
+      if (n == SampleSource::kMaxViews)
+        throw Error("this server already serves " + std::to_string(n) +
+                    " views, the most one stream has; start another server for more");
+      entries_[n] = make_entry(view);
+      count_.store(n + 1, std::memory_order_release);
+    }
+    const Entry& e = *entries_[answer.view];
     answer.slot_bytes = e.layout.bytes;
     answer.specs = [layout = e.layout, slot = e.slot](uint32_t samples) {
       return layout.specs(slot, samples);

@@ -49,8 +49,8 @@ class ViewSet {
   static View decodable(const std::string& text, const View& transform, Staging staging,
                         const std::string& decoder_flag);
 
-  // The view `text` asks for: one already served, or a new one with its slot layout. Errors are
-  // in the answer (the consumer is refused with them), never thrown.
+  // The view `text` asks for, one already served or a new one, with its slot bytes and tensors.
+  // Errors are in the answer (the consumer is refused with them), never thrown.
   StreamHostOptions::ViewAnswer answer(const std::string& text);
 
   uint32_t count() const { return count_.load(std::memory_order_acquire); }

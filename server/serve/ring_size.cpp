@@ -32,9 +32,11 @@ uint64_t default_ring_memory(const HostMemory& host) {
   return budget;
 }
 
-uint32_t ring_slots_for(uint64_t budget, uint64_t slot_bytes) {
-  const uint64_t slots = slot_bytes ? budget / slot_bytes : kMaxRingSlots;
-  return static_cast<uint32_t>(std::clamp<uint64_t>(slots, kMinRingSlots, kMaxRingSlots));
+uint32_t ring_slots_for(uint64_t budget, uint64_t bytes_per_slot, uint64_t epoch_chunks) {
+  uint64_t slots = bytes_per_slot ? budget / bytes_per_slot : kMaxRingSlots;
+  slots = std::clamp<uint64_t>(slots, kMinRingSlots, kMaxRingSlots);
+  if (epoch_chunks) slots = std::min(slots, epoch_chunks + kRingLeadChunks);
+  return static_cast<uint32_t>(slots);
 }
 
 }  // namespace batchcast

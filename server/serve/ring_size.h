@@ -4,9 +4,12 @@
 //
 // The budget by default is what the host can spare without a second thought: at most 1 GiB, a
 // sixteenth of the memory available and a quarter of the free space of /dev/shm (the pool is
-// reserved there in full when it is created). The slot count stays within [kMinRingSlots,
-// kMaxRingSlots]: the floor is a GPU pool's ring; the cap bounds the server's per-chunk
-// bookkeeping. A GPU pool keeps kMinRingSlots: device memory belongs to the trainers, and a
+// reserved there in full when it is created). One budget covers a stream and its views: a slot
+// index holds a chunk in every view's pool, so the budget buys slots of all the views' slot bytes
+// together. The slot count stays within [kMinRingSlots, kMaxRingSlots], and never above an
+// epoch's chunks plus the producer's lead (a window of a whole epoch: more holds chunks of an
+// epoch a reader has already finished or will be sent again): the floor is a GPU pool's ring;
+// the cap bounds the server's per-chunk bookkeeping. A GPU pool keeps kMinRingSlots: device memory belongs to the trainers, and a
 // budget read from the GPU's free memory at start cannot see what trainers starting afterwards
 // will allocate (a wrong guess is a trainer out of memory, not a slower server); and the nvJPEG
 // stage keeps host memory per slot position (each file's bytes, pinned CPU squares under
@@ -38,7 +41,8 @@ HostMemory read_host_memory();
 // min(kMaxRingMemory, available / 16, shm_free / 4), ignoring fields that are 0.
 uint64_t default_ring_memory(const HostMemory& host);
 
-// budget / slot_bytes, clamped to [kMinRingSlots, kMaxRingSlots].
-uint32_t ring_slots_for(uint64_t budget, uint64_t slot_bytes);
+// budget / bytes_per_slot (a slot index's bytes over every view), clamped to [kMinRingSlots,
+// kMaxRingSlots], then to at most epoch_chunks + kRingLeadChunks (epoch_chunks 0: no bound).
+uint32_t ring_slots_for(uint64_t budget, uint64_t bytes_per_slot, uint64_t epoch_chunks = 0);
 
 }  // namespace batchcast

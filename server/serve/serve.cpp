@@ -143,15 +143,27 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   plan_ = std::make_unique<StreamPlan>(
       source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
   SampleProducerOptions po = c.producer_options();
+  // The views served from the start share the ring's budget with view 0 (ring_size.h).
+  uint64_t views_bytes = views_ ? views_->layout(0).bytes : 0;
+  for (const auto& text : c.views) {
+    const uint32_t known = views_->count();
+    StreamHostOptions::ViewAnswer answer = views_->answer(text);
+    if (!answer.error.empty()) throw Error("--view " + answer.error);
+    if (views_->count() > known) views_bytes += answer.slot_bytes;
+  }
   StreamHostOptions so = c.server_options(views_ ? views_->slot_tensors(0) : source_->tensors(),
-                                          plan_->epoch_samples());
+                                          plan_->epoch_samples(), views_bytes);
   if (views_)
     so.find_view = [views = views_.get()](const std::string& text) {
       return views->answer(text);
     };
-  spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{})", so.ring_slots,
+  spdlog::info("ring: {} slots of {:.1f} MiB ({:.0f} MiB{}{})", so.ring_slots,
                so.slot_bytes / 1048576.0, so.ring_slots * (so.slot_bytes / 1048576.0),
-               so.lead_chunks ? ", sized by --ring-memory; trainers may drift apart by " +
+               views_bytes > so.slot_bytes
+                   ? fmt::format(", {:.0f} MiB with the --view views",
+                                 so.ring_slots * (views_bytes / 1048576.0))
+                   : "",
+               so.lead_chunks ? ", sized by --ring-memory and the epoch; trainers may drift apart by " +
                                     std::to_string(so.ring_slots - so.lead_chunks) + " chunks"
                               : "");
   // A consumer keeps its current batch and its prefetch (3 chunks) while its user does not read

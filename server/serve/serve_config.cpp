@@ -115,7 +115,8 @@ std::vector<ServeConfig> ServeConfig::rank_configs() const {
 }
 
 StreamHostOptions ServeConfig::server_options(const std::vector<SampleTensor>& slot_tensors,
-                                              uint64_t epoch_samples) const {
+                                              uint64_t epoch_samples,
+                                              uint64_t views_bytes) const {
   StreamHostOptions so;
   so.endpoint = endpoint;
   so.allow_remote = listen_all;
@@ -127,7 +128,8 @@ StreamHostOptions ServeConfig::server_options(const std::vector<SampleTensor>& s
     so.ring_slots = kMinRingSlots;
   } else {
     const uint64_t budget = ring_memory ? ring_memory : default_ring_memory(read_host_memory());
-    so.ring_slots = ring_slots_for(budget, so.slot_bytes);
+    so.ring_slots = ring_slots_for(budget, std::max(views_bytes, so.slot_bytes),
+                                   (epoch_samples + batch_size - 1) / batch_size);
     so.lead_chunks = std::min(kRingLeadChunks, so.ring_slots);
   }
   so.chunk_size = batch_size;

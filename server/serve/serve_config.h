@@ -101,9 +101,10 @@ struct ServeConfig {
   // After validate(), with every_rank: one validated config per rank, as described above.
   std::vector<ServeConfig> rank_configs() const;
   // The stream host's options for chunks of `slot_tensors` (view 0's tensors as the pool holds
-  // them).
+  // them); `views_bytes`: the slot bytes of the views served from the start, view 0's included,
+  // which a ring sized by memory divides the budget by (ring_size.h).
   StreamHostOptions server_options(const std::vector<SampleTensor>& slot_tensors,
-                                   uint64_t epoch_samples) const;
+                                   uint64_t epoch_samples, uint64_t views_bytes) const;
   SampleProducerOptions producer_options() const;  // without a stage
 
  private:

@@ -157,6 +157,14 @@ TEST(RingSize, TheBudgetIsAGibibyteUnlessTheHostIsShortOfMemoryOrShm) {
   EXPECT_EQ(default_ring_memory({0, 0}), GiB) << "what cannot be read does not limit it";
 }
 
+// A ring never holds more than an epoch behind the producer's lead, whatever the budget.
+TEST(RingSize, NoMoreSlotsThanAnEpochAndTheLead) {
+  EXPECT_EQ(ring_slots_for(uint64_t{1} << 30, 1 << 20, 10), 10 + kRingLeadChunks);
+  EXPECT_EQ(ring_slots_for(uint64_t{1} << 30, 1 << 20, 0), 1024u) << "no epoch bound";
+  EXPECT_EQ(ring_slots_for(20 << 20, 1 << 20, 500), 20u) << "the budget, below an epoch";
+  EXPECT_EQ(ring_slots_for(1 << 20, 1 << 20, 1), kMinRingSlots) << "never below the floor";
+}
+
 TEST(RingSize, SlotsAreWhatTheBudgetHoldsWithinTheOldRingAndTheCap) {
   EXPECT_EQ(ring_slots_for(100 << 20, 1 << 20), 100u);
   EXPECT_EQ(ring_slots_for(100 << 20, 50 << 20), kMinRingSlots) << "never fewer than before";
