@@ -1,10 +1,12 @@
 """Type stubs of the native module batchcast._batchcast (python/src/). Users reach it through
 the package (batchcast.Loader, Producer, serve, metrics); these stubs keep type checkers and
 IDEs accurate where the package passes its objects on. Kept by hand next to the bindings:
-a binding's signature change updates its stub in the same commit."""
+a binding's signature change updates its stub in the same commit; tests/python/test_stub.py
+fails where they disagree on a name, a parameter or a default. A settings class (``fields``)
+is written as its attributes and ``__init__(self, *, FIELD: TYPE = DEFAULT, ...)``."""
 
 import builtins
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import numpy
 
@@ -51,11 +53,29 @@ class Batch:
     def tensors(self) -> List[DLPackTensor]: ...
     def __len__(self) -> int: ...
 
-class Consumer:
-    def __init__(self, endpoint: str = "", batch_size: int = 0, drop_last: bool = False,
+class ConsumerOptions:
+    """A Consumer's settings (client/consumer.h)."""
+
+    fields: ClassVar[Tuple[str, ...]]
+    endpoint: str
+    batch_size: int
+    drop_last: bool
+    timeout: float
+    prefetch: int
+    max_held: int
+    late_join: str  # "replay" or "next_epoch"
+    name: str
+    cuda_device: int
+    pin_memory: bool
+    stall_timeout: float
+    view: str
+    def __init__(self, *, endpoint: str = "", batch_size: int = 0, drop_last: bool = False,
                  timeout: float = 60.0, prefetch: int = 2, max_held: int = 2,
                  late_join: str = "replay", name: str = "", cuda_device: int = -1,
                  pin_memory: bool = False, stall_timeout: float = 0.0, view: str = "") -> None: ...
+
+class Consumer:
+    def __init__(self, options: ConsumerOptions) -> None: ...
     def next(self) -> Optional[Batch]: ...
     def seek(self, epoch: int, sample: int = 0) -> None: ...
     @property
@@ -77,11 +97,34 @@ class Consumer:
     def epochs(self) -> int: ...
     def stats(self) -> Dict[str, Any]: ...
 
+class StreamHostOptions:
+    """A StreamHost's settings (server/host/stream_host.h); slot_bytes is required."""
+
+    fields: ClassVar[Tuple[str, ...]]
+    endpoint: str
+    allow_remote: bool
+    ring_slots: int
+    lead_chunks: int
+    slot_bytes: int
+    chunk_size: int
+    epoch_samples: int
+    epochs: int
+    first_epoch: int
+    min_consumers: int
+    stall_policy: str  # "decouple", "wait" or "skip"
+    stall_timeout: float
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    regenerates: bool
+    def __init__(self, *, endpoint: str = "", allow_remote: bool = False, ring_slots: int = 8,
+                 lead_chunks: int = 0, slot_bytes: int = 0, chunk_size: int = 0,
+                 epoch_samples: int = 0, epochs: int = 0, first_epoch: int = 0,
+                 min_consumers: int = 1, stall_policy: str = "decouple",
+                 stall_timeout: float = 3.0, heartbeat_interval: float = 0.25,
+                 heartbeat_timeout: float = 2.0, regenerates: bool = False) -> None: ...
+
 class StreamHost:
-    def __init__(self, endpoint: str = "", *, slot_bytes: int, ring_slots: int = 8,
-                 chunk_size: int = 0, epoch_samples: int = 0, epochs: int = 0,
-                 min_consumers: int = 1, stall_policy: str = "wait", stall_timeout: float = 10.0,
-                 allow_remote: bool = False, regenerates: bool = False) -> None: ...
+    def __init__(self, options: StreamHostOptions) -> None: ...
     def acquire_private(self, timeout: float = -1.0) -> Optional[Tuple[int, int, int]]: ...
     def publish_private(self, lease: int, tensors: List[TensorDescription], epoch: int,
                         index_in_epoch: int, sample_start: int, epoch_samples: int,
@@ -92,7 +135,7 @@ class StreamHost:
     def fail(self, message: str) -> None: ...
     def wait_finished(self, timeout: float = -1.0) -> bool: ...
     def stop(self) -> None: ...
-    def set_epoch_samples(self, n: int) -> None: ...
+    def set_epoch_samples(self, samples: int) -> None: ...
     def stats(self) -> Dict[str, Any]: ...
     @property
     def consumers_now(self) -> int: ...
@@ -176,7 +219,7 @@ class Dataset:
     @staticmethod
     def file_list(list_file: str) -> Dataset: ...
     def __len__(self) -> int: ...
-    def __getitem__(self, index: int) -> Tuple[str, int]: ...
+    def __getitem__(self, index: int, /) -> Tuple[str, int]: ...
     @property
     def entries(self) -> List[Tuple[str, int]]: ...
     @property
@@ -252,8 +295,6 @@ class ProcessTracker:
     def samples(self) -> int: ...
     @property
     def wait_s(self) -> float: ...
-    @property
-    def has_gpu(self) -> bool: ...
 
 class MetricsCollector:
     def __init__(self, dir: str, source: Callable[[], Dict[str, Any]], interval: float = 1.0,
@@ -261,8 +302,6 @@ class MetricsCollector:
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def summary(self) -> Dict[str, Any]: ...
-    @property
-    def has_gpu(self) -> bool: ...
     @property
     def collocation(self) -> str: ...
 

@@ -38,10 +38,8 @@ import os
 import pickle
 import runpy
 import select
-import shlex
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,6 +48,7 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _batchcast
+from .server import launch as launch_server
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
@@ -101,7 +100,7 @@ def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = ""
         config.status_interval = 60
         config.metrics_dir = metrics_dir
         print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "
-              f"{plan.device}): batchcast serve {' '.join(config.command_line())}", flush=True)
+              f"{plan.device}): {config!r}", flush=True)
         return _NativeProducer(config)
     from ._share_stream import make_stream  # torch: the Python pipeline only
     from .producer import Producer
@@ -150,32 +149,26 @@ def launch(spec: Dict[str, Any], payload: bytes) -> Tuple[int, int]:
     env["PYTHONPATH"] = os.pathsep.join(
         [package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    # Double fork through sh: the producer is reparented to init (nobody's zombie), runs in its
-    # own session (a Ctrl-C on the first trainer's terminal does not reach it) and outlives the
-    # first trainer. The endpoint on the command line says which share a process serves (ps,
-    # tests); the claim's read end keeps its number there (pass_fds).
+    # Detached: the producer is reparented to init (nobody's zombie), runs in its own session (a
+    # Ctrl-C on the first trainer's terminal does not reach it) and outlives the first trainer.
+    # The endpoint on the command line says which share a process serves (ps, tests); the
+    # claim's read end keeps its number there. The trainer waits for the socket itself, under
+    # the share's lock (_share.SharedStream._wait_socket).
+    endpoint = spec["paths"]["endpoint"]
     claim, keep = os.pipe()
-    command = " ".join(
-        shlex.quote(a)
-        for a in [sys.executable, "-m", "batchcast._share_producer", spec_path,
-                  spec["paths"]["endpoint"], str(claim)]
-    )
-    log = shlex.quote(spec["paths"]["log"])
     try:
-        launcher = subprocess.run(
-            ["/bin/sh", "-c", f"{command} </dev/null >>{log} 2>&1 & echo $!"],
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-            env=env,
-            check=True,
-            pass_fds=(claim,),
-        )
+        server = launch_server(
+            _batchcast.ServeConfig(endpoint=endpoint),
+            program=[sys.executable, "-m", "batchcast._share_producer", spec_path, endpoint,
+                     str(claim)],
+            log=spec["paths"]["log"], env=env, detach=True, pass_fds=(claim,),
+            ready_timeout=None)
     except BaseException:
         os.close(keep)
         raise
     finally:
         os.close(claim)
-    return int(launcher.stdout.decode().strip()), keep
+    return server.pid, keep
 
 
 def _lock(path: str) -> int:

@@ -38,6 +38,7 @@ Structure: tensors named ``"#0", "#1", ...`` become a tuple (the native server s
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -49,6 +50,7 @@ from ._views import ViewLike, view_text
 __all__ = ["Loader", "LoaderStats"]
 
 _FRAMEWORKS = ("torch", "numpy", "dlpack")
+_CONSUMER_DEFAULTS = _batchcast.ConsumerOptions()  # the defaults of Loader's arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,9 +151,9 @@ class Loader(Closeable):
         device: Any = None,
         drop_last: bool = False,
         timeout: float = 0.0,
-        max_held: int = 2,
-        prefetch: int = 2,
-        late_join: str = "replay",
+        max_held: int = _CONSUMER_DEFAULTS.max_held,
+        prefetch: int = _CONSUMER_DEFAULTS.prefetch,
+        late_join: str = _CONSUMER_DEFAULTS.late_join,
         name: Optional[str] = None,
         framework: str = "torch",
         pin_memory: bool = False,
@@ -167,30 +169,30 @@ class Loader(Closeable):
             raise ValueError(f"framework={framework!r}: use one of {', '.join(_FRAMEWORKS)}")
         if stall_timeout is not None and not stall_timeout > 0:
             raise ValueError(f"stall_timeout={stall_timeout}: use seconds > 0 (or None)")
-        if late_join not in ("replay", "next_epoch"):
-            raise ValueError(f"late_join={late_join!r}: use 'replay' or 'next_epoch'")
         if (device is not None or pin_memory) and framework != "torch":
             raise ValueError("device= and pin_memory= need framework='torch'")
         self._consumer: Optional[Any] = None
-        copy = DeviceCopy(device, pin_memory) if framework == "torch" else None
-        self._convert = self._converter(framework, copy)
-        # The Consumer's arguments less the view (set_view attaches again with another).
-        self._consumer_args = (
-            endpoint or "",
-            batch_size or 0,
-            drop_last,
-            float(timeout) if timeout is not None else 0.0,
-            prefetch,
-            max_held,
-            late_join,
-            name or f"loader-{os.getpid()}",
-            cuda_index(device),
-            bool(copy and copy.pin_copies),
-            float(stall_timeout or 0.0),
-        )
-        self._view = view_text(view)
+        to_device = DeviceCopy(device, pin_memory) if framework == "torch" else None
+        self._convert = self._converter(framework, to_device)
+        try:
+            self._options = _batchcast.ConsumerOptions(
+                endpoint=endpoint or "",
+                batch_size=batch_size or 0,
+                drop_last=drop_last,
+                timeout=float(timeout) if timeout is not None else 0.0,
+                prefetch=prefetch,
+                max_held=max_held,
+                late_join=late_join,
+                name=name or f"loader-{os.getpid()}",
+                cuda_device=cuda_index(device),
+                pin_memory=bool(to_device and to_device.pin_copies),
+                stall_timeout=float(stall_timeout or 0.0),
+                view=view_text(view),
+            )
+        except _batchcast.BatchcastError as e:  # a value out of its set (late_join): the user's
+            raise ValueError(str(e)) from None
         self._next_view: Optional[str] = None  # set_view's, taken at the next epoch start
-        self._consumer = _batchcast.Consumer(*self._consumer_args, self._view)
+        self._consumer = _batchcast.Consumer(self._options)
         self.endpoint = endpoint or _batchcast.default_endpoint()
         self.device = device
         self.drop_last = drop_last
@@ -222,14 +224,16 @@ class Loader(Closeable):
     def _switch_view(self, consumer: Any) -> Any:
         """Attaches again with set_view's view at the next epoch's start (see set_view)."""
         view, self._next_view = self._next_view, None
-        if view == self._view:
+        if view == self._options.view:
             return consumer
         if self._in_epoch:  # stopped early: the next iteration is the next epoch's, as __iter__
             at: Tuple[Optional[int], int] = (int(consumer.epoch) + 1, 0)
         else:
             at = self._position
-        fresh = _batchcast.Consumer(*self._consumer_args, view)  # refused: this one stays
-        self._consumer, self._view = fresh, view
+        options = copy.copy(self._options)
+        options.view = view
+        fresh = _batchcast.Consumer(options)  # refused: this one stays
+        self._consumer, self._options = fresh, options
         consumer.close()
         self._in_epoch = False
         if at[0] is not None:

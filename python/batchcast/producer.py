@@ -35,6 +35,7 @@ from ._exit_guard import ExitGuard
 
 __all__ = ["Producer"]
 
+_HOST_DEFAULTS = _batchcast.StreamHostOptions()  # the defaults of Producer's arguments
 _SLOT_HEADROOM = 1.25  # slots sized from the first batch leave room for larger later ones
 _SLOT_ROUND = 4096
 
@@ -171,12 +172,12 @@ class Producer:
         self,
         iterable: Iterable[Any],
         endpoint: Optional[str] = None,
-        min_consumers: int = 1,
-        ring: int = 8,
+        min_consumers: int = _HOST_DEFAULTS.min_consumers,
+        ring: int = _HOST_DEFAULTS.ring_slots,
         slot_bytes: Optional[int] = None,
-        stall_policy: str = "decouple",
-        stall_timeout: float = 3.0,
-        allow_remote: bool = False,
+        stall_policy: str = _HOST_DEFAULTS.stall_policy,
+        stall_timeout: float = _HOST_DEFAULTS.stall_timeout,
+        allow_remote: bool = _HOST_DEFAULTS.allow_remote,
         fail_linger: Optional[float] = None,
         regenerate: Optional[Callable[[int, int], Any]] = None,
     ) -> None:
@@ -186,13 +187,17 @@ class Producer:
                 "DataLoader or list itself"
             )
         self._iterable = iterable
-        self._endpoint = endpoint or ""
-        self._min_consumers = min_consumers
-        self._ring = ring
+        # The stream host's options; the first batch fills in its shape (_start).
+        self._options = _batchcast.StreamHostOptions(
+            endpoint=endpoint or "",
+            ring_slots=ring,
+            min_consumers=min_consumers,
+            stall_policy=stall_policy,
+            stall_timeout=stall_timeout,
+            allow_remote=allow_remote,
+            regenerates=regenerate is not None,
+        )
         self._slot_bytes = slot_bytes
-        self._stall_policy = stall_policy
-        self._stall_timeout = stall_timeout
-        self._allow_remote = allow_remote
         self._fail_linger = fail_linger
         self._regenerate = regenerate
         self._regenerating: Optional[threading.Thread] = None
@@ -288,7 +293,7 @@ class Producer:
         """The endpoint Loaders connect to (resolved once serving started)."""
         if self._core is not None:
             return str(self._core.endpoint)
-        return self._endpoint or _batchcast.default_endpoint()
+        return self._options.endpoint or _batchcast.default_endpoint()
 
     @property
     def epoch(self) -> int:
@@ -354,19 +359,11 @@ class Producer:
         elif slot_bytes < need:
             raise ValueError(f"slot_bytes={slot_bytes} is smaller than the first batch ({need} B)")
         self._names = names
-        self._core = _batchcast.StreamHost(
-            endpoint=self._endpoint,
-            slot_bytes=slot_bytes,
-            ring_slots=self._ring,
-            chunk_size=int(tensors[0].shape[0]),
-            epoch_samples=epoch_samples or 0,
-            epochs=epochs or 0,
-            min_consumers=self._min_consumers,
-            stall_policy=self._stall_policy,
-            stall_timeout=self._stall_timeout,
-            allow_remote=self._allow_remote,
-            regenerates=self._regenerate is not None,
-        )
+        self._options.slot_bytes = slot_bytes
+        self._options.chunk_size = int(tensors[0].shape[0])
+        self._options.epoch_samples = epoch_samples or 0
+        self._options.epochs = epochs or 0
+        self._core = _batchcast.StreamHost(self._options)
         self._guard = ExitGuard(self.close)
         if self._regenerate is not None:
             if not epoch_samples:

@@ -1,4 +1,6 @@
-"""batchcast.serve: starts the native ``batchcast serve`` server from Python.
+"""Servers in other processes: :func:`launch` starts every one that Python starts (a
+``batchcast serve`` of a ``ServeConfig``, the share producer, the benchmarks' servers) and is
+the one place a ``serve`` command line is built; :func:`serve` is launch() for settings by name.
 
 ::
 
@@ -18,18 +20,20 @@ from __future__ import annotations
 
 import copy
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
 from . import _batchcast
 from ._exit_guard import ExitGuard
 from ._views import view_text
 
-__all__ = ["Server", "serve", "serve_args", "serve_config", "find_binary", "make_dataset"]
+__all__ = ["Server", "launch", "serve", "serve_args", "serve_config", "find_binary",
+           "make_dataset"]
 
 
 def find_binary() -> str:
@@ -70,35 +74,53 @@ def _file_id(path: str) -> Optional[tuple]:
     return (st.st_ino, st.st_mtime_ns)
 
 
-class Server:
-    """A running ``batchcast serve`` process (see :func:`serve`)."""
+def _pid_running(pid: int) -> bool:
+    """A process that is no child of this one (a detached server): alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
-    def __init__(self, argv: Sequence[str], endpoint: str, log_path: str,
-                 answer_at: Optional[str] = None, *, owns_log: bool = False) -> None:
-        self.argv = list(argv)
-        self.endpoint = endpoint
+
+class Server:
+    """A server process :func:`launch` started (see there): ``config`` (what it serves),
+    ``endpoint`` (where it answers), ``argv``, ``pid``, ``log_path``; ``process`` is its
+    ``subprocess.Popen``, None for a detached server (no child of this process)."""
+
+    def __init__(self, config: _batchcast.ServeConfig, argv: List[str], log_path: str,
+                 process: Optional[subprocess.Popen], pid: int, before: Optional[tuple], *,
+                 owns_log: bool) -> None:
+        self.config = config
+        self.argv = argv
+        self.endpoint = config.endpoint or _batchcast.default_endpoint()
         self.log_path = log_path
-        # serve() makes the log a temporary file of this server's own; a path the caller chose
+        self.process = process
+        self._pid = pid
+        # launch() makes the log a temporary file of this server's own; a path the caller chose
         # (a file to keep, /dev/null) is never removed.
         self._owns_log = owns_log
         # Where readiness shows: the endpoint, or with every_rank the last rank's (started last).
-        self._answer_at = answer_at or endpoint
-        ipc = _ipc_path(self._answer_at)
-        before = _file_id(ipc) if ipc else None  # a stale socket file is not an answer
-        with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        self._before = before
-        self._guard = ExitGuard(self.stop)
+        self._answer_at = self.endpoint
+        if config.every_rank:
+            self._answer_at = _batchcast.rank_endpoint(self.endpoint, config.world_size - 1)
+        self._before = before  # the ipc socket file's identity before the start: stale, no answer
+        # A child dies with this process's clean exit; a detached server outlives it.
+        self._guard = ExitGuard(self.stop) if process is not None else None
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self._pid
 
     @property
     def returncode(self) -> Optional[int]:
-        return self.process.poll()
+        """Its exit code once it exited (None meanwhile, and always for a detached server)."""
+        return self.process.poll() if self.process is not None else None
+
+    def running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        return _pid_running(self._pid)
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the server's output."""
@@ -111,15 +133,16 @@ class Server:
 
     def wait_ready(self, timeout: float) -> None:
         """Returns once the endpoint accepts connections; raises if the process died or the
-        endpoint stayed silent for ``timeout`` seconds."""
+        endpoint stayed silent for ``timeout`` seconds (the process is stopped then)."""
         deadline = time.monotonic() + timeout
         while True:
-            if self.process.poll() is not None:
+            if not self.running():
                 tail = self.log_tail()
                 self.stop()
+                code = "" if self.returncode is None else f" with code {self.returncode}"
                 raise _batchcast.BatchcastError(
-                    f"batchcast serve exited with code {self.process.returncode} before "
-                    f"answering on {self.endpoint}:\n{tail}"
+                    f"the server {self._what()} exited{code} before answering on "
+                    f"{self.endpoint}:\n{tail}"
                 )
             if self._answers():
                 return
@@ -127,10 +150,13 @@ class Server:
                 tail = self.log_tail()
                 self.stop()
                 raise _batchcast.TimeoutError(
-                    f"batchcast serve did not answer on {self.endpoint} within {timeout} s:\n"
-                    f"{tail}"
+                    f"the server {self._what()} did not answer on {self.endpoint} within "
+                    f"{timeout} s:\n{tail}"
                 )
             time.sleep(0.02)
+
+    def _what(self) -> str:
+        return f"(pid {self._pid}: {' '.join(os.path.basename(a) for a in self.argv[:3])} ...)"
 
     def _answers(self) -> bool:
         ipc = _ipc_path(self._answer_at)
@@ -145,33 +171,132 @@ class Server:
         except OSError:
             return False
 
-    def wait(self, timeout: Optional[float] = None) -> int:
-        """Waits for the server to exit by itself (after its last epoch); its exit code."""
-        return self.process.wait(timeout)
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Waits for the server to exit by itself (after its last epoch); its exit code (None
+        for a detached server). subprocess.TimeoutExpired after ``timeout`` seconds."""
+        if self.process is not None:
+            return self.process.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while _pid_running(self._pid):
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.argv, timeout or 0.0)
+            time.sleep(0.02)
+        return None
 
     def stop(self, timeout: float = 10.0) -> Optional[int]:
         """SIGTERM (clean shutdown), then SIGKILL if it is not gone within ``timeout``. Removes
-        the log where :func:`serve` made it: read :meth:`log_tail` before stopping."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+        the log where :func:`launch` made it: read :meth:`log_tail` before stopping."""
+        if self.running():
+            self._signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout)
+                self.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._guard.release()
+                self._signal(signal.SIGKILL)
+                self.wait()
+        if self._guard is not None:
+            self._guard.release()
         if self._owns_log:
             try:
                 os.unlink(self.log_path)
             except OSError:
                 pass
-        return self.process.returncode
+        return self.returncode
+
+    def _signal(self, signum: int) -> None:
+        if self.process is not None:
+            self.process.send_signal(signum)
+            return
+        try:
+            os.kill(self._pid, signum)
+        except ProcessLookupError:
+            pass  # gone meanwhile
 
     def __enter__(self) -> "Server":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _serve_arguments(config: _batchcast.ServeConfig, extra_args: Sequence[Any]) -> List[str]:
+    """The arguments after ``serve``: the program's own flags for ``config`` (its
+    ``command_line()``), then ``extra_args``. The one place Python spells a serve command."""
+    return config.command_line() + [str(a) for a in extra_args]
+
+
+def launch(
+    config: _batchcast.ServeConfig,
+    *,
+    log: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+    cpus: Optional[Iterable[int]] = None,
+    ready_timeout: Optional[float] = 30.0,
+    detach: bool = False,
+    program: Optional[Sequence[str]] = None,
+    pass_fds: Sequence[int] = (),
+    binary: Optional[str] = None,
+    extra_args: Sequence[Any] = (),
+) -> Server:
+    """Starts a server of ``config`` in another process: every batchcast server Python starts
+    (:func:`serve`, the share producer, the benchmarks) starts here, and this is the only
+    place that builds a ``batchcast serve`` command line.
+
+    Args:
+        config: what it serves and where it answers (``config.endpoint``; '': the per-user
+            default; with ``every_rank`` readiness is the last rank's endpoint).
+        log: file its stdout and stderr are appended to, kept; None: a temporary file that
+            :meth:`Server.stop` removes.
+        env: its whole environment; None: this process's.
+        cpus: the CPU numbers it and every thread it starts may run on (as ``taskset -c``);
+            None: this process's affinity.
+        ready_timeout: return once the endpoint answers; BatchcastError with the log's tail if
+            the process exits first, batchcast.TimeoutError after this many seconds (either way
+            it is stopped). None: return at once.
+        detach: run it in a session of its own, reparented to init (a double fork through sh):
+            it outlives this process, no zombie of it is left, nothing here stops it on exit,
+            and ``Server.process`` is None. Otherwise a child that :meth:`Server.stop`, the
+            ``with`` block, SIGTERM/SIGHUP to this process and its exit stop (ExitGuard).
+        program: None: ``batchcast serve`` (``binary``, default :func:`find_binary`) with the
+            program's flags for ``config`` and ``extra_args``. Else the whole command of another
+            program serving ``config.endpoint`` (the share producer's Python process).
+        pass_fds: descriptors it inherits (as subprocess's ``pass_fds``).
+    """
+    if program is None:
+        argv = [binary or find_binary(), "serve"] + _serve_arguments(config, extra_args)
+    elif binary is not None or extra_args:
+        raise TypeError("launch(): binary= and extra_args= are the serve program's; program= "
+                        "is a whole command")
+    else:
+        argv = [str(a) for a in program]
+    owns_log = log is None
+    if log is None:
+        fd, log = tempfile.mkstemp(prefix="batchcast-serve-", suffix=".log")
+        os.close(fd)
+    answer_at = config.endpoint or _batchcast.default_endpoint()
+    if config.every_rank:
+        answer_at = _batchcast.rank_endpoint(answer_at, config.world_size - 1)
+    ipc = _ipc_path(answer_at)
+    before = _file_id(ipc) if ipc else None  # a stale socket file is not an answer
+    allowed = None if cpus is None else sorted(set(cpus))
+    pin = None if allowed is None else (lambda: os.sched_setaffinity(0, allowed))
+    process: Optional[subprocess.Popen] = None
+    if detach:
+        command = " ".join(shlex.quote(a) for a in argv)
+        started = subprocess.run(
+            ["/bin/sh", "-c", f"{command} </dev/null >>{shlex.quote(log)} 2>&1 & echo $!"],
+            stdout=subprocess.PIPE, start_new_session=True, env=env, check=True,
+            pass_fds=tuple(pass_fds), preexec_fn=pin)
+        pid = int(started.stdout.decode().strip())
+    else:
+        with open(log, "ab") as out:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT, env=env,
+                                       pass_fds=tuple(pass_fds), preexec_fn=pin)
+        pid = process.pid
+    server = Server(config, argv, log, process, pid, before, owns_log=owns_log)
+    if ready_timeout is not None:
+        server.wait_ready(ready_timeout)
+    return server
 
 
 def serve_config(
@@ -237,7 +362,7 @@ def serve_args(*args: Any, extra_args: Sequence[str] = (), **settings: Any) -> L
     """The arguments of ``batchcast serve`` (after the word ``serve``) for :func:`serve_config`'s
     settings, then ``extra_args`` (any option, see ``batchcast serve --help``): what
     :func:`serve` runs. The flags are the program's own (``ServeConfig.command_line()``)."""
-    return serve_config(*args, **settings).command_line() + [str(a) for a in extra_args]
+    return _serve_arguments(serve_config(*args, **settings), extra_args)
 
 
 def serve(
@@ -253,17 +378,8 @@ def serve(
     (within ``timeout`` seconds). The settings are :func:`serve_config`'s (a ``config=`` to
     start from, fields by name) and ``extra_args`` (:func:`serve_args`); ``binary`` is the
     program (default: :func:`find_binary`). The returned :class:`Server` is a context manager
-    that stops the process on exit.
+    that stops the process on exit. :func:`launch` with its defaults, for settings by name.
     """
     extra_args = options.pop("extra_args", ())
     config = serve_config(data, endpoint, batch_size, **options)
-    args = config.command_line() + [str(a) for a in extra_args]
-    fd, log_path = tempfile.mkstemp(prefix="batchcast-serve-", suffix=".log")
-    os.close(fd)
-    last = None
-    if config.every_rank:
-        last = _batchcast.rank_endpoint(config.endpoint, config.world_size - 1)
-    server = Server([binary or find_binary(), "serve"] + args, config.endpoint, log_path, last,
-                    owns_log=True)
-    server.wait_ready(timeout)
-    return server
+    return launch(config, ready_timeout=timeout, binary=binary, extra_args=extra_args)

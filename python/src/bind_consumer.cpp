@@ -1,8 +1,9 @@
 // Python bindings of the consumer library (client/consumer.h), SPDL style: thin, GIL released
 // around everything that blocks, tensors handed out through DLPack.
 //
-// - Consumer: construction (handshake), next() and close() release the GIL; next() runs on a
-//   BlockingWorker so Ctrl-C interrupts it within ~50 ms without losing the batch being built.
+// - ConsumerOptions: client/consumer.h's options as a typed class (SettingsClass).
+// - Consumer(options): construction (handshake), next() and close() release the GIL; next() runs
+//   on a BlockingWorker so Ctrl-C interrupts it within ~50 ms without losing the batch being built.
 // - Batch: capsules() gives one "dltensor" PyCapsule (legacy DLPack 0.6 DLManagedTensor) per
 //   tensor; tensors() gives objects with __dlpack__/__dlpack_device__ (numpy.from_dlpack).
 //   Every DLManagedTensor owns a shared_ptr<Batch>, so the shared-memory slot is released
@@ -15,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,6 +25,7 @@
 #include "common/error.h"
 #include "python/src/bindings.h"
 #include "python/src/blocking_call.h"
+#include "python/src/settings_class.h"
 
 namespace py = pybind11;
 
@@ -225,15 +228,43 @@ py::dict stats_dict(const ConsumerStats& s) {
   return d;
 }
 
-protocol::LateJoin parse_late_join(const std::string& s) {
-  if (s == "replay") return protocol::LateJoin::kReplay;
-  if (s == "next_epoch") return protocol::LateJoin::kNextEpoch;
-  throw Error("late_join='" + s + "': use 'replay' or 'next_epoch'");
+// Python's names of a consumer's late_join.
+const std::map<std::string, protocol::LateJoin> kLateJoinNames = {
+    {"replay", protocol::LateJoin::kReplay}, {"next_epoch", protocol::LateJoin::kNextEpoch}};
+
+// The consumer's options as a typed class (client/consumer.h has each field's meaning); the
+// C++ names' unit suffixes are left out, as in ServeConfig. on_waiting is the binding's own.
+void bind_consumer_options(py::module_& m) {
+  SettingsClass<ConsumerOptions>(
+      m, "ConsumerOptions",
+      "A Consumer's settings (client/consumer.h). Keyword construction; fields left out keep "
+      "their defaults.",
+      FieldNames::kKeywords)
+      .field("endpoint", &ConsumerOptions::endpoint, "'' : the per-user default ipc endpoint")
+      .field("batch_size", &ConsumerOptions::batch_size, "samples per batch; 0: the server's")
+      .field("drop_last", &ConsumerOptions::drop_last, "drop each epoch's short last batch")
+      .field("timeout", &ConsumerOptions::timeout_s,
+             "seconds to wait for the welcome or for data; <= 0: as long as the server lives")
+      .field("prefetch", &ConsumerOptions::prefetch, "chunk descriptors asked for ahead")
+      .field("max_held", &ConsumerOptions::max_held,
+             "zero-copy batches alive at once before further ones are private copies")
+      .named("late_join", &ConsumerOptions::late_join, kLateJoinNames,
+             "'replay' the retained chunks or wait for the 'next_epoch'")
+      .field("name", &ConsumerOptions::name, "shown in the server's log and metrics")
+      .field("cuda_device", &ConsumerOptions::cuda_device,
+             "GPU pools: the CUDA device it computes on; -1: the current one, else the pool's")
+      .field("pin_memory", &ConsumerOptions::pin_memory,
+             "host pools: page-lock the mapping for asynchronous copies to the GPU")
+      .field("stall_timeout", &ConsumerOptions::stall_timeout_s,
+             "seconds it may hold the stream back; 0: the server's stall_timeout")
+      .field("view", &ConsumerOptions::view, "the view text it reads; '': the server's own")
+      .finish();
 }
 
 }  // namespace
 
 void bind_consumer(py::module_& m) {
+  bind_consumer_options(m);
   py::class_<DLPackTensor>(m, "DLPackTensor",
                            "One tensor of a batch as a DLPack producer: pass it to "
                            "numpy.from_dlpack, torch.from_dlpack, cupy.from_dlpack, ...")
@@ -319,23 +350,7 @@ void bind_consumer(py::module_& m) {
       .def("__len__", [](const Batch& b) { return b.size; });
 
   py::class_<PyConsumer>(m, "Consumer", "Native consumer; use batchcast.Loader instead.")
-      .def(py::init([](const std::string& endpoint, uint32_t batch_size, bool drop_last,
-                       double timeout, uint32_t prefetch, uint32_t max_held,
-                       const std::string& late_join, const std::string& name, int cuda_device,
-                       bool pin_memory, double stall_timeout, const std::string& view) {
-             ConsumerOptions o;
-             o.endpoint = endpoint;
-             o.batch_size = batch_size;
-             o.drop_last = drop_last;
-             o.timeout_s = timeout;
-             o.prefetch = prefetch;
-             o.max_held = max_held;
-             o.late_join = parse_late_join(late_join);
-             o.name = name;
-             o.cuda_device = cuda_device;
-             o.pin_memory = pin_memory;
-             o.stall_timeout_s = stall_timeout;
-             o.view = view;
+      .def(py::init([](ConsumerOptions o) {
              // At WARNING: Python's default logging shows it (nothing waits in silence).
              auto owned = std::make_shared<std::atomic<bool>>(true);
              o.on_waiting = [owned](const std::string& what, double) {
@@ -347,10 +362,8 @@ void bind_consumer(py::module_& m) {
              };
              return std::make_unique<PyConsumer>(std::move(o), std::move(owned));
            }),
-           py::arg("endpoint") = "", py::arg("batch_size") = 0, py::arg("drop_last") = false,
-           py::arg("timeout") = 60.0, py::arg("prefetch") = 2, py::arg("max_held") = 2,
-           py::arg("late_join") = "replay", py::arg("name") = "", py::arg("cuda_device") = -1,
-           py::arg("pin_memory") = false, py::arg("stall_timeout") = 0.0, py::arg("view") = "")
+           py::arg("options"),
+           "Attaches to the server of options.endpoint (handshake with the GIL released).")
       .def("next", &PyConsumer::next,
            "The next batch of the current epoch, or None at its end (and forever after the "
            "stream's end).")

@@ -1,5 +1,5 @@
-// Python bindings of the producer side: StreamHost plus batch publishing (server/
-// batch_publisher.h), used by batchcast.Producer.
+// Python bindings of the producer side: StreamHostOptions (a typed class), StreamHost(options)
+// plus batch publishing (server/produce/chunk_publisher.h), used by batchcast.Producer.
 //
 // Thin: the constructor (stale-segment cleanup, bind), publish_chunk() (acquire + copy +
 // publish), wait_finished() and stop() release the GIL. publish_chunk() runs on a
@@ -21,6 +21,7 @@
 #include "common/process.h"
 #include "python/src/bindings.h"
 #include "python/src/blocking_call.h"
+#include "python/src/settings_class.h"
 #include "server/host/stream_host.h"
 #include "server/produce/chunk_publisher.h"
 
@@ -155,11 +156,39 @@ class PyStreamHost {
   bool stopped_ = false;
 };
 
-StallPolicy parse_stall_policy(const std::string& s) {
-  if (s == "wait") return StallPolicy::kWait;
-  if (s == "skip") return StallPolicy::kSkip;
-  if (s == "decouple") return StallPolicy::kDecouple;
-  throw Error("stall_policy='" + s + "': use 'decouple', 'wait' or 'skip'");
+// The stream host's options as a typed class (server/host/stream_host.h has each field's
+// meaning); the C++ names' unit suffixes are left out, as in ServeConfig. Not bound: the GPU
+// pool (cuda_devices: the Python producer publishes host tensors) and views (find_view).
+void bind_stream_host_options(py::module_& m) {
+  SettingsClass<StreamHostOptions>(
+      m, "StreamHostOptions",
+      "A StreamHost's settings (server/host/stream_host.h). Keyword construction; fields left "
+      "out keep their defaults; slot_bytes is required.",
+      FieldNames::kKeywords)
+      .field("endpoint", &StreamHostOptions::endpoint, "'' : the per-user default ipc endpoint")
+      .field("allow_remote", &StreamHostOptions::allow_remote,
+             "let tcp://*:PORT listen on every interface")
+      .field("ring_slots", &StreamHostOptions::ring_slots, "slots in the shared pool")
+      .field("lead_chunks", &StreamHostOptions::lead_chunks,
+             "chunks the producer may fill ahead of every reader; 0: the ring")
+      .field("slot_bytes", &StreamHostOptions::slot_bytes, "bytes per slot (required)")
+      .field("chunk_size", &StreamHostOptions::chunk_size,
+             "samples per chunk, the consumers' default batch size")
+      .field("epoch_samples", &StreamHostOptions::epoch_samples, "samples per epoch; 0: unknown")
+      .field("epochs", &StreamHostOptions::epochs, "epochs announced; 0: unbounded")
+      .field("first_epoch", &StreamHostOptions::first_epoch, "the stream's first epoch")
+      .field("min_consumers", &StreamHostOptions::min_consumers, "consumers to wait for")
+      .named("stall_policy", &StreamHostOptions::stall_policy, kStallPolicyNames,
+             "'decouple', 'wait' or 'skip'")
+      .field("stall_timeout", &StreamHostOptions::stall_timeout_s,
+             "seconds a consumer may stall before the policy acts")
+      .field("heartbeat_interval", &StreamHostOptions::heartbeat_interval_s,
+             "seconds between heartbeats")
+      .field("heartbeat_timeout", &StreamHostOptions::heartbeat_timeout_s,
+             "seconds of silence after which a remote consumer is dropped")
+      .field("regenerates", &StreamHostOptions::regenerates,
+             "the producer can fill any chunk again (acquire_private)")
+      .finish();
 }
 
 py::dict stats_dict(const StreamStats& s) {
@@ -198,34 +227,12 @@ py::dict stats_dict(const StreamStats& s) {
 }  // namespace
 
 void bind_producer(py::module_& m) {
-  const StreamHostOptions defaults;
+  bind_stream_host_options(m);
   py::class_<PyStreamHost>(
       m, "StreamHost",
       "Native stream host (pool, socket, event loop); use batchcast.Producer instead.")
-      .def(py::init([](const std::string& endpoint, uint64_t slot_bytes, uint32_t ring_slots,
-                       uint32_t chunk_size, uint64_t epoch_samples, uint64_t epochs,
-                       uint32_t min_consumers, const std::string& stall_policy,
-                       double stall_timeout, bool allow_remote, bool regenerates) {
-             StreamHostOptions o;
-             o.endpoint = endpoint;
-             o.slot_bytes = slot_bytes;
-             o.ring_slots = ring_slots;
-             o.chunk_size = chunk_size;
-             o.epoch_samples = epoch_samples;
-             o.epochs = epochs;
-             o.min_consumers = min_consumers;
-             o.stall_policy = parse_stall_policy(stall_policy);
-             o.stall_timeout_s = stall_timeout;
-             o.allow_remote = allow_remote;
-             o.regenerates = regenerates;
-             return std::make_unique<PyStreamHost>(std::move(o));
-           }),
-           py::arg("endpoint") = "", py::arg("slot_bytes"),
-           py::arg("ring_slots") = defaults.ring_slots, py::arg("chunk_size") = 0,
-           py::arg("epoch_samples") = 0, py::arg("epochs") = 0,
-           py::arg("min_consumers") = defaults.min_consumers, py::arg("stall_policy") = "decouple",
-           py::arg("stall_timeout") = defaults.stall_timeout_s, py::arg("allow_remote") = false,
-           py::arg("regenerates") = false)
+      .def(py::init<StreamHostOptions>(), py::arg("options"),
+           "Creates the pool and binds options.endpoint (GIL released).")
       .def("publish_chunk", &PyStreamHost::publish, py::arg("tensors"), py::arg("epoch"),
            py::arg("index_in_epoch"), py::arg("sample_start"), py::arg("epoch_samples"),
            py::arg("epoch_end"),
@@ -240,10 +247,15 @@ void bind_producer(py::module_& m) {
            py::arg("epoch_samples"), py::arg("epoch_end"),
            "Copy the regenerated batch into the leased slot and publish it to its consumer.")
       .def("finish", [](PyStreamHost& s) { s.core().finish(); })
-      .def("fail", [](PyStreamHost& s, const std::string& msg) { s.core().fail(msg); })
+      .def(
+          "fail", [](PyStreamHost& s, const std::string& message) { s.core().fail(message); },
+          py::arg("message"))
       .def("wait_finished", &PyStreamHost::wait_finished, py::arg("timeout") = -1.0)
       .def("stop", &PyStreamHost::stop)
-      .def("set_epoch_samples", [](PyStreamHost& s, uint64_t n) { s.core().set_epoch_samples(n); })
+      .def(
+          "set_epoch_samples",
+          [](PyStreamHost& s, uint64_t samples) { s.core().set_epoch_samples(samples); },
+          py::arg("samples"))
       .def("stats", [](PyStreamHost& s) { return stats_dict(s.core().stats()); })
       .def_property_readonly("consumers_now",
                              [](PyStreamHost& s) { return s.core().consumers_now(); })

@@ -1,7 +1,9 @@
-// SettingsClass: a plain settings struct (PipelineOptions, ServeConfig) bound as a typed Python
-// class. Each field is a read-write attribute (enums as their command-line names, checked on
-// assignment, errors in the command line's words); keyword construction, ==, repr and pickling all come from that one list of
-// fields, so a field added to the binding is added to all of them.
+// SettingsClass: a plain settings struct (PipelineOptions, ServeConfig, ConsumerOptions,
+// StreamHostOptions) bound as a typed Python class. Each field is a read-write attribute (enums
+// as their names, checked on assignment; errors name the field as the command line does for the
+// serve settings, as the keyword does for the others); keyword construction, ==, repr, pickling
+// and the class attribute `fields` (the names, in order: what the .pyi stub's test compares)
+// all come from that one list of fields, so a field added to the binding is added to all of them.
 //
 // Thread-safety: used while the module is initialised (GIL held). The bound objects are
 // values: each Python object owns its own T.
@@ -19,16 +21,24 @@
 
 namespace batchcast::python {
 
-// The enum named `value` in `names`, for the field `field`; otherwise Error in the command
-// line's words (the field is the option without its dashes): "--decoder: gpu not in {cpu,...}".
+// How errors name a field: as `batchcast serve`'s option (the field without its dashes), or as
+// the Python keyword (settings that no command line has).
+enum class FieldNames { kServeFlags, kKeywords };
+
+// The enum named `value` in `names`, for the field `field`; otherwise Error naming the field and
+// the valid names: "--decoder: gpu not in {cpu,...} (batchcast serve --help)", or
+// "late_join='first' not in {next_epoch,replay}".
 template <typename T>
-T parse_name(const std::string& value, const std::map<std::string, T>& names, const char* field) {
+T parse_name(const std::string& value, const std::map<std::string, T>& names, const char* field,
+             FieldNames spelling) {
   auto it = names.find(value);
   if (it != names.end()) return it->second;
-  std::string flag = std::string("--") + field;
-  std::replace(flag.begin(), flag.end(), '_', '-');
   std::string valid;
   for (const auto& [key, v] : names) valid += (valid.empty() ? "" : ",") + key;
+  if (spelling == FieldNames::kKeywords)
+    throw Error(std::string(field) + "='" + value + "' not in {" + valid + "}");
+  std::string flag = std::string("--") + field;
+  std::replace(flag.begin(), flag.end(), '_', '-');
   throw Error(flag + ": " + value + " not in {" + valid + "} (batchcast serve --help)");
 }
 
@@ -42,8 +52,11 @@ std::string name_in(T value, const std::map<std::string, T>& names) {
 template <typename T>
 class SettingsClass {
  public:
-  SettingsClass(pybind11::module_& m, const char* name, const char* doc)
-      : cls_(m, name, doc), names_(std::make_shared<std::vector<std::string>>()) {}
+  SettingsClass(pybind11::module_& m, const char* name, const char* doc,
+                FieldNames spelling = FieldNames::kServeFlags)
+      : cls_(m, name, doc),
+        names_(std::make_shared<std::vector<std::string>>()),
+        spelling_(spelling) {}
 
   template <typename F>
   SettingsClass& field(const char* name, F T::*member, const char* doc) {
@@ -58,8 +71,8 @@ class SettingsClass {
     const std::map<std::string, E>* table = &names;  // the tables are static
     cls_.def_property(
         name, [member, table](const T& t) { return name_in(t.*member, *table); },
-        [member, table, name](T& t, const std::string& v) {
-          t.*member = parse_name(v, *table, name);
+        [member, table, name, spelling = spelling_](T& t, const std::string& v) {
+          t.*member = parse_name(v, *table, name, spelling);
         },
         doc);
     names_->push_back(name);
@@ -74,10 +87,14 @@ class SettingsClass {
     return *this;
   }
 
-  // Adds __init__(**fields), __eq__, __repr__ and pickling; returns the class for further defs.
+  // Adds __init__(**fields), __eq__, __repr__, pickling and `fields`; returns the class for
+  // further defs.
   pybind11::class_<T>& finish() {
     namespace py = pybind11;
     auto names = names_;
+    py::tuple listed(names->size());
+    for (size_t i = 0; i < names->size(); ++i) listed[i] = py::str((*names)[i]);
+    cls_.attr("fields") = listed;
     auto build = [names](const py::dict& fields) {
       py::object obj = py::cast(T{});
       for (auto [key, value] : fields) {
@@ -116,6 +133,7 @@ class SettingsClass {
  private:
   pybind11::class_<T> cls_;
   std::shared_ptr<std::vector<std::string>> names_;
+  FieldNames spelling_;
 };
 
 }  // namespace batchcast::python

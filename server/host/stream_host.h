@@ -76,7 +76,7 @@ struct StreamHostOptions {
   // chunks instead (as wait without regeneration); wait: never skip data; skip: one idle this
   // long is left behind, what it misses counted.
   StallPolicy stall_policy = StallPolicy::kDecouple;
-  double stall_timeout_s = 3.0;
+  double stall_timeout_s = kDefaultStallTimeoutS;
   double heartbeat_interval_s = 0.25;
   // Remote consumers silent this long are dropped; consumers use it to declare a silent server
   // gone. Local consumers are checked by pid every 0.2 s instead (a SIGSTOPped one is alive).

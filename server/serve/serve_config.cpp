@@ -16,10 +16,6 @@ const std::map<std::string, DecoderKind> ServeConfig::kDecoders = {
     {"cpu", DecoderKind::kCpu}, {"nvjpeg", DecoderKind::kNvjpeg}, {"mixed", DecoderKind::kMixed}};
 const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
-const std::map<std::string, StallPolicy> ServeConfig::kStallPolicies = {
-    {"wait", StallPolicy::kWait},
-    {"skip", StallPolicy::kSkip},
-    {"decouple", StallPolicy::kDecouple}};
 std::string ServeConfig::decoder_flag() const {
   return "--decoder " + std::find_if(kDecoders.begin(), kDecoders.end(), [&](const auto& named) {
                           return named.second == decoder;

@@ -69,7 +69,7 @@ struct ServeConfig {
   // --device, its metrics (if any) in metrics_dir/rank<r>; the workers are split between ranks.
   bool every_rank = false;
   StallPolicy stall_policy = StallPolicy::kDecouple;
-  double stall_timeout = 3;
+  double stall_timeout = kDefaultStallTimeoutS;
 
   std::string metrics_dir;  // empty: no metrics
   double metrics_interval = 1.0;
@@ -81,7 +81,7 @@ struct ServeConfig {
   // end; the transform's own enums are named in decoders/image_pipeline.h).
   static const std::map<std::string, DecoderKind> kDecoders;
   static const std::map<std::string, OnErrorPolicy> kOnError;
-  static const std::map<std::string, StallPolicy> kStallPolicies;
+  static inline const std::map<std::string, StallPolicy>& kStallPolicies = kStallPolicyNames;
 
   // Checks the options against each other; throws Error naming the options and the fix. With a
   // CUDA device, also checks the GPU exists (fails at once, before any dataset is scanned).

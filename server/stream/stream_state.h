@@ -86,10 +86,9 @@
 #include "server/stream/consumer_registry.h"
 #include "server/stream/private_streams.h"
 #include "server/stream/slot_ring.h"
+#include "server/stream/stall_policy.h"
 
 namespace batchcast {
-
-enum class StallPolicy { kWait, kSkip, kDecouple };
 
 struct StreamRules {
   uint32_t slot_count = 8;
@@ -103,7 +102,7 @@ struct StreamRules {
   StallPolicy stall_policy = StallPolicy::kDecouple;
   // Seconds a consumer may hold the stream back (decouple) or ask for nothing (skip) before it
   // stops pinning, unless its Hello names its own; also when a stalled stream is logged.
-  double stall_timeout_s = 3.0;
+  double stall_timeout_s = kDefaultStallTimeoutS;
   double heartbeat_interval_s = 0.25;
   double heartbeat_timeout_s = 2.0;  // remote consumers silent this long are dropped
   uint64_t epochs = 0;               // announced in End

@@ -181,7 +181,8 @@ def test_pin_memory_page_locks_the_mapping_or_says_why(endpoint, batchcast_bin, 
 
     with batchcast.serve(synthetic=64, sample_bytes=256, endpoint=endpoint, batch_size=32,
                          epochs=1, workers=1) as server:
-        consumer = _batchcast.Consumer(endpoint, cuda_device=0, pin_memory=True)
+        consumer = _batchcast.Consumer(
+            _batchcast.ConsumerOptions(endpoint=endpoint, cuda_device=0, pin_memory=True))
         batch = consumer.next()
         pinned, copied = batch.pinned, batch.copied
         del batch

@@ -240,10 +240,9 @@ def test_stop_keeps_a_log_the_caller_chose(endpoint, batchcast_bin, tmp_path):
     # Only the temporary log serve() made is the Server's to remove: a path the caller passed
     # (a file to keep, or /dev/null, which a root test run once deleted this way) stays.
     log = tmp_path / "server.log"
-    argv = [batchcast_bin, "serve"] + batchcast.server.serve_args(
-        None, endpoint, 8, synthetic=16, sample_bytes=SAMPLE_BYTES, epochs=0)
-    server = batchcast.server.Server(argv, endpoint, str(log))
-    server.wait_ready(30)
+    config = batchcast.server.serve_config(None, endpoint, 8, synthetic=16,
+                                           sample_bytes=SAMPLE_BYTES, epochs=0)
+    server = batchcast.server.launch(config, log=str(log), binary=batchcast_bin)
     server.stop()
     assert log.exists() and "serving on" in log.read_text()
 

@@ -36,7 +36,8 @@ import threading
 import time
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from ...server import find_binary
+from ... import _batchcast
+from ...server import Server, launch
 from . import probes
 
 PEERS = ("synthetic", "dataloader", "gpu-decode", "batchcast-cpu", "batchcast-nvjpeg",
@@ -109,20 +110,20 @@ class _Watchdog(threading.Thread):
 
 def _start_server(cfg: argparse.Namespace, peer: str, sizes: List[int], n: int, workers: int,
                   data_cpus: Optional[List[int]], endpoint: str, device: str,
-                  log: IO[str]) -> subprocess.Popen:
+                  log: str) -> Server:
     """A server of sizes[0] with a view for each other size (one decode for all sizes)."""
-    cmd = [find_binary(), "serve", "--data", cfg.data, "--endpoint", endpoint,
-           "--batch-size", str(cfg.chunk_size or cfg.batch_size), "--image-size", str(sizes[0]),
-           "--workers", str(workers), "--epochs", "0", "--min-consumers", str(n),
-           # A status line (rate, ring use, consumers) every 5 s: what a stalled run's log needs.
-           "--status-interval", "5",
-           # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
-           "--device", device,
-           "--decoder", DECODERS.get(peer, "cpu")]
-    for size in sizes[1:]:
-        cmd += ["--view", f"size={size}"]
-    pin = None if data_cpus is None else (lambda: os.sched_setaffinity(0, data_cpus))
-    return subprocess.Popen(cmd, stdout=log, stderr=log, preexec_fn=pin)
+    config = _batchcast.ServeConfig(
+        data=cfg.data, endpoint=endpoint, batch_size=cfg.chunk_size or cfg.batch_size,
+        transform=_batchcast.PipelineOptions(image_size=sizes[0]), workers=workers, epochs=0,
+        min_consumers=n,
+        # A status line (rate, ring use, consumers) every 5 s: what a stalled run's log needs.
+        status_interval=5,
+        # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
+        device=device, decoder=DECODERS.get(peer, "cpu"),
+        views=[f"size={size}" for size in sizes[1:]])
+    open(log, "w").close()  # this run's log alone
+    # No readiness wait: the trainers wait for it (and the watchdog sees it exit early).
+    return launch(config, log=log, cpus=data_cpus, ready_timeout=None)
 
 
 def _trainer_cmd(cfg: argparse.Namespace, peer: str, model: str, size: int, view: Optional[str],
@@ -172,16 +173,15 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
         ",".join(f"cuda:{g}" for g in range(gpus)) if cfg.device.startswith("cuda") else "cpu"]
     endpoints = [f"ipc:///tmp/batchcast-bench-{os.getpid()}-{time.monotonic_ns()}-{s}.sock"
                  for s in range(len(layout))]
-    servers: List[subprocess.Popen] = []
+    servers: List[Server] = []
     logs = [os.path.join(log_dir, f"trainer{i}.log") for i in range(n)]
     server_logs = [os.path.join(log_dir, f"server{s}.log") for s in range(len(layout))]
     server_log = server_logs[0]
     if peer.startswith("batchcast"):
         for s, (device, endpoint, path) in enumerate(zip(layout, endpoints, server_logs)):
             readers = len(range(s, n, len(layout)))
-            with open(path, "w") as log:
-                servers.append(_start_server(cfg, peer, sizes, readers, max(1, workers // len(
-                    layout)), data_cpus, endpoint, device, log))
+            servers.append(_start_server(cfg, peer, sizes, readers, max(1, workers // len(
+                layout)), data_cpus, endpoint, device, path))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs = []
     for i, ((model, size), path) in enumerate(zip(trainers, logs)):
@@ -191,7 +191,8 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
         with open(path, "w") as log:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=log, text=True, env=env))
-    dog = _Watchdog(procs + servers, servers, cfg.run_timeout)
+    server_procs = [server.process for server in servers]
+    dog = _Watchdog(procs + server_procs, server_procs, cfg.run_timeout)
     dog.start()
     try:
         for p, path in zip(procs, logs):
@@ -225,12 +226,7 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
                 p.kill()
             p.wait()
         for server in servers:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            server.stop(60)
         for endpoint in endpoints:
             for leftover in (endpoint[len("ipc://"):], endpoint[len("ipc://"):] + ".failed"):
                 if os.path.exists(leftover):

@@ -23,7 +23,8 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Sequence
 
-from ...server import find_binary, make_dataset
+from ... import _batchcast
+from ...server import Server, launch, make_dataset
 from . import probes
 
 MODES = ("views", "per-view", "dataloaders")
@@ -69,25 +70,28 @@ def run_mode(mode: str, sizes: List[int], args: argparse.Namespace) -> Dict[str,
     at the window's end as at its start. One shared stream: one window, every process of the
     mode; independent streams (per-view, dataloaders): a window per trainer, its processes."""
     n = len(sizes)
-    servers: List[subprocess.Popen] = []
+    servers: List[Server] = []
     endpoints: List[str] = []
     tag = uuid.uuid4().hex[:8]
-    log = open(os.path.join(args.out, f"{mode}-N{n}.log"), "w")
-    common = ["--data", args.data, "--batch-size", str(args.batch_size), "--epochs",
-              str(args.epochs + 1), "--status-interval", "0"]
+    log_path = os.path.join(args.out, f"{mode}-N{n}.log")
+    open(log_path, "w").close()
+    log = open(log_path, "a")  # appended to by the servers and the trainers alike
+
+    def start(endpoint: str, size: int, **settings: Any) -> None:
+        config = _batchcast.ServeConfig(
+            data=args.data, batch_size=args.batch_size, epochs=args.epochs + 1,
+            status_interval=0, endpoint=endpoint,
+            transform=_batchcast.PipelineOptions(image_size=size), **settings)
+        servers.append(launch(config, log=log_path, ready_timeout=None))
+
     if mode == "views":
         endpoints = [f"ipc:///tmp/bc-bench-views-{tag}.sock"] * n
-        views = [a for s in sizes[1:] for a in ("--view", f"size={s}")]
-        servers.append(subprocess.Popen(
-            [find_binary(), "serve", *common, "--endpoint", endpoints[0], "--image-size",
-             str(sizes[0]), "--min-consumers", str(n), *views, "--workers", str(args.cores)],
-            stdout=log, stderr=log))
+        start(endpoints[0], sizes[0], min_consumers=n, views=[f"size={s}" for s in sizes[1:]],
+              workers=args.cores)
     elif mode == "per-view":
         for i, s in enumerate(sizes):
             endpoints.append(f"ipc:///tmp/bc-bench-views-{tag}-{i}.sock")
-            servers.append(subprocess.Popen(
-                [find_binary(), "serve", *common, "--endpoint", endpoints[-1], "--image-size",
-                 str(s), "--workers", str(max(1, args.cores // n))], stdout=log, stderr=log))
+            start(endpoints[-1], s, workers=max(1, args.cores // n))
     workers = max(1, args.cores // n)
     trainers = [subprocess.Popen(
         [sys.executable, "-c", TRAINER, mode,
@@ -143,8 +147,7 @@ def run_mode(mode: str, sizes: List[int], args: argparse.Namespace) -> Dict[str,
         for t in trainers:
             t.communicate("\n", timeout=60)
         for s in servers:
-            s.terminate()
-            s.wait(timeout=60)
+            s.stop(60)
         log.close()
     samples = sum(sum(c[1:]) for c in counts)
     return {"mode": mode, "trainers": n, "sizes": sizes, "samples": samples, "cpu_s": cpu,
