@@ -122,8 +122,11 @@ def image_argv(binary, endpoint, data, linger):
 
 def test_trainer_attaching_to_a_failed_server_learns_why(endpoint, batchcast_bin,
                                                          truncated_first):
-    server = batchcast.server.Server(image_argv(batchcast_bin, endpoint, truncated_first, 600),
-                                     endpoint, "/dev/null")
+    config = batchcast.server.serve_config(
+        truncated_first, endpoint, 2, shuffle=False, image_size=16, ring=2, workers=1,
+        fail_linger=600)
+    server = batchcast.server.launch(config, log="/dev/null", ready_timeout=None,
+                                     binary=batchcast_bin)
     try:
         start = time.monotonic()
         # Told at the welcome or by the record (whichever comes first): both name the file.
