@@ -9,6 +9,14 @@ the one place a ``serve`` command line is built; :func:`serve` is launch() for s
         for images, labels in batchcast.Loader(server.endpoint):
             ...
 
+A sweep runner's trial, its log kept, on CPUs 0-7 and the second GPU::
+
+    config = batchcast.server.serve_config("imagenet/train", "ipc:///tmp/trial3.sock", 64,
+                                           epochs=None, workers=8, image_size=160)
+    with batchcast.server.launch(config, log="trial3/server.log", cpus=range(8),
+                                 env=dict(os.environ, CUDA_VISIBLE_DEVICES="1")) as server:
+        ...
+
 serve() returns once the endpoint answers (or raises with the server's log tail if it died);
 leaving the ``with`` block sends SIGTERM (clean shutdown: no leaked segment) and waits. While
 the server runs, SIGTERM and SIGHUP to this process unwind the ``with`` block as SystemExit, and
@@ -84,9 +92,9 @@ def _pid_running(pid: int) -> bool:
 
 
 class Server:
-    """A server process :func:`launch` started (see there): ``config`` (what it serves),
-    ``endpoint`` (where it answers), ``argv``, ``pid``, ``log_path``; ``process`` is its
-    ``subprocess.Popen``, None for a detached server (no child of this process)."""
+    """A server process :func:`launch` started (made there only; see there): ``config`` (what
+    it serves), ``endpoint`` (where it answers), ``argv``, ``pid``, ``log_path``; ``process``
+    is its ``subprocess.Popen``, None for a detached server (no child of this process)."""
 
     def __init__(self, config: _batchcast.ServeConfig, argv: List[str], log_path: str,
                  process: Optional[subprocess.Popen], pid: int, before: Optional[tuple], *,

@@ -191,7 +191,7 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
         with open(path, "w") as log:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=log, text=True, env=env))
-    server_procs = [server.process for server in servers]
+    server_procs = [server.process for server in servers if server.process is not None]
     dog = _Watchdog(procs + server_procs, server_procs, cfg.run_timeout)
     dog.start()
     try:
