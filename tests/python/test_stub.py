@@ -3,15 +3,17 @@
 Parsed with ``ast`` and compared with the installed module: every class and function of either
 is in the other (and every member of a class: methods, properties, a settings class's fields);
 every function, method and ``__init__`` has the binding's parameters, in order, with its
-defaults (pybind11's signature line in ``__doc__``); a settings class (one with ``fields``) is
-written ``__init__(self, *, FIELD: TYPE = DEFAULT, ...)`` over exactly its fields, each default
-what ``Cls()`` holds. A default the binding cannot spell as a literal (an object) is ``...`` in
+defaults (pybind11's signature line in ``__doc__``); a settings class (SettingsClass: a
+``fields`` tuple, keyword construction) is written as its fields' attributes and
+``__init__(self, *, FIELD: TYPE = DEFAULT, ...)`` over exactly its fields, each default what
+``Cls()`` holds (``...`` for an object, or the machine's: scripts/options_doc.py's list). A default the binding cannot spell as a literal (an object) is ``...`` in
 the stub; a literal one must be the same value.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import math
 import os
@@ -24,17 +26,21 @@ import pytest
 from batchcast import _batchcast
 
 STUB = os.path.join(os.path.dirname(os.path.abspath(_batchcast.__file__)), "_batchcast.pyi")
-# Defaults that depend on the machine, written `...` in the stub: ServeConfig.workers is the
-# host's core count.
-HOST_DEPENDENT = {("ServeConfig", "workers")}
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Dunders the stub declares where the binding's matter to a user; the binding's others
 # (__eq__, __repr__, pickling) come with every settings class and are not listed.
 USER_DUNDERS = {"__init__", "__len__", "__getitem__", "__dlpack__", "__dlpack_device__"}
 UNSPELLABLE = object()  # a binding default with no literal spelling (an object's repr)
-# The ServeConfig and PipelineOptions sections are generated from the option table, which is
-# being written: until they are, their stub is the attributes and `**fields` (strict: once they
-# are regenerated this marker must go).
-GENERATED_LATER = {"ServeConfig", "PipelineOptions"}
+
+
+def _machine_defaults() -> set:
+    """Fields whose default is the machine's (ServeConfig.workers: its cores), written `...`:
+    scripts/options_doc.py's list, which writes the ServeConfig and PipelineOptions sections."""
+    path = os.path.join(ROOT, "scripts", "options_doc.py")
+    spec = importlib.util.spec_from_file_location("options_doc", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return set(module.MACHINE_DEFAULTS)
 
 
 def _stub() -> ast.Module:
@@ -56,9 +62,10 @@ def _is_property(fn: ast.FunctionDef) -> bool:
 
 def _literal(text: str) -> Any:
     try:
-        return ast.literal_eval(text)
+        value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return UNSPELLABLE
+    return UNSPELLABLE if value is Ellipsis else value  # an object's repr, replaced by ...
 
 
 def _same(ours: Any, theirs: Any) -> bool:
@@ -141,12 +148,28 @@ def _members(cls: type) -> Dict[str, Any]:
             and not isinstance(v, types.WrapperDescriptorType)}
 
 
+def _dunders(cls: type) -> set:
+    """Its own dunders that are not Python's defaults, beyond those _members lists."""
+    return {k for k, v in vars(cls).items() if k.startswith("__") and k not in USER_DUNDERS
+            and not isinstance(v, types.WrapperDescriptorType)}
+
+
+def _is_settings_class(cls: type) -> bool:
+    """A SettingsClass (python/src/settings_class.h): `fields`, and construction by keyword."""
+    init = vars(cls).get("__init__")
+    return (isinstance(vars(cls).get("fields"), tuple) and init is not None
+            and (init.__doc__ or "").startswith("__init__(self: ")
+            and init.__doc__.split("\n", 1)[0].endswith(", **kwargs) -> None"))
+
+
 def _check_settings_class(name: str, node: ast.ClassDef, cls: type) -> List[str]:
-    fields = list(cls.fields)
+    """Its fields (in any order: keywords and attributes) and their defaults."""
+    fields = sorted(cls.fields)
     defaults = cls()
+    machine = _machine_defaults()
     problems = []
-    attrs = [n.target.id for n in node.body if isinstance(n, ast.AnnAssign)
-             and isinstance(n.target, ast.Name) and n.target.id != "fields"]
+    attrs = sorted(n.target.id for n in node.body if isinstance(n, ast.AnnAssign)
+                   and isinstance(n.target, ast.Name) and n.target.id != "fields")
     if attrs != fields:
         problems.append(f"{name}: stub attributes {attrs}, binding fields {fields}")
     init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
@@ -156,7 +179,7 @@ def _check_settings_class(name: str, node: ast.ClassDef, cls: type) -> List[str]
     a = init.args
     if a.args[1:] or a.vararg or a.kwarg or a.posonlyargs:
         problems.append(f"{name}.__init__: write (self, *, FIELD: TYPE = DEFAULT, ...)")
-    keywords = [k.arg for k in a.kwonlyargs]
+    keywords = sorted(k.arg for k in a.kwonlyargs)
     if keywords != fields:
         problems.append(f"{name}.__init__: stub keywords {keywords}, binding fields {fields}")
     for arg, default in zip(a.kwonlyargs, a.kw_defaults):
@@ -164,8 +187,8 @@ def _check_settings_class(name: str, node: ast.ClassDef, cls: type) -> List[str]
             continue
         value = getattr(defaults, arg.arg)
         text = None if default is None else ast.unparse(default)
-        if text == "..." and (name, arg.arg) in HOST_DEPENDENT:
-            continue
+        if text == "..." and (arg.arg in machine or _literal(repr(value)) is UNSPELLABLE):
+            continue  # the machine's, or an object (transform: PipelineOptions())
         if text is None:
             problems.append(f"{name}.__init__({arg.arg}): no default; {name}() holds {value!r}")
             continue
@@ -214,11 +237,8 @@ def test_function_parameters_and_defaults(name):
     assert not _check_function(name, _stub_functions()[name], bound, name)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="stub generated later"))
-    if n in GENERATED_LATER else n
-    for n in sorted(n for n, v in vars(_batchcast).items()
-                    if inspect.isclass(v) and not n.startswith("_"))])
+@pytest.mark.parametrize("name", sorted(n for n, v in vars(_batchcast).items()
+                                        if inspect.isclass(v) and not n.startswith("_")))
 def test_class_members_parameters_and_defaults(name):
     cls = getattr(_batchcast, name)
     node = _stub_classes().get(name)
@@ -226,16 +246,23 @@ def test_class_members_parameters_and_defaults(name):
     if issubclass(cls, BaseException):
         return  # the error classes: names only (their bases are checked by test_errors)
     problems: List[str] = []
-    settings = hasattr(cls, "fields")
+    settings = _is_settings_class(cls)
     if settings:
         problems += _check_settings_class(name, node, cls)
     stub_members = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+    attributes = {n.target.id for n in node.body
+                  if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     bound = _members(cls)
-    fields = set(cls.fields) if settings else set()
-    expected = set(bound) - fields - {"fields"}
-    if sorted(stub_members) != sorted(expected):
-        problems.append(f"{name}: stub members {sorted(stub_members)}, binding "
-                        f"{sorted(expected)}")
+    if settings:  # the fields and `fields` are compared above
+        attributes = set()
+        bound = {k: v for k, v in bound.items() if k not in set(cls.fields) | {"fields"}}
+    stubbed = set(stub_members) | attributes
+    # Every member a user sees is in the stub; the stub's other dunders (__eq__) are bound too.
+    if sorted(stubbed - _dunders(cls)) != sorted(bound):
+        problems.append(f"{name}: stub members {sorted(stubbed)}, binding {sorted(bound)}")
+    for member in attributes & set(bound):
+        if callable(inspect.getattr_static(cls, member)):
+            problems.append(f"{name}.{member}: an attribute in the stub, a method in the binding")
     for member, fn in stub_members.items():
         if member not in bound:
             continue
