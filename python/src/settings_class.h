@@ -2,8 +2,9 @@
 // StreamHostOptions) bound as a typed Python class. Each field is a read-write attribute (enums
 // as their names, checked on assignment; errors name the field as the command line does for the
 // serve settings, as the keyword does for the others); keyword construction, ==, repr, pickling
-// and the class attribute `fields` (the names, in order: what the .pyi stub's test compares)
-// all come from that one list of fields, so a field added to the binding is added to all of them.
+// and the class attribute `fields` (the names, as declared: what tests/python/test_stub.py holds
+// the stub to) all come from that one list of fields, so a field added to the binding is added
+// to all of them.
 //
 // Thread-safety: used while the module is initialised (GIL held). The bound objects are
 // values: each Python object owns its own T.

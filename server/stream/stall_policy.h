@@ -15,7 +15,9 @@ enum class StallPolicy { kWait, kSkip, kDecouple };
 
 // `--stall-policy NAME` and Python's `stall_policy="NAME"`.
 inline const std::map<std::string, StallPolicy> kStallPolicyNames = {
-    {"wait", StallPolicy::kWait}, {"skip", StallPolicy::kSkip}, {"decouple", StallPolicy::kDecouple}};
+    {"wait", StallPolicy::kWait},
+    {"skip", StallPolicy::kSkip},
+    {"decouple", StallPolicy::kDecouple}};
 
 // Seconds a consumer may hold the stream back (decouple) or ask for nothing (skip) before the
 // policy acts, unless the server or the consumer sets its own; also when a stall is logged.

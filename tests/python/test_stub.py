@@ -6,8 +6,8 @@ every function, method and ``__init__`` has the binding's parameters, in order, 
 defaults (pybind11's signature line in ``__doc__``); a settings class (SettingsClass: a
 ``fields`` tuple, keyword construction) is written as its fields' attributes and
 ``__init__(self, *, FIELD: TYPE = DEFAULT, ...)`` over exactly its fields, each default what
-``Cls()`` holds (``...`` for an object, or the machine's: scripts/options_doc.py's list). A default the binding cannot spell as a literal (an object) is ``...`` in
-the stub; a literal one must be the same value.
+``Cls()`` holds. A default that is an object (no literal spells it), or the machine's
+(scripts/options_doc.py's list), is ``...`` in the stub; any other must be the same value.
 """
 
 from __future__ import annotations
