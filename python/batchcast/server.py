@@ -91,6 +91,15 @@ def _pid_running(pid: int) -> bool:
         return False
 
 
+def _answer_endpoint(config: _batchcast.ServeConfig) -> str:
+    """Where a server of `config` shows it is ready: its endpoint, or with every_rank the last
+    rank's (started last)."""
+    endpoint = config.endpoint or _batchcast.default_endpoint()
+    if config.every_rank:
+        return _batchcast.rank_endpoint(endpoint, config.world_size - 1)
+    return endpoint
+
+
 class Server:
     """A server process :func:`launch` started (made there only; see there): ``config`` (what
     it serves), ``endpoint`` (where it answers), ``argv``, ``pid``, ``log_path``; ``process``
@@ -99,7 +108,7 @@ class Server:
     def __init__(self, config: _batchcast.ServeConfig, argv: List[str], log_path: str,
                  process: Optional[subprocess.Popen], pid: int, before: Optional[tuple], *,
                  owns_log: bool) -> None:
-        self.config = config
+        self.config = copy.copy(config)  # what it was started with, whatever the caller does next
         self.argv = argv
         self.endpoint = config.endpoint or _batchcast.default_endpoint()
         self.log_path = log_path
@@ -108,10 +117,7 @@ class Server:
         # launch() makes the log a temporary file of this server's own; a path the caller chose
         # (a file to keep, /dev/null) is never removed.
         self._owns_log = owns_log
-        # Where readiness shows: the endpoint, or with every_rank the last rank's (started last).
-        self._answer_at = self.endpoint
-        if config.every_rank:
-            self._answer_at = _batchcast.rank_endpoint(self.endpoint, config.world_size - 1)
+        self._answer_at = _answer_endpoint(config)
         self._before = before  # the ipc socket file's identity before the start: stale, no answer
         # A child dies with this process's clean exit; a detached server outlives it.
         self._guard = ExitGuard(self.stop) if process is not None else None
@@ -280,10 +286,7 @@ def launch(
     if log is None:
         fd, log = tempfile.mkstemp(prefix="batchcast-serve-", suffix=".log")
         os.close(fd)
-    answer_at = config.endpoint or _batchcast.default_endpoint()
-    if config.every_rank:
-        answer_at = _batchcast.rank_endpoint(answer_at, config.world_size - 1)
-    ipc = _ipc_path(answer_at)
+    ipc = _ipc_path(_answer_endpoint(config))
     before = _file_id(ipc) if ipc else None  # a stale socket file is not an answer
     allowed = None if cpus is None else sorted(set(cpus))
     pin = None if allowed is None else (lambda: os.sched_setaffinity(0, allowed))

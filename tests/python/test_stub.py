@@ -293,3 +293,21 @@ def test_errors():
                     b.__name__ in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
                     else b.__name__ for b in cls.__bases__]
         assert bases == expected, f"{node.name}: stub bases {bases}, binding {expected}"
+
+
+def test_the_python_layer_takes_its_defaults_from_the_binding():
+    # One declaration per default: Loader's and Producer's keywords are the options' defaults,
+    # and the stall bound and policy are the same for serve, a Producer and the stream host.
+    import batchcast
+
+    consumer, host = _batchcast.ConsumerOptions(), _batchcast.StreamHostOptions()
+    loader = inspect.signature(batchcast.Loader).parameters
+    for name in ("max_held", "prefetch", "late_join"):
+        assert loader[name].default == getattr(consumer, name), name
+    producer = inspect.signature(batchcast.Producer).parameters
+    for name, field in (("ring", "ring_slots"), ("min_consumers", "min_consumers"),
+                        ("stall_policy", "stall_policy"), ("stall_timeout", "stall_timeout"),
+                        ("allow_remote", "allow_remote")):
+        assert producer[name].default == getattr(host, field), name
+    serve = _batchcast.ServeConfig()
+    assert (serve.stall_policy, serve.stall_timeout) == (host.stall_policy, host.stall_timeout)
