@@ -45,6 +45,7 @@ from . import _batchcast, _torchvision_plan
 from ._fingerprint import view_of
 from ._share_producer import _lock, launch
 from .loader import Loader
+from .server import pid_running
 
 __all__ = ["SharedStream", "distributed_rank", "native_plan", "pipeline_of", "share_paths"]
 
@@ -114,12 +115,10 @@ def _producer_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
     except OSError:
         return False
     # An empty cmdline: the process is in execve (sh -> python) at this instant.
-    return (not cmdline or b"batchcast._share_producer" in cmdline) and state != b"Z"
+    return (not cmdline or b"batchcast._share_producer" in cmdline) and pid_running(pid)
 
 
 class SharedStream:

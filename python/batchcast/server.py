@@ -82,7 +82,7 @@ def _file_id(path: str) -> Optional[tuple]:
     return (st.st_ino, st.st_mtime_ns)
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
     """A process that is no child of this one (a detached server): alive and not a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -134,7 +134,7 @@ class Server:
     def running(self) -> bool:
         if self.process is not None:
             return self.process.poll() is None
-        return _pid_running(self._pid)
+        return pid_running(self._pid)
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the server's output."""
@@ -191,7 +191,7 @@ class Server:
         if self.process is not None:
             return self.process.wait(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while _pid_running(self._pid):
+        while pid_running(self._pid):
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(self.argv, timeout or 0.0)
             time.sleep(0.02)
