@@ -267,9 +267,9 @@ def test_edited_samples_fall_back(folder):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--std", "0.2,0,0.2"], "--std: 0 divides: it must not be 0"),
+    (["--std", "0.2,0,0.2"], "--std: must be other than 0 (it divides) (got 0)"),
     (["--scale", "0.5"], "--scale: At least 2 required"),
-    (["--flip-p", "2"], "--flip-p: Value 2 not in range"),
+    (["--flip-p", "2"], "--flip-p: must be in 0..1 (got 2)"),
     (["--scale", "0.9,0.1"], "give the smaller value first"),
     (["--eval", "--image-size", "64", "--resize-size", "32"], "raise --resize-size"),
     (["--interpolation", "nearest", "--decoder", "nvjpeg", "--device", "cuda:0"],
