@@ -1,10 +1,13 @@
 #include "client/consumer.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "client/assembler.h"
 #include "client/session.h"
 #include "common/error.h"
+#include "shm/slot_pool.h"
 
 namespace batchcast {
 
@@ -34,6 +37,18 @@ uint32_t batch_size_of(const ConsumerOptions& o, const Session& s) {
   return b;
 }
 
+// Segments of servers that died (SIGKILL, the OOM killer) are removed by whoever looks next:
+// a consumer as it attaches and as it leaves, as well as the next server (docs/memory.md).
+void remove_dead_servers_segments() {
+  if (int n = remove_stale_segments())
+    spdlog::info("removed {} shared segment(s) left by dead batchcast servers", n);
+}
+
+ConsumerOptions after_sweep(ConsumerOptions options) {
+  remove_dead_servers_segments();
+  return options;
+}
+
 }  // namespace
 
 Batch::~Batch() {
@@ -46,7 +61,7 @@ void Batch::use_on_stream(uintptr_t stream) {
 }
 
 Consumer::Consumer(ConsumerOptions options)
-    : options_(std::move(options)),
+    : options_(after_sweep(std::move(options))),
       session_(std::make_shared<Session>(options_)),
       rebatcher_(batch_size_of(options_, *session_), options_.drop_last,
                  session_->welcome().first_epoch, session_->welcome().epoch_samples),
@@ -68,6 +83,7 @@ void Consumer::close() {
   chunk_.reset();
   session_->goodbye();
   session_.reset();
+  remove_dead_servers_segments();
 }
 
 const protocol::Welcome& Consumer::welcome() const { return session_->welcome(); }

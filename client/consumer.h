@@ -15,7 +15,8 @@
 //
 // Lifetime: a Batch keeps its slot (and the mapping) alive until it is destroyed, even after
 // the Consumer is gone; the slot is released to the server then. Destroying the Consumer tells
-// the server it wants no more chunks (Goodbye).
+// the server it wants no more chunks (Goodbye). Constructing and closing one also removes this
+// user's pool segments whose server died (shm/slot_pool.h, remove_stale_segments).
 // Errors, each message opening with words that say which case it is:
 //   "no server yet: ..."  TimeoutError from the constructor: nothing answered within timeout_s;
 //   "server gone: ..."    ServerGoneError from next(): the server answered, then died (pid check
