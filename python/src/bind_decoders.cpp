@@ -6,7 +6,6 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -125,11 +124,7 @@ void bind_decoders(py::module_& m) {
       "The transform (decoders/image_pipeline.h): what ImagePipeline and ServeConfig.transform "
       "take. Keyword construction; fields left out keep their defaults.");
   for_each_view_field([&](const ViewField& f, auto member, auto names) {
-    using T = std::remove_reference_t<decltype(PipelineOptions().*member)>;
-    if constexpr (std::is_enum_v<T>)
-      options.named(f.option, member, *names, f.help);
-    else
-      options.field(f.option, member, f.help);
+    options.declared(f.option, member, names, f.help);
   });
   options.field("max_image_pixels", &PipelineOptions::max_image_pixels,
                 "decompression-bomb guard, checked from the header");

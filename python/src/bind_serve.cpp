@@ -83,11 +83,13 @@ py::list option_rows() {
     return "numbers";
   };
   for_each_serve_setting([&](const ServeOption& o, auto member, auto names) {
-    row(o.name, o, o.check == ServeOption::Check::kByteSize ? "bytes" : type_of(d.*member, names));
+    row(o.name, o,
+        o.check == ServeOption::Check::kByteSize ? "bytes" : type_of(d.*member, names));
   });
   for_each_view_field([&](const ViewField& f, auto member, auto names) {
     const ServeOption o = view_field_option(f);
-    row(std::string("transform.") + f.option, o, o.inverted ? "flag" : type_of(d.transform.*member, names));
+    row(std::string("transform.") + f.option, o,
+        o.inverted ? "flag" : type_of(d.transform.*member, names));
   });
   return rows;
 }
@@ -105,11 +107,7 @@ void bind_serve(py::module_& m) {
       "Every setting of `batchcast serve` (ServeConfig.options() lists each one with its flag, "
       "group, default and help). Keyword construction; fields left out keep their defaults.");
   for_each_serve_setting([&](const ServeOption& o, auto member, auto names) {
-    using T = std::remove_reference_t<decltype(ServeConfig().*member)>;
-    if constexpr (std::is_enum_v<T>)
-      config.named(o.name, member, *names, o.help);
-    else
-      config.field(o.name, member, o.help);
+    config.declared(o.name, member, names, o.help);
   });
   config.field("transform", &ServeConfig::transform,
                "the PipelineOptions (its seed: shuffling's and augmentation's)");

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/error.h"
@@ -78,6 +79,17 @@ class SettingsClass {
         doc);
     names_->push_back(name);
     return *this;
+  }
+
+  // A field of a declared list (for_each_serve_setting, for_each_view_field): an enum by the
+  // names of its table, any other type as itself (`names` is then unused: a bool's names are
+  // the view text's, not Python's).
+  template <typename F, typename Names>
+  SettingsClass& declared(const char* name, F T::*member, const Names* names, const char* doc) {
+    if constexpr (std::is_enum_v<F>)
+      return named(name, member, *names, doc);
+    else
+      return field(name, member, doc);
   }
 
   // A field read and written through `get` and `set` (which checks the value).
