@@ -35,8 +35,9 @@ using metrics::ProcessAccount;
 using metrics::Stat;
 using nlohmann::json;
 
-// What a machine cannot give is said once per process, not once per collector: a bench that
-// makes many collectors would otherwise repeat it.
+// What a machine cannot give is in every summary ("missing") and in the report; the log says it
+// once per process at debug level: on a machine without a GPU or RAPL it is the same on every
+// run, and every tracked command or bench collector would repeat it.
 std::atomic<bool> g_missing_logged{false};
 
 bool is_consumer_role(const std::string& role) { return role == "consumer" || role == "trainer"; }
@@ -78,7 +79,7 @@ class MetricsCollector::Impl {
     }
     system_.emplace(metrics::SystemSeriesOptions{opt_.gpu, opt_.nvml_library, opt_.powercap_root});
     if (!g_missing_logged.exchange(true))
-      for (const std::string& m : system_->missing()) spdlog::info("metrics: {}", m);
+      for (const std::string& m : system_->missing()) spdlog::debug("metrics: {}", m);
     const fs::path dir(opt_.dir);
     processes_csv_.emplace((dir / "processes.csv").string(), ProcessAccount::csv_header());
     system_csv_.emplace((dir / "system.csv").string(), system_->csv_header());
@@ -244,7 +245,7 @@ class MetricsCollector::Impl {
       auto [it, fresh] = records_.try_emplace(key);
       if (fresh) order_.push_back(key);
       processes_csv_->write_row(it->second.update(t, p, table.tree_usage(p.pid, watched),
-                                                  system_->gpu_by_pid(), min_span));
+                                                  system_->gpu_by_pid(), {min_span, cores_}));
       tree_rss_sum += it->second.tree_rss_mb_now();
     }
     peak_rss_sum_.add(tree_rss_sum);
@@ -339,6 +340,7 @@ class MetricsCollector::Impl {
           {"nvml", system_->gpu_count() > 0}}},
     };
     system_->add_summary(&out);
+    out["system"]["cpu_cores"] = cores_;
     return out;
   }
 
@@ -362,6 +364,8 @@ class MetricsCollector::Impl {
   }
 
   CollectorOptions opt_;
+  // The machine's online CPUs: no CPU rate can exceed them.
+  const double cores_ = static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   std::function<MetricsSnapshot()> source_;
   CollectorEnv env_;
   std::optional<metrics::SystemSeries> system_;

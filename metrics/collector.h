@@ -8,9 +8,10 @@
 // (children it has reaped) + the same for each of its live descendants (e.g. DataLoader
 // workers), found by walking the ppid tree of /proc/*/stat. A descendant that is itself watched
 // is charged to itself only. Figures are deltas from the first tick at which the collector saw
-// the process, so CPU and samples cover the same span, unless the owner started the process
-// itself and asks for counting from its start (Process::since_start, what `batchcast track`
-// does). Run-queue wait (schedstat), GPU SM % and GPU memory are summed over the same tree.
+// the process, so CPU and samples cover the same span, unless the owner asks for counting from
+// the process's start (Process::since_start: `batchcast track` for its command, a server for
+// itself). A CPU rate is never given over a span where more CPU arrived than the machine's
+// cores could spend in it. Run-queue wait (schedstat), GPU SM % and GPU memory are summed over the same tree.
 //
 // Thread-safety: start(), stop() and summary() may be called from any thread, concurrently.
 // The `source` callback is called on the ticking thread only (the sampler thread, or the caller
@@ -57,8 +58,9 @@ struct MetricsSnapshot {
     // first tick is lost.
     bool since_start = false;
     // With since_start: exact CPU core-seconds since the start, when the owner knows them (the
-    // rusage of wait4() once the process has exited: it and every descendant it reaped). The
-    // larger of this and the /proc reading counts, so nothing after the last tick is lost.
+    // rusage of wait4() once the process has exited: it and every descendant it reaped). It
+    // replaces the /proc reading: nothing after the last tick is lost, and descendants that
+    // outlived the process (still running, so not in the kernel's total) are not counted here.
     std::optional<double> exact_cpu_s = std::nullopt;
   };
   // Keep a process listed until it has finished: the collector reads its CPU only while it is.

@@ -39,7 +39,8 @@ double ProcessAccount::wait_total() const {
 std::vector<std::string> ProcessAccount::update(double t, const MetricsSnapshot::Process& p,
                                                 const std::optional<TreeUsage>& usage,
                                                 const std::map<pid_t, PidGpuUse>& gpu,
-                                                double min_span) {
+                                                const RateLimits& rates) {
+  const double min_span = rates.min_span;
   const bool fresh = !seen_;
   if (fresh) {
     seen_ = true;
@@ -96,13 +97,20 @@ std::vector<std::string> ProcessAccount::update(double t, const MetricsSnapshot:
   }
   last_tree_rss_mb_ = tree_rss.value_or(0);
   if (p.since_start && p.exact_cpu_s) {
+    // The kernel's total for the process and the descendants it reaped: it replaces the /proc
+    // readings, which may have included descendants that left the tree still running (they
+    // are not part of this total, and are accounted where they ran).
     cpu_seen_ = true;
-    cpu_rel_ = std::max(cpu_rel_, *p.exact_cpu_s);
+    cpu_exact_ = true;
+    cpu_rel_ = *p.exact_cpu_s;
   }
   if (cpu_seen_) {
     cpu_s = cpu_rel_;
-    if (!fresh && t - prev_cpu_t_ >= min_span)
-      cpu_pct = (cpu_rel_ - prev_cpu) / (t - prev_cpu_t_) * 100.0;
+    const double span = t - prev_cpu_t_, delta = cpu_rel_ - prev_cpu;
+    // /proc counts each process's CPU in clock ticks: allow one per process summed.
+    const double quantum = 0.01 * std::max(1, procs);
+    if (!fresh && span >= min_span && delta >= 0 && delta <= rates.cores * span + quantum)
+      cpu_pct = delta / span * 100.0;
     if (usage || p.exact_cpu_s) prev_cpu_t_ = t;
   }
   std::optional<double> sps;
@@ -133,6 +141,7 @@ nlohmann::json ProcessAccount::to_json() const {
           {"first_s", first_t_},
           {"last_s", last_t_},
           {"cpu_core_s", cpu_seen_ ? json(cpu_rel_) : json(nullptr)},
+          {"cpu_exact", cpu_exact_},
           {"mean_cpu_percent", cpu_seen_ ? json(per(cpu_rel_, span) * 100) : json(nullptr)},
           {"run_queue_wait_s", cpu_seen_ ? json(wait_total()) : json(nullptr)},
           {"peak_rss_mb", rss_mb_.max()},

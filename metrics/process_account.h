@@ -33,11 +33,18 @@ class ProcessAccount {
   static const std::vector<std::string>& csv_header();
 
   // Records one tick at `t` (seconds since the collector started) for `p`. `usage` is its tree
-  // now (nullopt: not in /proc); run-queue wait is read here for the tree's members. Rates over
-  // spans shorter than `min_span` stay empty. Returns the processes.csv row.
+  // now (nullopt: not in /proc); run-queue wait is read here for the tree's members. A rate cell
+  // stays empty over a span shorter than `rates.min_span`, and a CPU rate also where the CPU
+  // that arrived in the span is more than `rates.cores` could have spent in it (CPU the ticks
+  // never saw running, such as a process reaped between them, is a total, not a rate). Returns
+  // the processes.csv row.
+  struct RateLimits {
+    double min_span = 0;  // seconds
+    double cores = 1;     // the machine's online CPUs
+  };
   std::vector<std::string> update(double t, const MetricsSnapshot::Process& p,
                                   const std::optional<TreeUsage>& usage,
-                                  const std::map<pid_t, PidGpuUse>& gpu, double min_span);
+                                  const std::map<pid_t, PidGpuUse>& gpu, const RateLimits& rates);
 
   const std::string& role() const { return role_; }
   double cpu_s() const { return cpu_rel_; }
@@ -57,6 +64,7 @@ class ProcessAccount {
   // CPU: core-seconds, clamped to never decrease (see README: a descendant read just after its
   // parent reaped it can make one reading dip).
   bool cpu_seen_ = false;
+  bool cpu_exact_ = false;  // cpu_rel_ is the owner's exact total (wait4), not a /proc reading
   uint64_t starttime_ = 0;
   double cpu_base_ = 0, cpu_carried_ = 0, cpu_rel_ = 0, prev_cpu_t_ = 0;
   // Run-queue wait: the last reading of each member pid (kept after it exits, so the wait of a

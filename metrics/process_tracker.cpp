@@ -6,10 +6,12 @@
 
 namespace batchcast {
 
-ProcessTracker::ProcessTracker(CollectorOptions options, std::string role, std::string id)
+ProcessTracker::ProcessTracker(CollectorOptions options, std::string role, std::string id,
+                               bool since_start)
     : role_(std::move(role)),
       id_(std::move(id)),
       pid_(::getpid()),
+      since_start_(since_start),
       collector_(std::move(options), [this] { return snapshot(); }) {
   if (id_.empty()) id_ = std::to_string(pid_);
 }
@@ -31,6 +33,7 @@ MetricsSnapshot ProcessTracker::snapshot() const {
   p.pid = pid_;
   p.samples = samples();
   p.wait_s = wait_s();
+  p.since_start = since_start_;
   s.processes.push_back(std::move(p));
   return s;
 }

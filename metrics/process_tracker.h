@@ -21,8 +21,11 @@ namespace batchcast {
 class ProcessTracker {
  public:
   // `role`: "trainer" (default in Python) or "consumer"/"server"; `id`: free text, default "" =
-  // the pid. Throws batchcast::Error as MetricsCollector's constructor.
-  ProcessTracker(CollectorOptions options, std::string role, std::string id = "");
+  // the pid. `since_start`: count this process's CPU from its start (a server's start-up is
+  // its cost) instead of from the first tick (a trainer's own start-up is not data loading).
+  // Throws batchcast::Error as MetricsCollector's constructor.
+  ProcessTracker(CollectorOptions options, std::string role, std::string id = "",
+                 bool since_start = false);
 
   void add_samples(uint64_t n) { samples_.fetch_add(n, std::memory_order_relaxed); }
   void add_wait(double seconds);
@@ -39,6 +42,7 @@ class ProcessTracker {
 
   std::string role_, id_;
   pid_t pid_;
+  bool since_start_;
   std::atomic<uint64_t> samples_{0};
   std::atomic<uint64_t> wait_ns_{0};  // integer so that fetch_add is lock-free
   MetricsCollector collector_;        // last: its thread reads the members above

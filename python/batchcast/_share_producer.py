@@ -296,9 +296,9 @@ def main(argv: list) -> int:
     steps["server"] = time.time() - entered - steps["spec"]
     tracker = None
     if metrics_dir and pipeline.get("native") is None:
-        from .tools import metrics
+        from ._tracking import track
 
-        tracker = metrics.track(metrics_dir, role="server")
+        tracker = track(metrics_dir, role="server", since_start=True)
     held: Dict[str, int] = {}
     done = threading.Event()
     watcher = threading.Thread(

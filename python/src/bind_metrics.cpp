@@ -113,15 +113,16 @@ void bind_metrics(py::module_& m) {
                              "Records this process (and its live child processes) in the "
                              "collector's format; counters fed with add_samples()/add_wait().")
       .def(py::init([](std::string dir, std::string role, std::string id, double interval,
-                       std::string run_name, bool gpu, std::string nvml_library) {
+                       std::string run_name, bool gpu, std::string nvml_library,
+                       bool since_start) {
              return std::make_unique<ProcessTracker>(
                  make_options(std::move(dir), interval, std::move(run_name), gpu,
                               std::move(nvml_library)),
-                 std::move(role), std::move(id));
+                 std::move(role), std::move(id), since_start);
            }),
            py::arg("dir"), py::arg("role") = "trainer", py::arg("id") = "",
            py::arg("interval") = 1.0, py::arg("run_name") = "", py::arg("gpu") = true,
-           py::arg("nvml_library") = "")
+           py::arg("nvml_library") = "", py::arg("since_start") = false)
       .def("start", &ProcessTracker::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &ProcessTracker::stop, py::call_guard<py::gil_scoped_release>())
       .def("add_samples", &ProcessTracker::add_samples, py::arg("n"))

@@ -45,43 +45,65 @@ std::unique_ptr<SampleSource> make_source(const ServeConfig& c, const ViewSet* v
   return std::make_unique<ImageSource>(std::move(dataset), *views);
 }
 
-// The metrics collector's view of the stream host: the server process and one entry per consumer
-// process (two Loaders in one process share its CPU: one entry, their samples summed), each
-// named by the first consumer id seen in it. Every consumer counts, attached or gone (a gone one
-// with the final counters of its Goodbye), so that nothing consumed is lost; the collector reads
-// a process's CPU while it lives. While consumers still read, the counts are not final.
-std::unique_ptr<MetricsCollector> make_collector(const ServeConfig& c, StreamHost& core) {
-  if (c.metrics_dir.empty()) return nullptr;
-  CollectorOptions co;
-  co.dir = c.metrics_dir;
-  co.interval_s = c.metrics_interval;
-  // Called on the sampler thread only: the names need no lock.
-  return std::make_unique<MetricsCollector>(
-      co, [&core, names = std::map<pid_t, std::string>()]() mutable {
-        auto s = core.stats();
-        MetricsSnapshot snap;
-        snap.producer_blocked_s = s.producer_blocked_s;
-        snap.ring_used = s.ring_occupied;
-        snap.ring_size = s.ring_slots;
-        snap.processes.push_back({"server", "server", ::getpid(), 0, 0});
-        std::map<pid_t, size_t> entry;  // pid -> index in snap.processes
-        for (const auto& cs : s.consumers) {
-          auto [it, fresh] = entry.try_emplace(cs.pid, snap.processes.size());
-          if (fresh) {
-            const std::string& id = names.try_emplace(cs.pid, std::to_string(cs.id)).first->second;
-            snap.processes.push_back({"consumer", id, cs.pid, 0, 0});
-          }
-          snap.processes[it->second].samples += cs.samples;
-          snap.processes[it->second].wait_s += cs.wait_s;
-        }
-        // A consumer that said Goodbye sent its final counters with it.
-        if (const uint64_t reading = core.consumers_reading())
-          snap.incomplete = std::to_string(reading) +
-                            " consumer(s) still attached when the server stopped: what they "
-                            "consumed after their last heartbeat is not counted";
-        return snap;
-      });
-}
+}  // namespace
+
+// The metrics collector's view of the stream host: the server process (its CPU counted from its
+// start) and one entry per consumer process (two Loaders in one process share its CPU: one entry,
+// their samples summed), each named by the first consumer id seen in it. Every consumer counts,
+// attached or gone (a gone one with the final counters of its Goodbye), so that nothing consumed
+// is lost; the collector reads a process's CPU while it lives. While consumers still read, the
+// counts are not final. After detach() the last snapshot is repeated, so that the collector's
+// final tick can come after the host is gone. Called on the sampler thread; detach() on the
+// owner's: under mu_.
+class MetricsSource {
+ public:
+  explicit MetricsSource(StreamHost& core) : core_(&core) {}
+  MetricsSnapshot operator()() {
+    std::lock_guard lk(mu_);
+    if (core_) last_ = read(*core_);
+    return last_;
+  }
+  void detach() {
+    std::lock_guard lk(mu_);
+    if (core_) last_ = read(*core_);
+    core_ = nullptr;
+  }
+
+ private:
+  MetricsSnapshot read(StreamHost& core) {
+    auto s = core.stats();
+    MetricsSnapshot snap;
+    snap.producer_blocked_s = s.producer_blocked_s;
+    snap.ring_used = s.ring_occupied;
+    snap.ring_size = s.ring_slots;
+    MetricsSnapshot::Process server{"server", "server", ::getpid(), 0, 0};
+    server.since_start = true;  // start-up (dataset scan, pool) is the server's CPU too
+    snap.processes.push_back(server);
+    std::map<pid_t, size_t> entry;  // pid -> index in snap.processes
+    for (const auto& cs : s.consumers) {
+      auto [it, fresh] = entry.try_emplace(cs.pid, snap.processes.size());
+      if (fresh) {
+        const std::string& id = names_.try_emplace(cs.pid, std::to_string(cs.id)).first->second;
+        snap.processes.push_back({"consumer", id, cs.pid, 0, 0});
+      }
+      snap.processes[it->second].samples += cs.samples;
+      snap.processes[it->second].wait_s += cs.wait_s;
+    }
+    // A consumer that said Goodbye sent its final counters with it.
+    if (const uint64_t reading = core.consumers_reading())
+      snap.incomplete = std::to_string(reading) +
+                        " consumer(s) still attached when the server stopped: what they "
+                        "consumed after their last heartbeat is not counted";
+    return snap;
+  }
+
+  std::mutex mu_;
+  StreamHost* core_;
+  std::map<pid_t, std::string> names_;
+  MetricsSnapshot last_;
+};
+
+namespace {
 
 // The slowest attached consumer and how far behind it is; what regeneration cost (the extra
 // decoding for consumers that catch up or were decoupled).
@@ -207,8 +229,15 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
                  arenas->arenas().size(), arenas->describe_copies());
 #endif
   po.stage = stage_.get();
-  collector_ = make_collector(c, *core_);
-  if (collector_) collector_->start();
+  if (!c.metrics_dir.empty()) {
+    metrics_source_ = std::make_shared<MetricsSource>(*core_);
+    CollectorOptions co;
+    co.dir = c.metrics_dir;
+    co.interval_s = c.metrics_interval;
+    collector_ = std::make_unique<MetricsCollector>(
+        co, [source = metrics_source_] { return (*source)(); });
+    collector_->start();
+  }
   producer_ = std::make_unique<SampleProducer>(*core_, *source_, *plan_, po);
   producing_ = std::thread([this] {
     produce_ok_ = producer_->run();
@@ -219,7 +248,21 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
 ServeRun::~ServeRun() {
   stop();
   if (producing_.joinable()) producing_.join();
-  if (collector_) collector_->stop();
+  if (!collector_) return;
+  // The server's CPU counts to its end: the collector's final tick comes after the stream, its
+  // pool and its socket are torn down, with the host's last counters.
+  metrics_source_->detach();
+  producer_.reset();
+  stage_.reset();
+  core_.reset();
+  plan_.reset();
+  source_.reset();
+  views_.reset();
+  try {
+    collector_->stop();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+  }
 }
 
 void ServeRun::stop() {

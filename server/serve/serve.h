@@ -20,6 +20,7 @@ namespace batchcast {
 
 class ChunkStage;
 class MetricsCollector;
+class MetricsSource;
 class SampleSource;
 class SampleProducer;
 class StreamHost;
@@ -54,6 +55,7 @@ class ServeRun {
   std::unique_ptr<StreamPlan> plan_;
   std::unique_ptr<StreamHost> core_;
   std::unique_ptr<ChunkStage> stage_;  // destroyed before the stream host whose arena it borrows
+  std::shared_ptr<MetricsSource> metrics_source_;  // the collector's view of core_
   std::unique_ptr<MetricsCollector> collector_;
   std::unique_ptr<SampleProducer> producer_;
   std::atomic<bool> stop_{false};

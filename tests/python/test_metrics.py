@@ -254,3 +254,12 @@ def test_collector_dropped_without_stop_and_raising_source(tmp_path):
     del c  # the destructor stops it with the GIL released: no deadlock
     with open(tmp_path / "r" / "summary.json") as f:
         assert json.load(f)["complete"] is True
+
+
+def test_the_readmes_python_imports_work():
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "metrics", "README.md")
+    with open(readme) as f:
+        lines = [l.strip() for l in f if l.strip().startswith(("from batchcast", "import batchcast"))]
+    assert lines
+    for line in lines:
+        exec(line, {})  # raises ImportError where the README names a module that is not there

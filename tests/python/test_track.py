@@ -191,22 +191,109 @@ def _part(d, **kw) -> None:
         json.dump(s, f)
 
 
+def _proc(role, pid, cpu, samples=0, **kw):
+    return dict(role=role, id=kw.pop("id", ""), pid=pid, cpu_core_s=cpu, samples=samples, **kw)
+
+
 def test_tracked_parts_count_cpu_once(tmp_path):
     run = tmp_path / "shared"
     # A tracked server command (its tree: 4 core-s) whose own collector also counted 3 core-s
     # of server and consumers, and a tracked trainer (2 core-s) that consumed 100 samples.
     _part(run / "serve" / "command", cpu_core_s={"server": 0, "consumers": 0, "all": 4.0},
           run_queue_wait_s=0.5, energy_joules={"gpu": 500.0, "cpu": None, "all": 500.0},
-          duration_s=12.0)
+          duration_s=12.0, processes=[_proc("command", 10, 4.0, cpu_exact=True)])
     _part(run / "serve", cpu_core_s={"server": 2.0, "consumers": 1.0, "all": 3.0}, samples=100,
-          run_queue_wait_s=9.0)
+          run_queue_wait_s=9.0,
+          processes=[_proc("server", 10, 2.0), _proc("consumer", 20, 1.0, 100)])
     _part(run / "train" / "command", cpu_core_s={"server": 0, "consumers": 0, "all": 2.0},
-          run_queue_wait_s=0.25)
+          run_queue_wait_s=0.25, processes=[_proc("command", 20, 2.0, cpu_exact=True)])
     s = metrics.summarize(run)
     assert s["cpu_core_s"] == {"server": 2.0, "consumers": 1.0, "all": 6.0}
     assert s["cpu_core_s_per_sample"]["all"] == pytest.approx(0.06)
     assert s["run_queue_wait_s"] == pytest.approx(0.75)
     assert s["joules_per_sample"]["all"] == pytest.approx(5.0)
+    assert s["warnings"] == []
+
+
+def test_a_producer_that_outlived_its_trainer_counts_by_its_own_record(tmp_path):
+    # Trial 0 started the detached producer (pid 30): track saw it outlive the command (1 core-s
+    # so far), and the producer's own record, from its start to its end, says 4.17.
+    run = tmp_path / "shared"
+    _part(run / "t0" / "command", samples=10, processes=[
+        _proc("command", 20, 2.0, 10, cpu_exact=True),
+        _proc("command", 30, 1.0, id=metrics.ADOPTED, cpu_exact=False)])
+    _part(run / "t0", samples=960, processes=[
+        _proc("server", 30, 4.17), _proc("consumer", 20, 0.5, 480), _proc("consumer", 21, 0.5, 480)])
+    _part(run / "t1" / "command", samples=10,
+          processes=[_proc("command", 21, 2.0, 10, cpu_exact=True)])
+    s = metrics.summarize(run)
+    assert s["cpu_core_s"]["all"] == pytest.approx(2.0 + 4.17 + 2.0)
+    # --samples 10 each was declared, the consumers were seen: what was seen counts, once.
+    assert s["samples"] == 960
+    assert len(s["warnings"]) == 1 and "declared 20" in s["warnings"][0]
+    # Reaped before its command ended, it is in that command's exact total instead.
+    _part(run / "t0" / "command", processes=[
+        _proc("command", 20, 2.0, cpu_exact=True),
+        _proc("command", 30, 4.2, id=metrics.ADOPTED, cpu_exact=True)])
+    assert metrics.summarize(run)["cpu_core_s"]["all"] == pytest.approx(2.0 + 4.2 + 2.0)
+
+
+def test_samples_are_counted_the_same_way_for_a_baseline_and_a_shared_run(tmp_path):
+    # Baseline: trainers that record themselves (metrics.track()) are seen, no flag needed.
+    base = tmp_path / "baseline"
+    for i, pid in enumerate((40, 41)):
+        _part(base / f"t{i}" / "command", processes=[_proc("command", pid, 3.0, cpu_exact=True)])
+        _part(base / f"t{i}" / f"trainer-{pid}", samples=480,
+              processes=[_proc("trainer", pid, 2.5, 480)])
+    s = metrics.summarize(base)
+    assert s["samples"] == 960 and s["warnings"] == [] and s["cpu_core_s"]["all"] == 6.0
+    # A shared run whose trainers also record themselves: each trainer once, not also as the
+    # server's consumer.
+    shared = tmp_path / "shared"
+    _part(shared / "t0" / "command", processes=[_proc("command", 50, 1.0, cpu_exact=True)])
+    _part(shared / "t0" / "trainer-50", samples=480, processes=[_proc("trainer", 50, 0.9, 480)])
+    _part(shared / "t0", samples=480,
+          processes=[_proc("server", 60, 2.0), _proc("consumer", 50, 0.9, 480)])
+    assert metrics.summarize(shared)["samples"] == 480
+    # Nothing seen and nothing declared: no per-sample figures, and the summary says why.
+    blind = tmp_path / "blind"
+    _part(blind / "t0" / "command", processes=[_proc("command", 70, 3.0, cpu_exact=True)])
+    s = metrics.summarize(blind)
+    assert s["samples"] == 0 and s["cpu_core_s_per_sample"]["all"] is None
+    assert len(s["warnings"]) == 1 and "--samples N" in s["warnings"][0]
+    # Declared only: the declaration counts.
+    _part(blind / "t0" / "command", samples=960,
+          processes=[_proc("command", 70, 3.0, 960, cpu_exact=True)])
+    s = metrics.summarize(blind)
+    assert s["samples"] == 960 and s["warnings"] == []
+
+
+def test_the_example_sweep_counts_both_workloads_alike(tmp_path):
+    pytest.importorskip("torchvision")
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "metrics")
+    for name in ("sweep_example.csv", "sweep_trial.py"):
+        with open(os.path.join(root, name)) as src, open(tmp_path / name, "w") as dst:
+            dst.write(src.read())
+    r = subprocess.run([sys.executable, "-m", "batchcast", "track", "--out", str(tmp_path / "o"),
+                        "--file", str(tmp_path / "sweep_example.csv")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("workload baseline: 1024 samples") == 1, r.stderr
+    assert r.stderr.count("workload shared: 1024 samples") == 1, r.stderr
+    assert "omitted" not in r.stderr, r.stderr  # what the machine cannot measure: the report
+    shared = metrics.summarize(tmp_path / "o" / "sweep" / "shared")
+    assert shared["warnings"] == []
+    (producer,) = [p for p in shared["processes"] if p["role"] == "server"]
+    assert producer["cpu_core_s"] > 0
+    # The producer outlived the trial that started it, or was reaped by its track: either way
+    # its CPU is in the total once.
+    left = {p["pid"] for p in shared["processes"]
+            if p.get("id") == metrics.ADOPTED and not p["cpu_exact"]}
+    expected = sum(p["cpu_core_s"] for p in shared["processes"]
+                   if p["role"] == "command" and p["pid"] not in left)
+    if producer["pid"] in left:
+        expected += producer["cpu_core_s"]
+    assert shared["cpu_core_s"]["all"] == pytest.approx(expected)
 
 
 def test_savings_three_ways():

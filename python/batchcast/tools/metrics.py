@@ -8,24 +8,23 @@ compared with::
         for images, labels in tracker.wrap(loader):   # counts samples and time in next()
             ...
 
-Each tracking process writes ``<dir>/<role>-<pid>/`` (processes.csv, system.csv, server.csv,
-summary.json), so N independent trainers can share one run directory; :func:`summarize`
-combines a run tree (every summary.json in it, at any depth: ``batchcast track`` writes
-``<experiment>/<workload>/<run>/command/``) into one summary, and reads an MLflow run directory
-written by ``batchcast track`` too. :func:`collocation_mode` says how GPU jobs share this
-machine (radT's "Collocation" column). CPU is that of the process plus its live child processes (DataLoader workers) and
-reaped children, sampled by a native thread that never takes the GIL. See metrics/README.md.
+:func:`track` and :class:`Tracker` are the package's own (``batchcast._tracking``): each
+tracking process writes ``<dir>/<role>-<pid>/``. :func:`summarize` combines a run tree (every
+summary.json in it, at any depth: ``batchcast track`` writes
+``<experiment>/<workload>/<run>/command/``) into one summary, counting each CPU second and each
+sample once (the rules are in metrics/README.md, "What each figure counts"), and reads an
+MLflow run directory written by ``batchcast track`` too. :func:`collocation_mode` says how GPU
+jobs share this machine (radT's "Collocation" column).
 """
 
 from __future__ import annotations
 
-import atexit
 import csv
 import json
 import os
-import time
-import weakref
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
+
+from .._tracking import Tracker, batch_size_of, native as _native, track
 
 __all__ = ["Tracker", "track", "summarize", "find_parts", "batch_size_of", "collocation_mode",
            "savings", "TRACK_PART"]
@@ -35,152 +34,12 @@ CONSUMER_ROLES = ("consumer", "trainer")
 TRACK_PART = "command"
 
 
-def _native():
-    from .. import _batchcast  # lazily: importing batchcast must not need the build
-
-    return _batchcast
-
-
 def collocation_mode(nvml_library: str = "") -> str:
     """How GPU jobs share this machine, detected: "mig" (MIG mode on), "mps" (an MPS control
     daemon answers on $CUDA_MPS_PIPE_DIRECTORY or /tmp/nvidia-mps, or NVML lists MPS clients),
     "time-slicing" (a GPU without either) or "none" (no GPU through NVML). See
     metrics/collocation.h."""
     return str(_native().collocation_mode(nvml_library))
-
-
-def batch_size_of(batch: Any) -> int:
-    """Samples in a batch: the length of its first tensor (first element of a tuple/list, first
-    value of a dict, recursively); 1 for something without a length."""
-    def nested(x: Any) -> bool:
-        return isinstance(x, (tuple, list, dict)) or getattr(x, "shape", None) is not None
-
-    while True:
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) > 0 else 1
-        if isinstance(batch, dict) and batch:
-            batch = next(iter(batch.values()))
-        elif isinstance(batch, (tuple, list)) and batch and nested(batch[0]):
-            batch = batch[0]
-        else:
-            break
-    try:
-        return len(batch)
-    except TypeError:
-        return 1
-
-
-_live_trackers: "weakref.WeakSet[Tracker]" = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_live_trackers() -> None:
-    # A tracker still running at exit is stopped while the interpreter is whole, so its
-    # summary.json is written and its thread is joined before Python tears itself down.
-    for t in list(_live_trackers):
-        try:
-            t.stop()
-        except Exception:  # noqa: BLE001 - nothing sensible to do at exit
-            pass
-
-
-class Tracker:
-    """Records this process under ``role`` into ``<dir>/<role>-<pid>/``.
-
-    ``start()``/``stop()`` or use it as a context manager (``track()`` returns one already
-    started). ``add_samples(n)`` and ``add_wait(seconds)`` feed the counters; ``wrap(iterable)``
-    does both for a loader. ``interval`` is the sampling period in seconds (default 1 s, as the
-    server's collector). ``gpu=False`` skips NVML.
-    """
-
-    def __init__(
-        self,
-        dir: "os.PathLike[str] | str",
-        role: str = "trainer",
-        interval: float = 1.0,
-        id: Optional[str] = None,
-        run_name: Optional[str] = None,
-        gpu: bool = True,
-    ) -> None:
-        self.run_dir = os.path.abspath(os.fspath(dir))
-        self.role = role
-        self.pid = os.getpid()
-        self.dir = os.path.join(self.run_dir, f"{role}-{self.pid}")
-        if run_name is None:
-            run_name = os.path.basename(self.run_dir.rstrip(os.sep)) or self.run_dir
-        self._native = _native().ProcessTracker(
-            self.dir, role, "" if id is None else str(id), float(interval), run_name, gpu
-        )
-        self._started = False
-        self._stopped = False
-
-    # --- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> "Tracker":
-        if not self._started:
-            self._native.start()  # returns after the first (baseline) sample
-            self._started = True
-            _live_trackers.add(self)
-        return self
-
-    def stop(self) -> Dict[str, Any]:
-        """Final sample, writes summary.json; returns the summary. Idempotent."""
-        if os.getpid() != self.pid:  # a forked child (DataLoader worker) owns no thread here
-            return {}
-        if self._started and not self._stopped:
-            self._stopped = True
-            _live_trackers.discard(self)
-            self._native.stop()
-        return self.summary()
-
-    def __enter__(self) -> "Tracker":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    # --- counters ------------------------------------------------------------------------------
-    def add_samples(self, n: int) -> None:
-        self._native.add_samples(int(n))
-
-    def add_wait(self, seconds: float) -> None:
-        self._native.add_wait(float(seconds))
-
-    def wrap(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        """Yields the items of ``iterable``, counting the samples of each batch
-        (:func:`batch_size_of`) and the time spent waiting in ``next()``."""
-        it = iter(iterable)
-        clock = time.perf_counter
-        while True:
-            t0 = clock()
-            try:
-                batch = next(it)
-            except StopIteration:
-                self.add_wait(clock() - t0)
-                return
-            self.add_wait(clock() - t0)
-            self.add_samples(batch_size_of(batch))
-            yield batch
-
-    # --- results -------------------------------------------------------------------------------
-    @property
-    def samples(self) -> int:
-        return self._native.samples
-
-    @property
-    def wait_s(self) -> float:
-        return self._native.wait_s
-
-    def summary(self) -> Dict[str, Any]:
-        return self._native.summary()
-
-
-def track(
-    dir: "os.PathLike[str] | str", role: str = "trainer", interval: float = 1.0, **kwargs: Any
-) -> Tracker:
-    """Starts recording this process into ``<dir>/<role>-<pid>/`` and returns the
-    :class:`Tracker` (a context manager: ``with track(dir) as t: ...``; or call ``t.stop()``)."""
-    return Tracker(dir, role=role, interval=interval, **kwargs).start()
 
 
 # --- reading run directories -------------------------------------------------------------------
@@ -342,15 +201,85 @@ def savings(shared: Dict[str, Any], baseline: Dict[str, Any]) -> Dict[str, Optio
             "cores": cores}
 
 
+# The id `batchcast track` gives a process its command left behind (re-parented to track).
+ADOPTED = "adopted"
+_SELF_RECORDING_ROLES = ("server", "trainer")
+
+
+def outlived(summary: Dict[str, Any]) -> List[int]:
+    """The pids a ``batchcast track`` part (its summary.json) saw outlive its command: processes
+    the command left behind that were still running when it ended, so no wait4() total of the
+    tracked tree holds their CPU."""
+    return [p["pid"] for p in summary.get("processes", [])
+            if p.get("id") == ADOPTED and not p.get("cpu_exact")]
+
+
+def count_once(parts: List[tuple]) -> Dict[str, Any]:
+    """CPU and samples of run parts ``[(path, summary), ...]``, each counted once (metrics/README.md,
+    "What each figure counts"): ``cpu_all`` (the tracked commands' trees, where there are any,
+    with each process that outlived its command counted by its own record instead; else every
+    part's), ``counted`` (the processes it sums: ``(part path, role, id, pid)``), ``samples``
+    (observed by batchcast where it could observe the trainers, else declared with
+    ``--samples``) and ``warnings`` (each figure that cannot be computed, or a declaration that
+    was overruled)."""
+    commands = [(p, s) for p, s in parts if os.path.basename(p) == TRACK_PART]
+    others = [s for p, s in parts if os.path.basename(p) != TRACK_PART]
+    warnings: List[str] = []
+    # Processes that recorded themselves, by pid: their figure counts from their start to their end.
+    own = {p["pid"]: (path, p) for path, s in parts if os.path.basename(path) != TRACK_PART
+           for p in s.get("processes", [])
+           if p.get("role") in _SELF_RECORDING_ROLES and p.get("cpu_core_s") is not None}
+    if commands:
+        counted = []
+        for path, s in commands:
+            left = set(outlived(s))
+            for p in s.get("processes", []):
+                if p["pid"] in left and p["pid"] in own:
+                    counted.append(own[p["pid"]])
+                    continue
+                if p["pid"] in left:
+                    warnings.append(
+                        f"process {p['pid']} outlived its command ({s.get('run_name')}) and "
+                        "recorded nothing itself: its CPU is counted until the command ended")
+                counted.append((path, p))
+        cpu_all = sum(p.get("cpu_core_s") or 0.0 for _, p in counted)
+    else:
+        counted = [(path, p) for path, s in parts for p in s.get("processes", [])]
+        cpu_all = sum((s.get("cpu_core_s") or {}).get("all") or 0.0 for _, s in parts)
+    # Samples: a trainer's own record (metrics.track()) over what a server saw it consume.
+    trainers = {p["pid"] for s in others for p in s.get("processes", [])
+                if p.get("role") == "trainer"}
+    observed = sum(s.get("samples", 0) for s in others) - sum(
+        p.get("samples", 0) for s in others for p in s.get("processes", [])
+        if p.get("role") == "consumer" and p["pid"] in trainers)
+    declared = sum(s.get("samples", 0) for _, s in commands)
+    if observed:
+        if declared and declared != observed:
+            warnings.append(
+                f"--samples declared {declared} samples, but batchcast saw the trainers consume "
+                f"{observed}: the observed count is used")
+        samples = observed
+    else:
+        samples = declared
+        if not samples:
+            warnings.append(
+                "no samples counted (batchcast could not observe the trainers): per-sample "
+                "figures and savings are blank; give `batchcast track --samples N`, or record "
+                "the trainer with batchcast.tools.metrics.track()")
+    return {"cpu_all": cpu_all, "samples": samples, "warnings": warnings,
+            "counted": {(path, p.get("role"), p.get("id"), p.get("pid")) for path, p in counted}}
+
+
 def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
     """One summary for run tree ``dir`` (layout of summary.json, see metrics/README.md), or for
     an MLflow run directory written by ``batchcast track``.
 
-    Samples, wait and blocked time are summed over the parts; CPU too, except that where the
-    tree holds ``batchcast track`` parts (``command/``), ``cpu_core_s["all"]`` is theirs alone:
-    each covers its command's whole process tree, which already contains any server or trainer
-    that recorded itself beside it ("server"/"consumers" stay those parts' own figures).
-    Per-sample ratios are recomputed, processes concatenated (each with its ``part``),
+    Wait and blocked time are summed over the parts; CPU too, except that where the tree
+    holds ``batchcast track`` parts (``command/``), ``cpu_core_s["all"]`` is theirs (each is its
+    command's whole process tree, which already contains any server or trainer that recorded
+    itself beside it), plus the own records of processes that outlived their command
+    ("server"/"consumers" stay the parts' own figures); samples are counted once
+    (:func:`count_once`), and ``warnings`` says what could not be computed. Per-sample ratios are recomputed, processes concatenated (each with its ``part``),
     ``duration_s`` runs from the earliest start to the latest end, peak RSS is summed over parts
     (an upper bound); system, GPU and energy figures come from the longest part (collocated
     parts measure the same machine over the same span). ``parts`` lists the directories used."""
@@ -371,15 +300,15 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
     duration = end - start
     is_track = [os.path.basename(p) == TRACK_PART for p, _ in parts]
     tracked = [s for (_, s), t in zip(parts, is_track) if t]
-    cpu = {"server": 0.0, "consumers": 0.0, "all": 0.0}
-    samples, wait, blocked, sampler_cpu, ticks, run_wait = 0, 0.0, 0.0, 0.0, 0, 0.0
+    counted = count_once(parts)
+    cpu = {"server": 0.0, "consumers": 0.0, "all": counted["cpu_all"]}
+    wait, blocked, sampler_cpu, ticks, run_wait = 0.0, 0.0, 0.0, 0, 0.0
     processes = []
     for (path, s), track_part in zip(parts, is_track):
         offset = s.get("start_unix_s", 0.0) - start
         rel = os.path.relpath(path, dir)
-        for k in cpu:
+        for k in ("server", "consumers"):
             cpu[k] += (s.get("cpu_core_s") or {}).get(k) or 0.0
-        samples += s.get("samples", 0)
         wait += s.get("wait_s", 0.0)
         blocked += s.get("producer_blocked_s", 0.0)
         sampler_cpu += (s.get("sampler") or {}).get("cpu_s", 0.0)
@@ -387,12 +316,12 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
         if track_part or not tracked:  # a tracked tree holds the others' processes
             run_wait += s.get("run_queue_wait_s") or 0.0
         for p in s.get("processes", []):
-            p = dict(p, part=rel)
+            p = dict(p, part=rel, counted_in_all=(path, p.get("role"), p.get("id"), p.get("pid"))
+                     in counted["counted"])
             p["first_s"] = p.get("first_s", 0.0) + offset
             p["last_s"] = p.get("last_s", 0.0) + offset
             processes.append(p)
-    if tracked:
-        cpu["all"] = sum((s.get("cpu_core_s") or {}).get("all") or 0.0 for s in tracked)
+    samples = counted["samples"]
     longest = max(parts, key=lambda ps: ps[1].get("duration_s", 0.0))[1]
     energy = dict(longest.get("energy_joules") or {"gpu": None, "cpu": None, "all": None})
     ring_parts = [s for _, s in parts if s.get("ring_size")]
@@ -430,6 +359,7 @@ def summarize(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
         "mean_gpu_utilization_percentage": longest.get("mean_gpu_utilization_percentage"),
         "mean_sm_active_percentage": longest.get("mean_sm_active_percentage"),
         "missing": longest.get("missing", []),
+        "warnings": counted["warnings"],
         "processes": processes,
         "sampler": {
             "cpu_s": sampler_cpu,

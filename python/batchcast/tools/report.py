@@ -22,6 +22,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import metrics
+from . import report_tables as tables
 
 __all__ = ["load_run", "render", "main"]
 
@@ -115,10 +116,12 @@ def load_run(dir: str) -> Run:
 
 
 def _total_rate(series: List[Dict[str, List[float]]], column: str, step: float,
-                scale: float = 1.0):
+                scale: float = 1.0, limit: Optional[float] = None):
     """Sum over processes of d(column)/dt on a common grid of `step` seconds: each cumulative
     series is interpolated onto the grid (processes sample at different instants), summed,
-    differenced."""
+    differenced. A step whose rate is negative or above ``limit`` (already scaled) is left out
+    (NaN): the total moved by what the ticks did not see happen in it (a process's CPU counted
+    all at once when it was reaped), which is no rate."""
     import numpy as np
 
     series = [s for s in series if len(s["t"]) >= 2]
@@ -142,6 +145,8 @@ def _total_rate(series: List[Dict[str, List[float]]], column: str, step: float,
         # a constant, so it adds no rate outside its lifetime.
         total += np.interp(grid, t, v)
     rate = np.diff(total) / np.diff(grid) * scale
+    if limit is not None:
+        rate[(rate < 0) | (rate > limit)] = np.nan
     return grid[1:], rate
 
 
@@ -182,7 +187,15 @@ def _save(fig: Any, out: str, name: str) -> str:
 def _plot_cpu(ax, run: Run) -> None:
     for key, s in run.processes.items():
         ax.plot(s["t"], s["cpu_percent"], label=run.label(key), linewidth=1)
-    t, rate = _total_rate(list(run.processes.values()), "cpu_s", run.step, 100.0)
+    cores = (run.summary.get("system") or {}).get("cpu_cores")
+    # /proc counts in 10 ms ticks per process: that much slack per process in a grid step.
+    limit = (cores * 100.0 + 1.0 * len(run.processes) / run.step) if cores else None
+    # The total counts each CPU second once: the processes summarize() counts in "all" (a
+    # tracked command's tree, not again the trainer or server that recorded itself inside it).
+    counted = {(p["part"], p["role"], p["id"], str(p["pid"])) for p in run.summary["processes"]
+               if p.get("counted_in_all", True)}
+    total = [s for key, s in run.processes.items() if key in counted or not counted]
+    t, rate = _total_rate(total, "cpu_s", run.step, 100.0, limit)
     if t is not None:
         ax.plot(t, rate, label="all processes", color="black", linewidth=2)
 
@@ -237,15 +250,11 @@ def _plot_per_sample(runs: Sequence[Run], out: str) -> Optional[str]:
 
 _COMPARED = (  # (title, figure of a summary) for comparison.png
     ("samples/s", lambda s: s.get("samples_per_s")),
-    ("CPU core-ms / sample", lambda s: _scaled(s["cpu_core_s_per_sample"]["all"], 1e3)),
+    ("CPU core-ms / sample", lambda s: tables.scaled(s["cpu_core_s_per_sample"]["all"], 1e3)),
     ("J / sample", lambda s: (s.get("joules_per_sample") or {}).get("all")),
     ("SM activity %", lambda s: s.get("mean_sm_active_percentage")),
     ("run-queue wait (s)", lambda s: s.get("run_queue_wait_s")),
 )
-
-
-def _scaled(v: Optional[float], k: float) -> Optional[float]:
-    return None if v is None else v * k
 
 
 def _plot_comparison(runs: Sequence[Run], out: str) -> str:
@@ -270,83 +279,6 @@ def _plot_comparison(runs: Sequence[Run], out: str) -> str:
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return _save(fig, out, "comparison.png")
-
-
-def _fmt(v: Any, digits: int = 2) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    return html.escape(str(v))
-
-
-def _ratio(v: Optional[float], base: Optional[float]) -> str:
-    if not v or not base:
-        return "–"
-    return f"{v / base:.3f}× ({(1 - v / base) * 100:+.1f}% saved)" if v != base else "1.000×"
-
-
-def _table(runs: Sequence[Run]) -> str:
-    base = runs[0].summary
-    rows = [
-        ("directory", lambda s: html.escape(s["dir"])),
-        ("parts", lambda s: len(s["parts"])),
-        ("complete", lambda s: s["complete"]),
-        ("duration (s)", lambda s: _fmt(s["duration_s"], 1)),
-        ("samples consumed", lambda s: s["samples"]),
-        ("samples/s", lambda s: _fmt(s["samples_per_s"], 1)),
-        ("CPU core-s: server", lambda s: _fmt(s["cpu_core_s"]["server"])),
-        ("CPU core-s: consumers", lambda s: _fmt(s["cpu_core_s"]["consumers"])),
-        ("CPU core-s: all", lambda s: _fmt(s["cpu_core_s"]["all"])),
-    ]
-    for k in ("server", "consumers", "all"):
-        rows.append((f"CPU core-ms/sample: {k}",
-                     lambda s, k=k: _fmt((s["cpu_core_s_per_sample"][k] or math.nan) * 1e3, 3)))
-    rows += [
-        ("CPU/sample (all) vs first",
-         lambda s: _ratio(s["cpu_core_s_per_sample"]["all"],
-                          base["cpu_core_s_per_sample"]["all"])),
-        ("consumer wait for data (s)", lambda s: _fmt(s["wait_s"])),
-        ("producer blocked (s)", lambda s: _fmt(s["producer_blocked_s"])),
-        ("ring size / mean fill %",
-         lambda s: f"{s['ring_size']} / {_fmt(s['mean_ring_fill_percent'], 1)}"
-         if s["ring_size"] else "–"),
-        ("peak RSS (MB)", lambda s: _fmt(s["peak_rss_mb"], 0)),
-        ("mean system CPU %",
-         lambda s: _fmt((s.get("system") or {}).get("mean_cpu_utilization_percentage"), 1)),
-        ("mean GPU utilisation %", lambda s: _fmt(s.get("mean_gpu_utilization_percentage"), 1)),
-        ("collocation", lambda s: _fmt(s.get("collocation"))),
-        ("run-queue wait (s)", lambda s: _fmt(s.get("run_queue_wait_s"))),
-        ("GPU / CPU energy (J)",
-         lambda s: "{} / {}".format(_fmt((s.get("energy_joules") or {}).get("gpu"), 1),
-                                    _fmt((s.get("energy_joules") or {}).get("cpu"), 1))),
-        ("J/sample (all)", lambda s: _fmt((s.get("joules_per_sample") or {}).get("all"), 4)),
-        ("mean SM activity %", lambda s: _fmt(s.get("mean_sm_active_percentage"), 1)),
-        ("saved vs first: CPU core-ms/sample",
-         lambda s: _fmt(_scaled(metrics.savings(s, base)["cpu_core_s_per_sample"], 1e3), 3)),
-        ("saved vs first: J/sample",
-         lambda s: _fmt(metrics.savings(s, base)["joules_per_sample"], 4)),
-        ("saved vs first: CPU cores", lambda s: _fmt(metrics.savings(s, base)["cores"], 2)),
-        ("sampler CPU % of a core", lambda s: _fmt(s["sampler"]["percent_of_core"], 3)),
-    ]
-    head = "".join(f"<th>{html.escape(r.name)}</th>" for r in runs)
-    body = "".join(
-        "<tr><th>{}</th>{}</tr>".format(
-            html.escape(name), "".join(f"<td>{fn(r.summary)}</td>" for r in runs))
-        for name, fn in rows)
-    return f"<table><tr><th></th>{head}</tr>{body}</table>"
-
-
-def _process_table(run: Run) -> str:
-    cols = ("part", "role", "id", "pid", "cpu_core_s", "mean_cpu_percent", "run_queue_wait_s",
-            "samples", "samples_per_s", "wait_s", "peak_tree_rss_mb", "max_procs",
-            "mean_gpu_sm_percent", "peak_gpu_memory_mb")
-    head = "".join(f"<th>{c}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_fmt(p.get(c))}</td>" for c in cols) + "</tr>"
-        for p in run.summary["processes"])
-    return (f"<details><summary>{html.escape(run.name)}: {len(run.summary['processes'])} "
-            f"processes</summary><table><tr>{head}</tr>{body}</table></details>")
 
 
 _CSS = """body{font-family:sans-serif;margin:2em;max-width:1600px}
@@ -402,10 +334,12 @@ def render(dirs: Sequence[str], out: Optional[str] = None) -> str:
         f"<title>batchcast metrics: {names}</title><style>{_CSS}</style></head><body>",
         f"<h1>batchcast metrics: {names}</h1>",
         "<p>CPU is core-seconds of each process plus its child processes (DataLoader workers), "
-        "from its first to its last sample; ratios and savings are relative to the first run "
-        "(the baseline). Cores saved = CPU per sample saved x the run's samples/s.</p>",
-        _table(runs),
-        "".join(_process_table(r) for r in runs),
+        "each CPU second counted once (metrics/README.md, \"What each figure counts\"); "
+        "ratios and savings are relative to the first run (the baseline). Cores saved = CPU per "
+        "sample saved x the run's samples/s.</p>",
+        tables.notes(runs),
+        tables.summary_table(runs),
+        "".join(tables.process_table(r) for r in runs),
     ]
     for title, name in images:
         page.append(f"<h2>{html.escape(title)}</h2><img src='{name}' alt='{html.escape(title)}'>")

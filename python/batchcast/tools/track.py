@@ -13,17 +13,14 @@ workload, as radT's workloads. The exit status is the command's (128 + N if sign
 Nothing is lost at either end: the command is started after the sampler's first tick and its
 CPU counts from its start; when it exits, the rusage of ``wait4`` (the command and every
 descendant it reaped, DataLoader workers included) is the exact total. This process is made a
-child subreaper, so descendants that daemonise are reaped here and their CPU added too.
+child subreaper: a descendant left behind (its parent died: a daemon, a detached share
+producer) is re-parented here and recorded as a process of its own (id "adopted"), exact once
+reaped; one still running at the end outlived the command (metrics/README.md, "What each
+figure counts").
 ``BATCHCAST_METRICS_DIR`` is set to the run directory for the command: a ``batchcast serve``
 started under it writes its own metrics (ring, consumers) into the same run tree.
 
-An experiment file starts a whole experiment: rows of one workload run collocated (together),
-workloads run one after another. CSV columns are radT's: Experiment, Workload, Status, Run,
-Devices, Collocation, File, Listeners, Params (File: a ``.py`` file run with this Python, or a
-command line; Params: its arguments; Devices: CUDA_VISIBLE_DEVICES). Status, Run (the MLflow run
-id) and Collocation (detected) are written back after every change, and running the file again
-resumes it: rows whose Status is ``finished`` are skipped. YAML files hold the same fields in
-lowercase under ``runs:`` (PyYAML is needed for them).
+``--file`` runs an experiment file instead (:mod:`batchcast.tools.experiment_file`).
 """
 
 from __future__ import annotations
@@ -35,13 +32,14 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import metrics
 from .mlflow_store import FAILED, FINISHED, KILLED, RunWriter, Store
 
-__all__ = ["track_command", "run_experiment_file", "main", "ENV_METRICS_DIR"]
+__all__ = ["track_command", "main", "ENV_METRICS_DIR"]
 
 ENV_METRICS_DIR = "BATCHCAST_METRICS_DIR"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -69,17 +67,70 @@ def _rusage_cpu(ru: Any) -> float:
     return float(ru.ru_utime + ru.ru_stime)
 
 
-def _reap_orphans() -> float:
-    """CPU of adopted descendants that have exited (we are their subreaper)."""
-    cpu = 0.0
-    while True:
+def _children(ppid: int) -> List[int]:
+    """The live processes whose parent is ``ppid`` (a scan of /proc)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            pid, _, ru = os.wait4(-1, os.WNOHANG)
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if int(fields[1]) == ppid:
+            out.append(int(name))
+    return out
+
+
+class _Adopted:
+    """The processes the command left behind: descendants whose parent died, re-parented to this
+    process (a child subreaper), such as a detached share producer. Each is watched as a
+    process of its own (role "command", id "adopted") from its start; one that exits is reaped
+    here and its wait4() total is exact. Thread-safe: the sampler thread looks for them, the
+    main thread takes the final reaping."""
+
+    def __init__(self, command_pid: int) -> None:
+        self._command = command_pid
+        self._lock = threading.Lock()
+        self.exact: Dict[int, Optional[float]] = {}  # pid -> CPU once reaped
+
+    def look(self) -> None:
+        with self._lock:
+            for pid in _children(os.getpid()):
+                if pid != self._command:
+                    self.exact.setdefault(pid, None)
+            for pid, cpu in self.exact.items():
+                if cpu is None:
+                    self._reap(pid)
+
+    def reap_all(self) -> List[int]:
+        """Reaps every adopted process that has exited (those never seen included); returns
+        the pids still running: they outlived the command."""
+        with self._lock:
+            while True:
+                try:
+                    pid, _, ru = os.wait4(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                self.exact[pid] = _rusage_cpu(ru)
+            return [pid for pid, cpu in self.exact.items() if cpu is None]
+
+    def _reap(self, pid: int) -> None:
+        try:
+            done, _, ru = os.wait4(pid, os.WNOHANG)
         except ChildProcessError:
-            return cpu
-        if pid == 0:
-            return cpu
-        cpu += _rusage_cpu(ru)
+            return
+        if done == pid:
+            self.exact[pid] = _rusage_cpu(ru)
+
+    def processes(self) -> List[Dict[str, Any]]:
+        with self._lock:
+            return [{"role": "command", "id": metrics.ADOPTED, "pid": pid, "since_start": True,
+                     "exact_cpu_s": cpu} for pid, cpu in self.exact.items()]
 
 
 def _run_name(command: Sequence[str]) -> str:
@@ -151,7 +202,7 @@ def track_command(
     exp_id = store.experiment_id(experiment)
     parent = store.parent_run(exp_id, workload)
     native = metrics._native()
-    state: Dict[str, Any] = {"pid": 0, "exact": None, "samples": 0}
+    state: Dict[str, Any] = {"pid": 0, "exact": None, "samples": 0, "adopted": None}
     # The command's stdout is its own: this process's messages (the native collector logs to
     # fd 1) go to stderr while the command runs, and the command gets the original stdout.
     sys.stdout.flush()
@@ -159,11 +210,14 @@ def track_command(
     os.dup2(2, 1)
 
     def snapshot() -> Dict[str, Any]:
-        if not state["pid"]:
+        adopted = state["adopted"]
+        if adopted is None:
             return {}
+        if state["exact"] is None:
+            adopted.look()
         return {"processes": [{"role": "command", "id": run_name, "pid": state["pid"],
                                "since_start": True, "exact_cpu_s": state["exact"],
-                               "samples": state["samples"]}]}
+                               "samples": state["samples"]}, *adopted.processes()]}
 
     collector = native.MetricsCollector(os.path.join(run_dir, metrics.TRACK_PART), snapshot,
                                         float(interval), run_name, gpu)
@@ -199,6 +253,7 @@ def track_command(
                                 restore_signals=True)
         children.append(proc)
         state["pid"] = proc.pid
+        state["adopted"] = _Adopted(proc.pid)
         while True:
             try:
                 _, wstatus, ru = os.wait4(proc.pid, 0)
@@ -207,8 +262,13 @@ def track_command(
                 continue
         proc.returncode = os.waitstatus_to_exitcode(wstatus)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        state["exact"] = _rusage_cpu(ru) + _reap_orphans()
+        left = state["adopted"].reap_all()
         state["samples"] = samples or 0
+        state["exact"] = _rusage_cpu(ru)
+        if left:
+            print(f"batchcast track: {len(left)} process(es) the command started are still "
+                  f"running (pids {', '.join(map(str, left))}); their CPU counts where they "
+                  "record it (a share producer does), else until now", file=sys.stderr)
         status = FINISHED if code == 0 else FAILED
     except FileNotFoundError as e:
         print(f"batchcast track: cannot run {command[0]!r}: {e.strerror}; check the command",
@@ -230,110 +290,6 @@ def track_command(
             os.dup2(command_stdout, 1)
             os.close(command_stdout)
     return code
-
-
-# --- experiment files ----------------------------------------------------------------------------
-
-_CSV_COLUMNS = ["Experiment", "Workload", "Status", "Run", "Devices", "Collocation", "File",
-                "Listeners", "Params"]
-
-
-def _read_experiment(path: str) -> tuple:
-    if path.endswith((".yaml", ".yml")):
-        try:
-            import yaml
-        except ImportError:
-            raise SystemExit(f"batchcast track: {path} is YAML, which needs PyYAML "
-                             "(pip install pyyaml); or write the experiment as CSV") from None
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-        rows = [{k.capitalize(): ("" if v is None else str(v)) for k, v in r.items()}
-                for r in doc.get("runs", [])]
-        for r in rows:
-            r.setdefault("Experiment", str(doc.get("experiment", "batchcast")))
-        return rows, doc
-    import csv
-
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    return rows, None
-
-
-def _write_experiment(path: str, rows: List[Dict[str, str]], doc: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        if doc is not None:
-            import yaml
-
-            doc = dict(doc, runs=[{k.lower(): v for k, v in r.items() if k != "Experiment"
-                                   or v != str(doc.get("experiment", "batchcast"))}
-                                  for r in rows])
-            yaml.safe_dump(doc, f, sort_keys=False)
-        else:
-            import csv
-
-            columns = _CSV_COLUMNS + [c for c in (rows[0] if rows else {}) if c not in _CSV_COLUMNS]
-            w = csv.DictWriter(f, fieldnames=columns)
-            w.writeheader()
-            w.writerows(rows)
-    os.replace(tmp, path)
-
-
-def _row_command(row: Dict[str, str], base: str) -> List[str]:
-    file = row.get("File", "").strip()
-    if not file:
-        raise SystemExit(f"batchcast track: a row of workload {row.get('Workload')!r} has no "
-                         "File; name the script or command to run")
-    params = shlex.split(row.get("Params", "") or "")
-    if file.endswith(".py"):
-        path = file if os.path.isabs(file) else os.path.join(base, file)
-        return [sys.executable, path, *params]
-    return [*shlex.split(file), *params]
-
-
-def run_experiment_file(path: str, out: str = "runs", interval: float = 1.0) -> int:
-    """Runs every unfinished row of experiment file ``path`` (see the module doc); returns 0 if
-    every row finished, else 1."""
-    rows, doc = _read_experiment(path)
-    base = os.path.dirname(os.path.abspath(path))
-    workloads: Dict[tuple, List[Dict[str, str]]] = {}
-    for r in rows:
-        r.setdefault("Status", "")
-        workloads.setdefault((r.get("Experiment") or "batchcast", r.get("Workload") or "default"),
-                             []).append(r)
-    collocation = metrics.collocation_mode()
-    failed = False
-    for (experiment, workload), group in workloads.items():
-        todo = [r for r in group if r.get("Status", "").strip() != "finished"]
-        if not todo:
-            continue
-        procs = []
-        for i, r in enumerate(todo):
-            name = f"{workload}-{i}-{time.strftime('%Y%m%d-%H%M%S')}"
-            env = dict(os.environ)
-            if r.get("Devices", "").strip():
-                env["CUDA_VISIBLE_DEVICES"] = r["Devices"].strip()
-            cmd = [sys.executable, "-m", "batchcast", "track", "--out", out, "--experiment",
-                   experiment, "--workload", workload, "--run-name", name, "--interval",
-                   str(interval), "--param", f"listeners={r.get('Listeners', '')}", "--",
-                   *_row_command(r, base)]
-            r.update(Status="running", Run=name, Collocation=collocation)
-            procs.append((r, subprocess.Popen(cmd, env=env)))
-        _write_experiment(path, rows, doc)
-        try:
-            for r, p in procs:
-                code = p.wait()
-                r["Status"] = "finished" if code == 0 else f"failed (exit {code})"
-                failed = failed or code != 0
-        except KeyboardInterrupt:
-            for r, p in procs:  # the commands got Ctrl-C from the terminal; wait for their trackers
-                p.wait()
-                if r["Status"] == "running":
-                    r["Status"] = "interrupted"
-            _write_experiment(path, rows, doc)
-            return 130
-        _write_experiment(path, rows, doc)
-    return 1 if failed else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -362,6 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if o.file:
         if command:
             p.error("give either --file or a COMMAND after --, not both")
+        from .experiment_file import run_experiment_file
+
         return run_experiment_file(o.file, o.out, o.interval)
     if not command:
         p.error("no command: batchcast track [options] -- COMMAND...")
