@@ -120,7 +120,7 @@ def run_mode(args: argparse.Namespace, mode: str, n: int) -> Dict[str, Any]:
     key = f"dropin-bench-{os.getpid()}-{mode}-{n}"
     # The share's producer takes the first trainer's num_workers: the machine's budget.
     workers = args.workers if mode == "baseline" else min(n * args.workers, os.cpu_count() or 1)
-    env = dict(os.environ, BATCHCAST_METRICS_DIR=out)
+    env = dict(os.environ, BATCHCAST_METRICS_DIR=out, BATCHCAST_KEEP_SHARE_LOG="1")
     results = run_trainers([role_cmd(args, mode, out, key, workers) for _ in range(n)], env)
     if mode != "baseline":  # the producer writes its metrics as it exits (a grace after the last)
         state = share_paths(key)["state"]

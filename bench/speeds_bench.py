@@ -169,7 +169,7 @@ def run(args: argparse.Namespace, name: str, slow_period: Optional[float],
     os.makedirs(out)
     key = f"speeds-bench-{os.getpid()}-{name}"
     done = os.path.join(out, "fast.done")
-    env = dict(os.environ, BATCHCAST_METRICS_DIR=out)
+    env = dict(os.environ, BATCHCAST_METRICS_DIR=out, BATCHCAST_KEEP_SHARE_LOG="1")
     cmds = [trainer_cmd(args, key, 0.0, None, done)]
     if slow_period is not None:
         cmds.append(trainer_cmd(args, key, slow_period, done, None, args.slow_stall_timeout,
@@ -229,7 +229,7 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
                                 synthetic=mode == "synthetic"))
         if args.no_pin:
             cmds[-1].append("--no-pin")
-    results = run_trainers(cmds, dict(os.environ))
+    results = run_trainers(cmds, dict(os.environ, BATCHCAST_KEEP_SHARE_LOG="1"))
     log = share_log(key) if key else ""
     with open(os.path.join(out, "share.log"), "w") as f:  # the producer's whole log, kept
         f.write(log)

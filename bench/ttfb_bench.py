@@ -150,9 +150,9 @@ def cases(args: argparse.Namespace, rep: int) -> Dict[str, Dict[str, Any]]:
     got: Dict[str, Dict[str, Any]] = {}
     got["torch-0"] = run_case(case_cmd(args, "torch", tag, 0))
     got[f"torch-{args.workers}"] = run_case(case_cmd(args, "torch", tag, args.workers))
-    versions = [("", None)]
+    versions = [("", dict(os.environ, BATCHCAST_KEEP_SHARE_LOG="1"))]
     if args.before:  # the same share cases with another batchcast package, interleaved
-        versions.append((" (before)", dict(os.environ, PYTHONPATH=args.before)))
+        versions.append((" (before)", dict(versions[0][1], PYTHONPATH=args.before)))
     for suffix, env in versions:
         for name, gap in (("share-cold", 0.0), ("share-cold-gap", args.gap)):
             key = f"{tag}-{name}{suffix.strip(' ()')}"

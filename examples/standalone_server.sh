@@ -4,8 +4,9 @@
 # Without DATA_DIR a tiny ImageFolder is made with `batchcast make-dataset`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}  # where bash scripts/setup.sh installs the package
-BIN=$VENV/bin/batchcast
+# The environment where batchcast is installed is the one on PATH (`batchcast` and its `python`).
+BIN=batchcast
+PYTHON=python
 EP=ipc:///tmp/batchcast-example-$$.sock
 DATA=${1:-}
 if [[ -z "$DATA" ]]; then
@@ -20,7 +21,7 @@ CLASSES=$(find "$DATA" -mindepth 1 -maxdepth 1 -type d | wc -l)
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for lr in 0.01 0.05; do
-  "$VENV/bin/python" examples/train_shared.py --endpoint "$EP" --lr $lr \
+  "$PYTHON" examples/train_shared.py --endpoint "$EP" --lr $lr \
     --epochs 2 --batch-size 8 --classes "$CLASSES" &
 done
 wait %2 %3

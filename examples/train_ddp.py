@@ -5,7 +5,7 @@ on the CPU (gloo):
 
     for job in 0 1; do for rank in 0 1; do
       RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500+job)) \
-        .venv/bin/python examples/train_ddp.py --lr 0.0$((job+1)) &
+        python examples/train_ddp.py --lr 0.0$((job+1)) &
     done; done; wait
 
 Rank r of every job reads the stream of key "ddp-example-rank<r>of2": each rank gets exactly

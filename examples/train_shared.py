@@ -1,8 +1,8 @@
 """Train a small CNN from a shared batchcast loader; run two copies side by side.
 
     # two trainers, one decode: the first starts a detached producer, the second attaches
-    .venv/bin/python examples/train_shared.py --lr 0.01 &
-    .venv/bin/python examples/train_shared.py --lr 0.05
+    python examples/train_shared.py --lr 0.01 &
+    python examples/train_shared.py --lr 0.05
 
 Data: torchvision's FakeData through batchcast.DataLoader(share=...), or with --endpoint the
 (images, labels) of a running `batchcast serve` (see standalone_server.sh). Trains on CUDA

@@ -36,13 +36,13 @@ import pickle
 import re
 import sys
 import time
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 import torch.utils.data
 
 from . import _batchcast, _torchvision_plan
-from ._fingerprint import view_of
+from ._fingerprint import plan_view, view_of
 from ._share_producer import _lock, launch
 from .loader import Loader
 from .server import pid_running
@@ -87,8 +87,9 @@ def native_plan(
     seed: Optional[int],
     pin_memory: bool,
     pin_memory_device: str,
-) -> Optional[_torchvision_plan.NativePlan]:
-    """The native plan of the loader's pipeline, or None (_torchvision_plan.plan logs why).
+) -> Union[_torchvision_plan.NativePlan, _torchvision_plan.Fallback]:
+    """The native plan of the loader's pipeline, or the Fallback saying why there is none
+    (_torchvision_plan.plan logs it).
     ``user_args`` are the DataLoader arguments as the user gave them (sampler, collate_fn...).
 
     Where it decodes: pinned batches say the trainer moves them to a GPU, so with
@@ -105,10 +106,10 @@ def native_plan(
             loader.dataset, user_args, seed=seed or 0, device=device, nvjpeg=nvjpeg
         )
     except Exception as e:  # noqa: BLE001 - a transform that surprises the recogniser
-        _log.warning("batchcast: the dataset runs in Python, not natively: recognising its "
-                     "pipeline failed (%s: %s)", type(e).__name__, e)
-        return None
-    return found if isinstance(found, _torchvision_plan.NativePlan) else None
+        why = f"recognising its pipeline failed ({type(e).__name__}: {e})"
+        _log.warning("batchcast: the dataset runs in Python, not natively: %s", why)
+        return _torchvision_plan.Fallback(why)
+    return found
 
 
 def _producer_alive(pid: int) -> bool:
@@ -125,11 +126,15 @@ class SharedStream:
     """The stream of one share key as one trainer reads it (see the module doc).
 
     ``pipeline`` is what the producer rebuilds (pickled): dataset, sampler, seed, batch_size,
-    drop_last, collate_fn and the torch arguments that shape decoding (``loader_args``).
+    drop_last, collate_fn and the torch arguments that shape decoding (``loader_args``); its
+    batch_size and drop_last are also this trainer's own, cut from the stream's chunks.
+    ``augment_seed``: this trainer's own augmentation seed (a view of the stream), or None;
+    ``python_why``: why the pipeline has no native plan ("" when it has one).
     """
 
     def __init__(
-        self, key: str, pipeline: Dict[str, Any], prints: Dict[str, Any], loader_args: dict
+        self, key: str, pipeline: Dict[str, Any], prints: Dict[str, Any], loader_args: dict,
+        augment_seed: Optional[int] = None, python_why: str = "",
     ) -> None:
         self.key = key
         rank, world = distributed_rank()
@@ -138,6 +143,8 @@ class SharedStream:
         self._pipeline = pipeline
         self._fingerprint = prints
         self._loader_args = loader_args  # Loader(...) arguments: timeout, pin_memory
+        self._augment_seed = augment_seed
+        self._python_why = python_why
         self._loader: Optional[Loader] = None
         self._resume: Optional[Tuple[int, int]] = None
         self._private = False
@@ -157,10 +164,25 @@ class SharedStream:
         loader = self._attach() if self._loader is None else self._loader
         if self._resume is not None:
             (epoch, sample), self._resume = self._resume, None
-            return self._seek(epoch, sample)
+            return self._told(self._seek(epoch, sample))
         if sampler_epoch is not None:
-            return self._seek(sampler_epoch, 0)
-        return iter(loader)
+            return self._told(self._seek(sampler_epoch, 0))
+        return self._told(iter(loader))
+
+    def _told(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``, where a failed or vanished producer's error also says where its log is
+        (see :meth:`_raise_naming_log`)."""
+        try:
+            yield from batches
+        except _batchcast.BatchcastError as e:
+            self._raise_naming_log(e)
+            raise
+
+    def _raise_naming_log(self, e: Exception) -> None:
+        """Where ``e`` says the producer failed or vanished, raises the same error saying where
+        the producer's log is (a producer keeps its log unless it exits cleanly)."""
+        if isinstance(e, _batchcast.ServerGoneError) or str(e).startswith("server failed"):
+            raise type(e)(f"{e}; the share producer's log is kept: {self.paths['log']}") from e
 
     def _seek(self, epoch: int, sample: int) -> Iterator[Any]:
         assert self._loader is not None
@@ -249,12 +271,13 @@ class SharedStream:
         fd = _lock(self.paths["lock"])
         try:
             state = self._running_producer()
-            view = ""
+            plan = self._pipeline.get("native")
             if state is None:
                 state = self._start_producer()
+                view = "" if self._augment_seed is None else plan_view(plan, self._augment_seed)
             else:
-                view = view_of(self.key, self._fingerprint, state.get("fingerprint", {}),
-                               self._pipeline.get("native"))
+                view = view_of(self.key, self._fingerprint, state.get("fingerprint", {}), plan,
+                               self._python_why, self._augment_seed)
             if self._view is not None:
                 view = self._view
             self._wait_socket(int(state["pid"]))
@@ -262,15 +285,19 @@ class SharedStream:
             # Attach while holding the lock: the producer decides to exit under it, so it
             # counts this Loader before deciding. A producer that regenerates gives a late
             # joiner whole epochs from its first batch; one that cannot, the next whole epoch.
-            self._loader = Loader(
-                self.paths["endpoint"],
-                batch_size=self._pipeline["batch_size"],
-                drop_last=self._pipeline["drop_last"],
-                late_join="replay" if state.get("regenerates") else "next_epoch",
-                name=f"share:{self.effective_key}:{os.getpid()}",
-                view=view or None,
-                **self._loader_args,
-            )
+            try:
+                self._loader = Loader(
+                    self.paths["endpoint"],
+                    batch_size=self._pipeline["batch_size"],
+                    drop_last=self._pipeline["drop_last"],
+                    late_join="replay" if state.get("regenerates") else "next_epoch",
+                    name=f"share:{self.effective_key}:{os.getpid()}",
+                    view=view or None,
+                    **self._loader_args,
+                )
+            except _batchcast.BatchcastError as e:  # failed before this trainer attached
+                self._raise_naming_log(e)
+                raise
             self._release_claim()  # counted: the producer no longer needs it
             _log.debug("DataLoader(share=%r): attached", self.key)
             return self._loader
@@ -309,6 +336,10 @@ class SharedStream:
                 "collate_fn and worker_init_fn at module level (no lambdas or local classes)"
             ) from e
         self._release_claim()  # of a producer this stream started before, now gone
+        try:  # no producer of the key lives: a failure recorded on its endpoint is an old one
+            os.unlink(self.paths["socket"] + ".failed")
+        except FileNotFoundError:
+            pass
         pid, self._claim = launch(spec, payload)
         state = {
             "pid": pid,
@@ -325,11 +356,14 @@ class SharedStream:
 
     def _wait_socket(self, pid: int) -> None:
         """Waits while the producer starts (its first batch may need a worker pool); torch's
-        ``timeout`` bounds it when > 0, the producer's death always does. Polled often: the
-        socket appears as soon as the producer serves."""
+        ``timeout`` bounds it when > 0, the producer's death or failure always does (a producer
+        that failed waits for this lock to remove its files, and leaves a failure record).
+        Polled often: the socket appears as soon as the producer serves."""
         timeout = float(self._loader_args.get("timeout") or 0)
         deadline = time.monotonic() + timeout if timeout > 0 else None
         while not os.path.exists(self.paths["socket"]):
+            if os.path.exists(self.paths["socket"] + ".failed"):
+                return  # it served and failed at once: the Loader reads why from the record
             if not _producer_alive(pid):
                 raise _batchcast.BatchcastError(
                     f"the producer of DataLoader(share={self.key!r}) (pid {pid}) exited before "

@@ -13,7 +13,10 @@ SIGTERM/SIGINT/SIGHUP (each removes the pool, the socket and the share's files; 
 the next producer of the key, or the stale-segment sweep of any batchcast server, removes
 them). It decides to exit while holding the share's lock file, and keeps it until its endpoint
 and files are gone, so a process attaching at that moment either is counted or starts a fresh
-producer. Output goes to the share's log, with the start-up's steps timed from the launch.
+producer. Output goes to the share's log (``/tmp/batchcast-<uid>-<key>.log``), with the
+start-up's steps timed from the launch; a producer that exits because no Loader reads it any more
+removes its log (nothing went wrong; ``BATCHCAST_KEEP_SHARE_LOG=1`` in the trainer's
+environment keeps it), one that failed or was stopped by a signal keeps it.
 
 What serves (:func:`make_producer`): when the trainer's pipeline has a native plan
 (``_torchvision_plan``: a recognised torchvision ImageFolder pipeline), the native server runs
@@ -53,6 +56,9 @@ from .server import launch as launch_server
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
 _POLL_S = 0.1
+# Set (to anything but "") in a trainer's environment: its producer keeps its log also after a
+# clean exit (benchmarks read the summary it ends with).
+KEEP_LOG_ENV = "BATCHCAST_KEEP_SHARE_LOG"
 _STOPPING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
@@ -198,6 +204,7 @@ def _exit_unattached(producer: Any, paths: Dict[str, str], held: Dict[str, int],
         os.close(fd)
         return False
     held["lock"] = fd
+    held["clean"] = 1
     print(f"batchcast share producer: {why}, exiting", flush=True)
     return True
 
@@ -252,6 +259,7 @@ def _watch(
         fd = _lock(paths["lock"])
         if producer.consumers_reading == 0:  # attaching trainers hold the lock until welcomed
             held["lock"] = fd
+            held["clean"] = 1
             print("batchcast share producer: last Loader left, exiting", flush=True)
             break
         os.close(fd)
@@ -310,8 +318,10 @@ def main(argv: list) -> int:
     print(f"batchcast share producer {os.getpid()}: serving {header['key']!r} on "
           f"{paths['endpoint']} {time.time() - header['launched']:.3f} s after launch ({timed}"
           f"; torch {'imported' if 'torch' in sys.modules else 'not imported'})", flush=True)
+    served = False
     try:
         producer.run(epochs=None)
+        served = True
     finally:
         done.set()
         watcher.join()  # holds the lock from here on
@@ -325,6 +335,13 @@ def main(argv: list) -> int:
             ours = False
         if ours:
             os.unlink(paths["state"])
+        if served and held.get("clean") and ours and not os.environ.get(KEEP_LOG_ENV):
+            # Nothing to look into: logs of clean exits would only pile up in /tmp. A failed or
+            # stopped producer keeps its log, and the trainers' errors name it.
+            try:
+                os.unlink(paths["log"])
+            except FileNotFoundError:
+                pass
         if "lock" in held:
             os.unlink(paths["lock"])  # waiters notice the inode changed and retry
             os.close(held["lock"])

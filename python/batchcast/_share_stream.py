@@ -2,8 +2,10 @@
 no native plan (``_share_producer.make_producer``).
 
 :func:`make_stream` turns the trainer's pickled pipeline (``_share.pipeline_of``) into a
-re-iterable whose pass e is stream epoch e: the pipeline's sampler after
-``sampler.set_epoch(e)`` (a DistributedSampler), or a RandomSampler drawn from ``seed + e``. Any
+re-iterable whose pass e is stream epoch e, in chunks of the pipeline's batch size, every
+sample (each trainer's Loader cuts its own batch size and drops its own short last batch): the
+pipeline's sampler after ``sampler.set_epoch(e)`` (a DistributedSampler), or a RandomSampler
+drawn from ``seed + e``. Any
 epoch's order can be rebuilt, so a map-style dataset also gives ``regenerate(epoch, index)``,
 which decodes chunk ``index`` of epoch ``epoch`` again (in this process, not in the workers) for
 Loaders that join late or resume. An IterableDataset cannot: its late joiners wait for the next
@@ -50,13 +52,13 @@ def make_stream(pipeline: Dict[str, Any]) -> Tuple[Iterable[Any], Optional[Calla
     """What produces a share's stream in Python: (a re-iterable, one pass per epoch;
     ``regenerate(epoch, index) -> batch``, or None where the order cannot be rebuilt)."""
     dataset, sampler, seed = pipeline["dataset"], pipeline["sampler"], pipeline["seed"]
-    batch_size, drop_last = pipeline["batch_size"], pipeline["drop_last"]
+    batch_size = pipeline["batch_size"]
     collate = pipeline["collate_fn"] or torch.utils.data.default_collate
     stream = _EpochLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
-        drop_last=drop_last,
+        drop_last=False,  # each Loader drops its own short last batch, of its own batch size
         collate_fn=collate,
         seed=seed,
         **pipeline["decoding"],
@@ -73,7 +75,7 @@ def make_stream(pipeline: Dict[str, Any]) -> Tuple[Iterable[Any], Optional[Calla
             orders.clear()  # one epoch at a time: late joiners and resumes cluster
             order = orders[epoch] = list(ordering)
         chunk = order[index * batch_size : (index + 1) * batch_size]
-        if not chunk or (drop_last and len(chunk) < batch_size):
+        if not chunk:
             raise IndexError(f"epoch {epoch} has no chunk {index} ({len(order)} samples)")
         return collate([dataset[i] for i in chunk])
 

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _batchcast
 
-__all__ = ["NativePlan", "Fallback", "plan"]
+__all__ = ["NativePlan", "Fallback", "plan", "steps"]
 
 log = logging.getLogger("batchcast.torchvision_plan")
 
@@ -43,7 +43,7 @@ log = logging.getLogger("batchcast.torchvision_plan")
 class NativePlan:
     """What ``batchcast serve`` and a Loader need to yield the torchvision pipeline's batches."""
 
-    root: str  # absolute ImageFolder root
+    root: str  # the ImageFolder root, resolved (absolute, no symlinks)
     # The per-sample transform (its seed: the stream's shuffling and augmentation); also what
     # ``_batchcast.ImagePipeline(plan.transform)`` runs in this process (inspection, tests).
     transform: _batchcast.PipelineOptions
@@ -207,10 +207,10 @@ def _apply(t: _Transform, name: str, step: Any) -> None:
         raise _Unsupported("no native equivalent")
 
 
-def _steps(transform: Any) -> List[Any]:
+def steps(transform: Any) -> List[Any]:
     """The flat list of steps of (nested) Composes."""
     if _torchvision_step(transform) == "Compose":
-        return [s for inner in transform.transforms for s in _steps(inner)]
+        return [s for inner in transform.transforms for s in steps(inner)]
     return [transform]
 
 
@@ -218,7 +218,7 @@ def _transform(transform: Any) -> _Transform:
     if transform is None:
         raise _Unsupported("transform=None: the dataset yields PIL images")
     t = _Transform()
-    for index, step in enumerate(_steps(transform)):
+    for index, step in enumerate(steps(transform)):
         name = _torchvision_step(step)
         try:
             _apply(t, name, step)
@@ -271,7 +271,7 @@ def _check_dataset(dataset: Any) -> str:
             f"dataset.samples[{i}] = {tuple(samples[i])!r}, the folder scan has {native[i]!r} "
             "(edited samples)"
         )
-    return os.path.abspath(root)
+    return os.path.realpath(root)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,25 @@ the same key (same user, same machine; per distributed rank) reads one stream, d
 
 With ``share``, torch's arguments mean:
 
-- ``dataset``, ``batch_size``, ``shuffle``, ``sampler``, ``drop_last``, ``collate_fn``: the
-  pipeline, run by the detached producer; a process with another pipeline under the same key
-  gets a ValueError naming the difference (one key is one pipeline).
+- ``dataset``, ``shuffle``, ``sampler``, ``collate_fn``: the stream, run by the detached
+  producer; a process whose stream differs under the same key gets a ValueError naming each
+  field that differs and what would join (one key is one stream). Its transform may differ
+  (another view of the stream, below), and so may its batch size.
+- ``batch_size``, ``drop_last``: this trainer's own. The producer decodes chunks of the batch
+  size of the trainer that started it; each trainer cuts them into its own batch size, so
+  every epoch holds every sample once, ``len()`` and ``drop_last`` as torch's for that batch
+  size (under a custom ``collate_fn``, whose batches cannot be cut, the key's batch size).
 - ``num_workers``, ``worker_init_fn``, ``multiprocessing_context``, ``prefetch_factor``,
   ``persistent_workers``, ``in_order``: how the producer decodes (the first process's rule).
-- ``generator``: its seed orders the shuffle (epoch e is drawn from seed + e).
+- ``generator``: its seed orders the shuffle (epoch e is drawn from seed + e): a stream field,
+  since all trainers of a key read one order. Without it, the trainer that starts the producer
+  draws the seed (from torch's default generator, as torch's RandomSampler does).
+- ``augment_seed`` (share= only): this trainer's own augmentation draws (its random crops and
+  flips), from this seed, the shuffle order staying the stream's: the trainer reads a view of
+  the stream with that seed (docs/views.md, "Seeds"). None: the stream's draws, shared by every
+  trainer of its transform. A trainer that starts the producer without a ``generator`` seeds
+  the stream's shuffle with it too (then its view is the stream's own). Needs a native pipeline
+  (below): a ValueError says why one is not.
 - ``pin_memory`` (``pin_memory_device``): batches are handed out in pinned memory.
 - ``timeout``: the longest wait for a batch, as torch's; 0 (default): as long as the producer
   is alive (a slow peer or an epoch boundary is no error; a dead producer is).
@@ -69,9 +82,10 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch.utils.data
 
-from . import _batchcast
-from ._fingerprint import decoding_of, fingerprint, gpu_refusal, joins_as_view, view_fields
+from ._fingerprint import (decoding_of, fingerprint, gpu_refusal, joins_as_view, plan_view,
+                           view_fields)
 from ._share import SharedStream, native_plan, pipeline_of, share_paths
+from ._torchvision_plan import Fallback, NativePlan
 from .loader import Closeable
 
 __all__ = ["DataLoader", "share_paths"]
@@ -99,6 +113,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         share: Optional[str] = None,
         native: bool = True,
         stall_timeout: Optional[float] = None,
+        augment_seed: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
         self._stream: Optional[SharedStream] = None  # before torch's __init__: __del__ reads it
@@ -121,6 +136,12 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         )
         self.share = share
         if share is None:
+            if augment_seed is not None:
+                raise ValueError(
+                    "augment_seed= gives a trainer of a share=KEY stream its own augmentation "
+                    "draws; without share= torch's workers draw from generator= (their "
+                    "base_seed) and worker_init_fn"
+                )
             return
         if batch_size is None or batch_sampler is not None:
             raise ValueError(
@@ -133,17 +154,34 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 f"pin_memory_device={device!r}: DataLoader(share=) pins for CUDA only; leave "
                 "it empty or name a cuda device"
             )
+        if augment_seed is not None and not (
+                isinstance(augment_seed, int) and 0 <= augment_seed < 1 << 64):
+            raise ValueError(f"augment_seed={augment_seed!r}: an integer in 0..2**64-1, or None")
         pipeline, chosen_seed = pipeline_of(self, multiprocessing_context)
+        if augment_seed is not None and chosen_seed is None:
+            pipeline["seed"] = augment_seed  # a stream it starts: its view is the stream's own
         user_args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler,
                          batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last)
         self._plan_args = (user_args, pipeline["seed"], pin_memory, device)
-        pipeline["native"] = native_plan(self, *self._plan_args) if native else None
+        found = native_plan(self, *self._plan_args) if native else Fallback("native=False")
+        pipeline["native"] = found if isinstance(found, NativePlan) else None
+        python_why = "" if pipeline["native"] is not None else found.reason
+        if augment_seed is not None and python_why:
+            raise ValueError(
+                f"DataLoader(share={share!r}, augment_seed={augment_seed}): a seed of its own "
+                "is a view of a stream decoded natively, and this pipeline runs in Python "
+                f"({python_why}); there the dataset's own code draws in the producer's workers, "
+                "one stream for every trainer: drop augment_seed, or use a pipeline that "
+                "batchcast recognises (batchcast.torchvision_plan logs the step that is not)"
+            )
+        self._augment_seed = augment_seed
         prints = fingerprint(self, chosen_seed)
         self._view_fields = view_fields(dataset)
         prints["decoding"] = decoding_of(pipeline["native"])
         self._stream = SharedStream(
             share, pipeline, prints,
             {"timeout": timeout, "pin_memory": pin_memory, "stall_timeout": stall_timeout},
+            augment_seed, python_why,
         )
         self._decoding = prints["decoding"]
         logging.getLogger("batchcast").info(
@@ -173,7 +211,8 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
             self._stream.restate(now)
             self._view_fields = now
             return
-        plan = native_plan(self, *self._plan_args) if self.native else None
+        found = native_plan(self, *self._plan_args) if self.native else None
+        plan = found if isinstance(found, NativePlan) else None
         assert self._decoding is not None
         refusal = gpu_refusal(plan, self._decoding)
         if refusal is not None:
@@ -192,7 +231,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 "DataLoader with another share key for the new transform"
             )
         assert plan is not None
-        self._stream.follow(_batchcast.View(plan.transform).text(with_seed=False))
+        self._stream.follow(plan_view(plan, self._augment_seed))
         self._view_fields = now
 
     # -- share -------------------------------------------------------------------------------

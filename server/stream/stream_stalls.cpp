@@ -209,6 +209,13 @@ void StreamState::watch_stalls(double now) {
   holding_.clear();
   if (!failure_.empty() || (finished_ && !private_.next_request())) return;
   if (!started_) {
+    // Before the start the producer fills the ring and waits, as it should: producer time
+    // blocked, but no stall, since nobody could read. The stall clock starts with the stream,
+    // or the consumers that complete min_consumers would be blamed the moment they attach.
+    if (blocked_since_) {
+      counters_.producer_blocked_s += now - *blocked_since_;
+      blocked_since_ = now;
+    }
     waiting_for_ = "min_consumers not met: " + std::to_string(consumers_.size()) + " of " +
                    std::to_string(rules_.min_consumers) + " consumers attached";
     return;

@@ -160,7 +160,16 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
     if (c) return drop("second hello");
     return on_hello(identity, *hello, now);
   }
-  if (!c) return drop("message before hello");
+  if (!c) {
+    // A consumer that was sent End and left may have sent a heartbeat or a release before End
+    // reached it: expected on every run, not worth a warning (an unknown sender still is).
+    if (std::find(ended_identities_.begin(), ended_identities_.end(), identity) !=
+        ended_identities_.end()) {
+      spdlog::debug("ignored a message a consumer sent before it learned it had left");
+      return;
+    }
+    return drop("message before hello");
+  }
   c->last_seen = now;
   if (auto* credit = std::get_if<protocol::Credit>(&m)) {
     c->credits = std::min<uint32_t>(c->credits + credit->chunks, kMaxCredits);
@@ -353,6 +362,10 @@ void StreamState::drop_consumer(uint64_t id, const char* why) {
   spdlog::info("consumer {} (pid {}) {}; released {} slot reference(s)", id, c.pid, why, held);
   if (departed_.size() >= kMaxDeparted) departed_.erase(departed_.begin());
   departed_.push_back({id, c.pid, c.name, c.samples, c.wait_s, false, 0, 0, false, 0.0});
+  if (c.end_sent) {
+    if (ended_identities_.size() >= kMaxDeparted) ended_identities_.pop_front();
+    ended_identities_.push_back(c.identity);
+  }
   consumers_.erase(id);
 }
 

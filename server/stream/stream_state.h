@@ -34,9 +34,12 @@
 //   its private chunks is caught up first, once per decoupling: the producer fills no stream
 //   chunk until it merged (at most its gap at the producer's pace plus its bound; a gap of more
 //   than 10 s stays private).
-// - Stalls are said: a stream that has not moved for stall_timeout is logged once, naming each
-//   consumer's pid, name, chunks held and position; every other consumer's heartbeat says what
-//   holds its data back (min_consumers not met, a named consumer).
+// - Stalls are said: a stream that has not moved for stall_timeout since it started (the
+//   producer's wait for min_consumers is none) is logged once, naming each consumer's pid, name,
+//   chunks held and position; every other consumer's heartbeat says what holds its data back
+//   (min_consumers not met, a named consumer).
+// - Dropped messages are said: malformed ones, forged releases, a stranger's; not what a
+//   consumer sent before the End that answered its Goodbye reached it.
 // - Late join: within the retained chunks that run without a gap up to the newest, a new
 //   consumer starts at the first epoch start, else at the first chunk; late_join=next_epoch
 //   then skips to an epoch start. On a producer that regenerates, a replay joiner that would
@@ -76,6 +79,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -377,6 +381,9 @@ class StreamState {
   double next_liveness_ = 0, next_heartbeat_ = 0, next_stall_trace_ = 0;
   StreamStats counters_;
   std::vector<StreamStats::Consumer> departed_;
+  // The identities of departed consumers that had been sent End, the newest last (bounded):
+  // what they sent before End reached them is no stranger's message.
+  std::deque<std::string> ended_identities_;
 };
 
 }  // namespace batchcast

@@ -1,10 +1,44 @@
-"""The examples run as a user runs them (examples/README.md), with the installed package."""
+"""The examples run as a user runs them (examples/README.md), with the installed package: its
+environment's `python` and `batchcast` first on PATH, as after `source .venv/bin/activate` or
+in the venv or conda env where a user ran `pip install .`."""
 
 import os
+import re
 import subprocess
 import sys
 
+from batchcast.dataloader import share_paths
+from conftest import watch_endpoint
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def activated() -> dict:
+    """The environment of a shell where this interpreter's environment is activated."""
+    bin_dir = os.path.dirname(sys.executable)
+    return dict(os.environ, PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
+
+
+def readme_commands() -> list:
+    """The command lines examples/README.md shows (its indented code lines)."""
+    with open(os.path.join(ROOT, "examples", "README.md")) as f:
+        return [line.strip() for line in f if re.match(r" {6}\S", line)]
+
+
+def test_the_readme_runs_the_examples_as_a_pip_user_can():
+    commands = readme_commands()
+    assert commands and all(re.match(r"(python|bash) examples/", c) for c in commands), commands
+
+
+def test_two_train_shared_copies_run_as_the_readme_says(tmp_path):
+    watch_endpoint(share_paths("train-shared-example")["endpoint"])
+    pair = [c for c in readme_commands() if "train_shared.py" in c]
+    script = "\n".join(pair) + "\n"
+    p = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=activated(), stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for lr in ("0.01", "0.05"):
+        assert f"lr {lr} epoch 1:" in p.stdout, p.stdout + p.stderr
 
 
 def test_standalone_server_with_a_folder_of_its_own_classes(tmp_path, batchcast_cli):
@@ -14,10 +48,9 @@ def test_standalone_server_with_a_folder_of_its_own_classes(tmp_path, batchcast_
     made = subprocess.run([batchcast_cli, "make-dataset", "--out", str(data), "--classes", "3",
                            "--per-class", "4"], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-    venv = os.path.dirname(os.path.dirname(sys.executable))
     p = subprocess.run(["bash", os.path.join(ROOT, "examples", "standalone_server.sh"),
                         str(data)], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, VENV=venv), stdin=subprocess.DEVNULL)
+                       env=activated(), stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "IndexError" not in p.stderr and "Traceback" not in p.stderr, p.stderr
     for lr in ("0.01", "0.05"):

@@ -82,7 +82,8 @@ def test_a_native_share_producer_starts_with_the_loader_and_never_imports_torch(
 
 
 @pytest.mark.parametrize("how", ["close", "drop"])
-def test_the_producer_of_a_loader_closed_unread_exits(folder, new_key, how):
+def test_the_producer_of_a_loader_closed_unread_exits(folder, new_key, how, monkeypatch):
+    monkeypatch.setenv("BATCHCAST_KEEP_SHARE_LOG", "1")  # read below: a clean exit removes it
     key = new_key()
     loader = batchcast.DataLoader(dataset(folder), batch_size=4, share=key)
     paths = loader.paths

@@ -1,7 +1,7 @@
 """Views through the drop-in DataLoader (docs/views.md): DataLoaders of one share key with other
-crop sizes share one stream, a transform changed between epochs is followed, and a share refuses
-another stream naming the field. Real `batchcast serve` processes over a real JPEG ImageFolder
-(views_common.py), real training loops.
+crop sizes share one stream, a transform changed between epochs is followed (a Python share
+refuses it, naming it). Other joins and refusals of a key: test_share_joins.py. Real `batchcast
+serve` processes over a real JPEG ImageFolder (views_common.py), real training loops.
 
 Run: .venv/bin/python -m pytest tests/python/test_views_dataloader.py
 """
@@ -117,21 +117,3 @@ def test_a_python_share_refuses_a_changed_transform_naming_it(folder, new_key):
                                          r"producer took it.*another share key"):
         iter(loader)
     loader.close()
-
-
-def test_a_share_key_refuses_another_stream_naming_the_stream_field(folder, new_key):
-    import torchvision
-    import torchvision.transforms as T
-
-    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.RandomResizedCrop(32),
-                                                             T.ToTensor()]))
-    key = new_key()
-    first = batchcast.DataLoader(ds, batch_size=CHUNK, shuffle=True, share=key)
-    it = iter(first)
-    next(it)
-    other = batchcast.DataLoader(ds, batch_size=CHUNK + 1, shuffle=True, share=key)
-    with pytest.raises(ValueError, match=r"batch_size: running 5, this process 6") as e:
-        iter(other)
-    assert "transform" not in str(e.value).split(". ")[0]
-    other.close()
-    first.close()

@@ -201,11 +201,11 @@ def test_the_dropin_takes_a_bilinear_transform_as_a_gpu_pools_view_and_refuses_a
     nearest_prints, nearest = trainer(compose(40, NEAREST))
     assert (nearest.device, nearest.gpu_refused) == (
         "cpu", "interpolation NEAREST: decoding on a GPU (nvJPEG) resizes bilinearly")
-    with pytest.raises(ValueError, match=r"DataLoader\(share='k'\): the stream of that key "
-                       r"\(native mixed decoder, pool on cuda:0\) cannot make this process's "
-                       r"transform as a view: interpolation NEAREST: decoding on a GPU \(nvJPEG\) "
-                       r"resizes bilinearly; use InterpolationMode.BILINEAR in this transform, or "
-                       r"pin_memory=False in every trainer of this key"):
+    with pytest.raises(ValueError, match=r"DataLoader\(share='k'\) cannot join the stream of "
+                       r"that key\. transform: its pool \(native mixed decoder, pool on cuda:0\) "
+                       r"cannot make this one as a view: interpolation NEAREST: decoding on a GPU "
+                       r"\(nvJPEG\) resizes bilinearly; to join: use InterpolationMode.BILINEAR "
+                       r"in this transform, or pin_memory=False in every trainer of this key\."):
         view_of("k", nearest_prints, running, nearest)
 
     host_prints, host = trainer(compose(40), gpu=False)
@@ -256,18 +256,18 @@ def test_a_gpu_pool_refuses_a_dropin_nearest_resize_naming_it_and_goes_on(folder
     ds = torchvision.datasets.ImageFolder(folder, compose(64))
     first = batchcast.DataLoader(ds, batch_size=CHUNK, pin_memory=True, share=key)
     assert sum(len(y) for _, y in first) == CLASSES * PER_CLASS
-    fix = (r"interpolation NEAREST: decoding on a GPU \(nvJPEG\) resizes bilinearly; use "
-           r"InterpolationMode.BILINEAR in this transform, or pin_memory=False")
+    why = r"interpolation NEAREST: decoding on a GPU \(nvJPEG\) resizes bilinearly"
+    fix = r"use InterpolationMode.BILINEAR in this transform, or pin_memory=False"
     other = batchcast.DataLoader(torchvision.datasets.ImageFolder(folder, compose(40, NEAREST)),
                                  batch_size=CHUNK, pin_memory=True, share=key)
-    with pytest.raises(ValueError, match=r"cannot make this process's transform as a view: "
-                                         + fix):
+    with pytest.raises(ValueError, match=r"cannot make this one as a view: " + why
+                                         + "; to join: " + fix):
         iter(other)
     other.close()
     ds.transform = compose(40, NEAREST)
     with pytest.raises(ValueError, match=r"the dataset's new transform cannot be made by the "
                                          r"share's pool \(native mixed decoder, pool on "
-                                         r"cuda:\d+\): " + fix):
+                                         r"cuda:\d+\): " + why + "; " + fix):
         iter(first)
     ds.transform = compose(40)
     batches = [(x.shape, y.cpu()) for x, y in first]
