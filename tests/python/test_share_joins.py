@@ -162,7 +162,7 @@ def test_augment_seed_gives_a_trainer_its_own_draws_in_the_streams_order(folder,
     for name, seed in (("seven", 7), ("eight", 8)):
         text = _batchcast.View(plan.transform).text(with_seed=False) + f",seed={seed}"
         pipelines[name] = _batchcast.ImagePipeline(
-            _batchcast.View.resolve(text, plan.transform).options)
+            _batchcast.View.resolve(text, _batchcast.View(plan.transform)).options)
     pipelines["seven_too"] = pipelines["seven"]
     for epoch in range(2):
         order = labels(got["stream"][epoch])
