@@ -219,7 +219,8 @@ def test_ddp_ranks_share_per_rank_with_a_view_per_crop_size(one_image_per_class,
     procs = {}
     for rank in range(2):
         for size in sizes:
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                       BATCHCAST_KEEP_SHARE_LOG="1")  # read below, once the producers exited
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (os.path.dirname(os.path.abspath(__file__)),
                             os.environ.get("PYTHONPATH")) if p)
