@@ -40,6 +40,10 @@ With ``share``, torch's arguments mean:
   what it missed as private chunks, nothing lost, and merges back when it catches up. None:
   the producer's default (3 s). A producer over an IterableDataset cannot regenerate: there the
   others wait for it, as torch's DataLoaders of one stream would.
+- ``share_memory`` (share= only): the shared memory the stream's ring may take, all its views
+  included, as bytes or a size text ("512MiB", "2G"); applied by the trainer that starts the
+  producer (docs/memory.md). None: 1 GiB within the host's means, and never more than an epoch
+  holds. A natively decoded pipeline only (a Python pipeline's ring is 8 slots).
 - refused: ``batch_sampler`` and ``batch_size=None`` (the stream is chunks of one batch size).
 
 Native decoding: a torchvision ``ImageFolder`` pipeline that ``batchcast._torchvision_plan``
@@ -78,13 +82,13 @@ The share protocol is in ``_share.py``; the producer process in ``_share_produce
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import torch.utils.data
 
 from ._fingerprint import (decoding_of, fingerprint, gpu_refusal, joins_as_view, plan_view,
                            view_fields)
-from ._share import SharedStream, native_plan, pipeline_of, share_paths
+from ._share import SharedStream, native_plan, pipeline_of, share_paths, size_bytes
 from ._torchvision_plan import Fallback, NativePlan
 from .loader import Closeable
 
@@ -114,6 +118,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         native: bool = True,
         stall_timeout: Optional[float] = None,
         augment_seed: Optional[int] = None,
+        share_memory: Union[None, int, str] = None,
         **kwargs: Any,
     ) -> None:
         self._stream: Optional[SharedStream] = None  # before torch's __init__: __del__ reads it
@@ -142,6 +147,9 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                     "draws; without share= torch's workers draw from generator= (their "
                     "base_seed) and worker_init_fn"
                 )
+            if share_memory is not None:
+                raise ValueError("share_memory= sizes a share=KEY stream's shared ring; without "
+                                 "share= there is none: drop it or pass share=")
             return
         if batch_size is None or batch_sampler is not None:
             raise ValueError(
@@ -158,6 +166,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 isinstance(augment_seed, int) and 0 <= augment_seed < 1 << 64):
             raise ValueError(f"augment_seed={augment_seed!r}: an integer in 0..2**64-1, or None")
         pipeline, chosen_seed = pipeline_of(self, multiprocessing_context)
+        pipeline["memory"] = size_bytes(share_memory, "share_memory")
         if augment_seed is not None and chosen_seed is None:
             pipeline["seed"] = augment_seed  # a stream it starts: its view is the stream's own
         user_args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler,
