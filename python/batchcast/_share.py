@@ -21,7 +21,10 @@ starts when the DataLoader is made (:meth:`start`), overlapping the trainer's st
 at the first iteration (the dataset pickled as torch's workers would see it). There, under the
 lock, the trainer waits for the socket and attaches, so the producer, which decides to exit
 under the same lock, counts it. The effective key is KEY, plus ``-rank<r>of<w>`` for one of
-w > 1 distributed ranks: rank r of every job shares one stream.
+w > 1 distributed ranks: rank r of every job shares one stream. Inside a sweep
+(``$BATCHCAST_SHARE_SCOPE``, which ``batchcast sweep`` sets for its trials) KEY is first scoped
+to it (:func:`scoped_key`), and the Loader's progress goes to ``$BATCHCAST_SWEEP_PROGRESS``
+(``_sweep_progress``).
 """
 
 from __future__ import annotations
@@ -42,12 +45,14 @@ import torch
 import torch.utils.data
 
 from . import _batchcast, _torchvision_plan
-from ._fingerprint import plan_view, view_of
+from ._fingerprint import STREAM_FIELDS, plan_view, view_of
 from ._share_producer import _lock, launch
 from .loader import Loader
+from ._sweep_progress import SCOPE_ENV, report_progress
 from .server import pid_running
 
-__all__ = ["SharedStream", "distributed_rank", "native_plan", "pipeline_of", "share_paths"]
+__all__ = ["SharedStream", "distributed_rank", "native_plan", "pipeline_of", "scoped_key",
+           "share_paths"]
 
 _log = logging.getLogger("batchcast")
 
@@ -65,6 +70,22 @@ def share_paths(key: str) -> Dict[str, str]:
         "state": f"{base}.json",
         "log": f"{base}.log",
     }
+
+
+def scoped_key(key: str, prints: Dict[str, Any]) -> str:
+    """The key a trainer's ``share=KEY`` stands for: KEY itself, or inside a sweep
+    (``$BATCHCAST_SHARE_SCOPE``, the sweep's id) ``<scope>.<KEY>.<digest of the stream
+    fields>``: every trial of the sweep that uses KEY with the same stream (``STREAM_FIELDS``:
+    dataset, sampler, seed, ...; and the decoding) reads one stream, a batch size or transform
+    that differs reads it as the drop-in joins any key, and trials whose streams differ (a seed
+    swept) get a stream each instead of the error one key of two streams gives.
+    Another sweep, or a process outside any, never meets them."""
+    scope = os.environ.get(SCOPE_ENV, "")
+    if not scope:
+        return key
+    stream = {name: prints.get(name) for name in (*STREAM_FIELDS, "decoding")}
+    digest = hashlib.sha1(json.dumps(stream, sort_keys=True, default=str).encode()).hexdigest()
+    return f"{scope}.{key}.{digest[:8]}"
 
 
 def distributed_rank() -> Tuple[int, int]:
@@ -138,7 +159,8 @@ class SharedStream:
     ) -> None:
         self.key = key
         rank, world = distributed_rank()
-        self.effective_key = key if world == 1 else f"{key}-rank{rank}of{world}"
+        scoped = scoped_key(key, prints)
+        self.effective_key = scoped if world == 1 else f"{scoped}-rank{rank}of{world}"
         self.paths = share_paths(self.effective_key)
         self._pipeline = pipeline
         self._fingerprint = prints
@@ -164,10 +186,12 @@ class SharedStream:
         loader = self._attach() if self._loader is None else self._loader
         if self._resume is not None:
             (epoch, sample), self._resume = self._resume, None
-            return self._told(self._seek(epoch, sample))
-        if sampler_epoch is not None:
-            return self._told(self._seek(sampler_epoch, 0))
-        return self._told(iter(loader))
+            batches = self._seek(epoch, sample)
+        elif sampler_epoch is not None:
+            batches = self._seek(sampler_epoch, 0)
+        else:
+            batches = iter(loader)
+        return report_progress(self._told(batches), self.effective_key, lambda: self.stats)
 
     def _told(self, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches``, where a failed or vanished producer's error also says where its log is

@@ -1,0 +1,192 @@
+"""``batchcast sweep`` and :func:`sweep`: one command runs a sweep's trials collocated on a node's
+GPUs, every ``DataLoader(share=KEY)`` of its trials reading one stream per (key, pipeline).
+
+    batchcast sweep [--gpus 0,1] [--per-gpu K | --slots N] [--collocation auto|mps|time-slicing]
+                    [--out DIR] [--trials FILE] [--resume] [--order exact] -- COMMAND ARGS...
+
+Every argument written ``{a,b,c}`` expands into a grid (the cartesian product, in order;
+``_sweep_trials``), or ``--trials FILE`` gives one trial's arguments per line. Trials run
+``--per-gpu`` at a time on each GPU of ``--gpus`` (default: every GPU this process sees, 2 per
+GPU), or ``--slots`` at a time without GPUs (default 2); the others queue (``_sweep_devices``,
+``_sweep_runner``). Each trial gets ``BATCHCAST_SHARE_SCOPE`` (the sweep's id): its share keys
+are scoped to the sweep (``_share.scoped_key``). Output: ``OUT/trials/<id>.log``,
+``OUT/summary.json``, a live table. docs/sweep.md is the user's guide.
+
+Bad input (a grid with no trial, ``--per-gpu 0``, a GPU that does not exist, a command not
+found, an unwritable ``--out``, ``--resume`` of a folder that is not a sweep's) raises
+:class:`SweepInputError` (the command line: a message and exit 2) before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Sequence
+
+from ._sweep_devices import Collocation, make_slots, visible_gpus
+from ._sweep_runner import Runner
+from ._sweep_table import LiveTable
+from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
+
+__all__ = ["SweepInputError", "main", "sweep"]
+
+_FORMAT = "batchcast-sweep/1"  # summary.json's "format": what --resume recognises
+
+
+def _check_command(trials: Sequence[Trial]) -> None:
+    for program in dict.fromkeys(t.command[0] for t in trials):
+        found = shutil.which(program) if os.sep not in program else (
+            program if os.access(program, os.X_OK) and os.path.isfile(program) else None)
+        if found is None:
+            raise SweepInputError(f"command not found: {program!r} (not an executable file, "
+                                  "nor on PATH); check the command after --")
+
+
+def _check_out(out: str) -> None:
+    try:
+        os.makedirs(os.path.join(out, "trials"), exist_ok=True)
+        probe = os.path.join(out, f".write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+    except OSError as e:
+        raise SweepInputError(f"--out {out}: cannot write there ({e.strerror}); choose a "
+                              "folder you can write") from e
+
+
+def _resumed(out: str, command: Sequence[str]) -> Dict[str, Any]:
+    path = os.path.join(out, "summary.json")
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        summary = None
+    if not isinstance(summary, dict) or summary.get("format") != _FORMAT:
+        raise SweepInputError(f"--resume {out}: not a sweep's folder (no {path} written by "
+                              "batchcast sweep); give the --out of the sweep to resume")
+    if command and [t["command"] for t in summary["trials"]] != [
+            t.command for t in expand_grid(command)]:
+        raise SweepInputError(f"--resume {out}: that sweep ran other commands; resume it "
+                              "without a command (or with the same one)")
+    return summary
+
+
+def _record(trial: Trial, out: str) -> Dict[str, Any]:
+    return {"id": trial.id, "command": trial.command, "params": trial.params, "state": "queued",
+            "gpu": None, "exit_code": None, "start": None, "end": None, "samples": None,
+            "samples_per_s": None, "log": os.path.join(out, "trials", f"{trial.id}.log")}
+
+
+def sweep(
+    command: Sequence[str] = (),
+    *,
+    trials: Optional[str] = None,
+    gpus: Optional[Sequence[int]] = None,
+    per_gpu: Optional[Any] = None,
+    slots: Optional[int] = None,
+    collocation: str = "auto",
+    order: str = "exact",
+    out: Optional[str] = None,
+    resume: bool = False,
+    table: Optional[LiveTable] = None,
+    env: Optional[Dict[str, str]] = None,
+) -> Dict[str, Any]:
+    """Runs the sweep the options describe (see the module doc and docs/sweep.md); returns its
+    summary (what ``OUT/summary.json`` holds, with ``sweep.stopped_by``: the signal that
+    stopped it, or None). SweepInputError for bad input, before anything starts."""
+    if order != "exact":
+        raise SweepInputError(f"--order {order}: only exact (the stream's seeded order) exists "
+                              "yet; relaxed order is not built")
+    if collocation not in ("auto", "mps", "time-slicing"):
+        raise SweepInputError(f"--collocation {collocation}: choose auto, mps or time-slicing")
+    if resume and out is None:
+        raise SweepInputError("--resume needs --out DIR: the folder of the sweep to resume")
+    out = os.path.abspath(out or os.path.join("runs", time.strftime("sweep-%Y%m%d-%H%M%S")))
+    if resume:
+        summary = _resumed(out, command)
+        records = summary["trials"]
+        for r in records:
+            if r.get("exit_code") != 0:
+                r["state"] = "queued"
+        _check_command([Trial(r["id"], r["command"]) for r in records if r["state"] == "queued"])
+    else:
+        planned = read_trials_file(trials, command) if trials else expand_grid(command)
+        _check_command(planned)
+        summary = {"format": _FORMAT, "sweep": {"id": f"sweep-{uuid.uuid4().hex[:12]}"}}
+        records = [_record(t, out) for t in planned]
+    slot_gpus = make_slots(gpus, None if per_gpu is None else str(per_gpu), slots,
+                           visible_gpus(env))
+    _check_out(out)
+    table = table or LiveTable()
+    used = list({g.device: g for g in slot_gpus if g is not None}.values())
+    colloc = Collocation(collocation, out, used)
+    try:
+        table.say(f"batchcast sweep: {len(records)} trials "
+                  f"({sum(r['state'] == 'queued' for r in records)} to run) in "
+                  f"{len(slot_gpus)} slots; output in {out}")
+        table.say(f"batchcast sweep: {colloc.line()}")
+        summary["sweep"].update(out=out, order=order, collocation=colloc.mode,
+                                collocation_why=colloc.why or None, slots=len(slot_gpus),
+                                started=time.time(), ended=None, stopped_by=None)
+        runner = Runner(records, slot_gpus, colloc, out, summary["sweep"]["id"], summary,
+                        table, env)
+        stopped = runner.run()
+        summary["sweep"].update(ended=time.time(), stopped_by=stopped)
+        runner.write_summary()
+    finally:
+        colloc.stop()
+    return summary
+
+
+def _gpu_list(text: str) -> List[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: GPU indices, comma-separated (0,1)"
+                                         ) from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command: List[str] = []
+    if "--" in args:
+        i = args.index("--")
+        args, command = args[:i], args[i + 1:]
+    p = argparse.ArgumentParser(prog="batchcast sweep", description=__doc__.split("\n\n")[0],
+                                usage="batchcast sweep [options] -- COMMAND ARGS...")
+    p.add_argument("--trials", metavar="FILE", help="one trial's arguments per line")
+    p.add_argument("--gpus", type=_gpu_list, help="GPU indices to use (default: every one "
+                   "this process sees; nvidia-smi -L order, MIG instances count as GPUs)")
+    p.add_argument("--per-gpu", metavar="K", help="trials at once on each GPU (default 2)")
+    p.add_argument("--slots", type=int, metavar="N",
+                   help="trials at once without GPUs (default 2)")
+    p.add_argument("--collocation", default="auto", choices=("auto", "mps", "time-slicing"),
+                   help="auto: a private MPS daemon where it can start, else time-slicing")
+    p.add_argument("--order", default="exact", help="exact: the stream's seeded order")
+    p.add_argument("--out", help="output folder (default runs/sweep-<time>)")
+    p.add_argument("--resume", action="store_true",
+                   help="run the trials of --out's sweep that did not finish")
+    o = p.parse_args(args)
+    if not command and not o.trials and not o.resume:
+        p.error("no command: batchcast sweep [options] -- COMMAND ARGS...")
+    try:
+        summary = sweep(command, trials=o.trials, gpus=o.gpus, per_gpu=o.per_gpu,
+                        slots=o.slots, collocation=o.collocation, order=o.order, out=o.out,
+                        resume=o.resume)
+    except SweepInputError as e:
+        print(f"batchcast sweep: {e}", file=sys.stderr)
+        return 2
+    failed = [t for t in summary["trials"] if t.get("exit_code") != 0]
+    stopped = summary["sweep"]["stopped_by"]
+    print(f"batchcast sweep: {len(summary['trials']) - len(failed)} of "
+          f"{len(summary['trials'])} trials finished"
+          + (f", stopped by signal {stopped}" if stopped else "")
+          + f"; {os.path.join(summary['sweep']['out'], 'summary.json')}", flush=True)
+    if stopped:
+        return 128 + stopped
+    return 1 if failed else 0

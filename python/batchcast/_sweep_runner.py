@@ -1,0 +1,280 @@
+"""Runs a sweep's trials in its slots until every one ended, or until stopped.
+
+What it is: :class:`Runner` starts each queued trial in a free slot (its own process group and
+session, its output to ``OUT/trials/<id>.log``, its environment: the slot's GPU as
+``CUDA_VISIBLE_DEVICES``, the collocation's variables, the sweep's share scope and progress
+file), records how each ended (exit code; a crash keeps its log's last lines) and gives its slot
+to the next, keeps ``OUT/summary.json`` and the live table current, and on SIGINT/SIGTERM/SIGHUP
+stops every trial's process group (SIGTERM, then SIGKILL after ``TRIAL_GRACE_S``) and the share
+producers of the sweep's scope (detached from the trials: found by the endpoint on their command
+line), all within 10 s. The data side is what can be read honestly from outside: the share
+producers' CPU seconds from /proc (read every poll while they run) and the samples the trials'
+shared loaders report (``_sweep_progress``).
+
+Thread-safety: none; one thread runs it. Signal handlers only set a flag the loop reads.
+Ownership: the Runner owns the trials' processes; the caller owns the Collocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Dict, List, Optional
+
+from ._sweep_devices import Collocation, Gpu
+from ._sweep_progress import PROGRESS_ENV, SCOPE_ENV, read_progress
+from ._sweep_table import LiveTable
+
+__all__ = ["Runner", "TRIAL_GRACE_S"]
+
+TRIAL_GRACE_S = 4.0  # a stopped trial's group gets SIGKILL after this
+PRODUCER_GRACE_S = 4.0  # a share producer of the scope: SIGTERM, then SIGKILL after this
+_POLL_S = 0.2
+_TAIL_LINES = 12
+_CLOCK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> Optional[float]:
+    """CPU seconds of a process and its reaped children, from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return sum(int(v) for v in fields[11:15]) / _CLOCK  # utime, stime, cutime, cstime
+
+
+def _log_tail(path: str, lines: int = _TAIL_LINES) -> List[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 65536))
+            return f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+class Runner:
+    """The sweep's run loop over ``records`` (summary.json's trial dicts, those to run with
+    state ``queued``); ``slots``: a GPU or None each."""
+
+    def __init__(self, records: List[Dict[str, Any]], slots: List[Optional[Gpu]],
+                 collocation: Collocation, out: str, scope: str, summary: Dict[str, Any],
+                 table: LiveTable, env: Optional[Dict[str, str]] = None) -> None:
+        self.records = records
+        self.slots: List[Optional[str]] = [None] * len(slots)  # the trial id in each slot
+        self._gpus = slots
+        self._collocation = collocation
+        self._out = out
+        self._scope = scope
+        self._summary = summary
+        self._table = table
+        self._env = dict(os.environ if env is None else env)
+        self._running: Dict[str, subprocess.Popen] = {}
+        self._producers: Dict[int, Dict[str, Any]] = {}  # pid -> key, cpu_s
+        self._stop_signal: Optional[int] = None
+        self._marker = f"/tmp/batchcast-{os.getuid()}-{scope}.".encode()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> Optional[int]:
+        """Runs every queued trial; returns None, or the signal that stopped the sweep."""
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            while self._stop_signal is None:
+                self._reap()
+                self._fill()
+                self._observe()
+                self._table.draw(self.records)
+                self.write_summary()
+                if not self._running and not any(r["state"] == "queued" for r in self.records):
+                    break
+                time.sleep(_POLL_S)
+        finally:
+            self._stop_trials()
+            self._stop_producers(wait=self._stop_signal is None)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        self._table.draw(self.records)
+        return self._stop_signal
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._stop_signal = signum
+
+    def _fill(self) -> None:
+        for record in self.records:
+            if record["state"] != "queued":
+                continue
+            if None not in self.slots:
+                return
+            self._start(record, self.slots.index(None))
+
+    def _start(self, record: Dict[str, Any], slot: int) -> None:
+        gpu = self._gpus[slot]
+        env = dict(self._env, **self._collocation.env())
+        env[SCOPE_ENV] = self._scope
+        env[PROGRESS_ENV] = os.path.join(self._out, "trials", f"{record['id']}.progress.json")
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu.device
+        record.update(gpu=None if gpu is None else gpu.index, slot=slot, start=time.time(),
+                      end=None, exit_code=None, last_lines=None, samples=None,
+                      samples_per_s=None, epochs=None, wait_percent=None)
+        with open(record["log"], "ab") as log:
+            log.write(f"# batchcast sweep: trial {record['id']}: {record['command']}\n".encode())
+            log.flush()
+            try:
+                # Its own session: the terminal's Ctrl-C reaches the sweep, which stops every
+                # trial's whole group (DataLoader workers included) the same way.
+                process = subprocess.Popen(record["command"], stdin=subprocess.DEVNULL,
+                                           stdout=log, stderr=subprocess.STDOUT, env=env,
+                                           start_new_session=True)
+            except OSError as e:
+                log.write(f"# cannot start it: {e}\n".encode())
+                record.update(state="failed", exit_code=127, end=time.time(),
+                              last_lines=[f"cannot start it: {e}"])
+                return
+        record["state"] = "running"
+        self.slots[slot] = record["id"]
+        self._running[record["id"]] = process
+
+    def _reap(self) -> None:
+        for record in self.records:
+            process = self._running.get(record["id"])
+            if process is None or process.poll() is None:
+                continue
+            self._ended(record, process, "finished" if process.returncode == 0 else "failed")
+
+    def _ended(self, record: Dict[str, Any], process: subprocess.Popen, state: str) -> None:
+        code = process.returncode
+        record.update(state=state, exit_code=code if code >= 0 else 128 - code, end=time.time())
+        self._kill_group(process.pid, signal.SIGKILL)  # what it left behind in its group
+        self._progress(record)
+        if record["exit_code"] != 0:
+            record["last_lines"] = _log_tail(record["log"])
+        del self._running[record["id"]]
+        self.slots[record["slot"]] = None
+
+    # -- what is observed --------------------------------------------------------------------
+
+    def _observe(self) -> None:
+        for record in self.records:
+            if record["id"] in self._running:
+                self._progress(record)
+        for pid, key in self._scope_producers().items():
+            cpu = _cpu_s(pid)
+            entry = self._producers.setdefault(pid, {"key": key, "pid": pid, "cpu_s": 0.0})
+            if cpu is not None:
+                entry["cpu_s"] = max(entry["cpu_s"], cpu)
+
+    def _progress(self, record: Dict[str, Any]) -> None:
+        seen = read_progress(os.path.join(self._out, "trials",
+                                          f"{record['id']}.progress.json"))
+        if seen is None:
+            return
+        span = (record["end"] or time.time()) - record["start"]
+        record.update(samples=seen["samples"], epochs=seen["epochs"])
+        if span > 0:
+            record["samples_per_s"] = round(seen["samples"] / span, 3)
+            record["wait_percent"] = round(min(100.0, 100.0 * seen["wait_s"] / span), 1)
+
+    def _scope_producers(self) -> Dict[int, str]:
+        """The live share producers of this sweep's scope: pid -> the share file's stem."""
+        found = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if b"batchcast._share_producer" in cmdline and self._marker in cmdline:
+                at = cmdline.index(self._marker) + len(self._marker)
+                found[int(entry)] = cmdline[at:].split(b"\0")[0].decode(errors="replace")
+        return found
+
+    def data(self) -> Dict[str, Any]:
+        """summary.json's ``data``: what the sweep can tell about the data side (see the module
+        doc; ``not_measured`` says what is not there)."""
+        consumed = [r["samples"] for r in self.records if r.get("samples") is not None]
+        producers = [dict(p, key=p["key"].rsplit(".sock", 1)[0])
+                     for p in self._producers.values()]
+        return {
+            "samples_consumed": sum(consumed) if consumed else None,
+            "cpu_s": round(sum(p["cpu_s"] for p in producers), 3),
+            "producers": producers,
+            "not_measured": "samples_decoded and GPU joules per sample: the sweep reads no "
+                            "server metrics; cpu_s is each share producer's CPU read from "
+                            f"/proc every {_POLL_S} s while it ran (its last interval is "
+                            "missing)",
+        }
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _kill_group(pgid: int, signum: int) -> None:
+        try:
+            os.killpg(pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing left in it
+
+    def _stop_trials(self) -> None:
+        if not self._running:
+            return
+        for process in self._running.values():
+            self._kill_group(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + TRIAL_GRACE_S
+        while self._running and time.monotonic() < deadline:
+            self._reap_stopped("stopped")
+            time.sleep(0.05)
+        for process in self._running.values():
+            self._kill_group(process.pid, signal.SIGKILL)
+        for process in self._running.values():
+            process.wait()
+        self._reap_stopped("stopped")
+
+    def _reap_stopped(self, state: str) -> None:
+        for record in self.records:
+            process = self._running.get(record["id"])
+            if process is not None and process.poll() is not None:
+                self._ended(record, process, state)
+
+    def _stop_producers(self, wait: bool) -> None:
+        """The scope's share producers: each exits by itself once its last trial left (a
+        second); stopped with SIGTERM when the sweep was, or when one lingers."""
+        deadline = time.monotonic() + (PRODUCER_GRACE_S if wait else 0.0)
+        while True:
+            self._observe()
+            left = self._scope_producers()
+            if not left or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + PRODUCER_GRACE_S
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = {pid: k for pid, k in left.items() if pid in self._scope_producers()}
+        for pid, key in left.items():
+            self._table.say(f"batchcast sweep: the share producer {pid} ({key}) ignored "
+                            "SIGTERM; killed")
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # -- output ------------------------------------------------------------------------------
+
+    def write_summary(self) -> None:
+        self._summary["trials"] = self.records
+        self._summary["data"] = self.data()
+        path = os.path.join(self._out, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self._summary, f, indent=1)
+        os.replace(path + ".tmp", path)
