@@ -9,7 +9,7 @@ stops every trial's process group (SIGTERM, then SIGKILL after ``TRIAL_GRACE_S``
 producers of the sweep's scope (detached from the trials: found by the endpoint on their command
 line), all within 10 s. The data side is what can be read honestly from outside: the share
 producers' CPU seconds from /proc (read every poll while they run) and the samples the trials'
-shared loaders report (``_sweep_progress``).
+shared loaders report (``_sweep_progress``); the producers' logs end up in ``OUT/data/``.
 
 Thread-safety: none; one thread runs it. Signal handlers only set a flag the loop reads.
 Ownership: the Runner owns the trials' processes; the caller owns the Collocation.
@@ -17,8 +17,10 @@ Ownership: the Runner owns the trials' processes; the caller owns the Collocatio
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -96,6 +98,7 @@ class Runner:
         finally:
             self._stop_trials()
             self._stop_producers(wait=self._stop_signal is None)
+            self._collect_logs()
             for s, handler in previous.items():
                 signal.signal(s, handler)
         self._table.draw(self.records)
@@ -270,6 +273,17 @@ class Runner:
                 pass
 
     # -- output ------------------------------------------------------------------------------
+
+    def _collect_logs(self) -> None:
+        """Moves the scope's share logs (/tmp/batchcast-<uid>-<scope>.<key>.log) into
+        ``OUT/data/``: the sweep leaves nothing of its own in /tmp."""
+        prefix = self._marker.decode()
+        for path in glob.glob(glob.escape(prefix) + "*.log"):
+            os.makedirs(os.path.join(self._out, "data"), exist_ok=True)
+            target = os.path.join(self._out, "data", path[len(prefix):])
+            with open(path, "rb") as src, open(target, "ab") as dst:
+                shutil.copyfileobj(src, dst)
+            os.unlink(path)
 
     def write_summary(self) -> None:
         self._summary["trials"] = self.records
