@@ -4,8 +4,8 @@ What it is: :func:`expand_grid` turns ``COMMAND ARGS...`` whose arguments hold `
 groups into one :class:`Trial` per combination (the cartesian product, the first group varying
 slowest: in the order the values are written); :func:`read_trials_file` makes one trial per
 line of a file (the line's arguments after the command). A group is a ``{...}`` holding a comma
-(``{}`` lists no value, which makes a grid with no trial: refused); braces without a comma are
-left as written (``{x}``, JSON). A trial's ``params`` name each varied value: the option it
+and no whitespace nor quote (``{}`` lists no value, which makes a grid with no trial: refused);
+other braces are left as written (``{x}``, JSON, Python code such as ``{k: v for ...}``). A trial's ``params`` name each varied value: the option it
 follows (``--lr {..}`` or ``--lr={..}`` -> ``lr``), else ``arg<position>``.
 Pure functions and a plain record; no state.
 """
@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 
 __all__ = ["Trial", "expand_grid", "read_trials_file", "SweepInputError"]
 
-_GROUP = re.compile(r"\{([^{}]*)\}")
+_GROUP = re.compile(r"\{([^{}\s'\"]*)\}")
 
 
 class SweepInputError(ValueError):
