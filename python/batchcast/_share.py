@@ -78,12 +78,16 @@ def scoped_key(key: str, prints: Dict[str, Any]) -> str:
     fields>``: every trial of the sweep that uses KEY with the same stream (``STREAM_FIELDS``:
     dataset, sampler, seed, ...; and the decoding) reads one stream, a batch size or transform
     that differs reads it as the drop-in joins any key, and trials whose streams differ (a seed
-    swept) get a stream each instead of the error one key of two streams gives.
-    Another sweep, or a process outside any, never meets them."""
+    swept) get a stream each instead of the error one key of two streams gives. A stream
+    decoded into a GPU pool is one per GPU too (``$CUDA_VISIBLE_DEVICES``, which the sweep sets
+    per trial): a trial reads a GPU pool on its own GPU only. Another sweep, or a process
+    outside any, never meets them."""
     scope = os.environ.get(SCOPE_ENV, "")
     if not scope:
         return key
     stream = {name: prints.get(name) for name in (*STREAM_FIELDS, "decoding")}
+    if "pool on cuda" in str(prints.get("decoding")):
+        stream["gpus"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     digest = hashlib.sha1(json.dumps(stream, sort_keys=True, default=str).encode()).hexdigest()
     return f"{scope}.{key}.{digest[:8]}"
 
