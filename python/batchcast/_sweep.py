@@ -2,14 +2,17 @@
 GPUs, every ``DataLoader(share=KEY)`` of its trials reading one stream per (key, pipeline).
 
     batchcast sweep [--gpus 0,1] [--per-gpu K | --slots N] [--collocation auto|mps|time-slicing]
-                    [--out DIR] [--trials FILE] [--resume] [--order exact] -- COMMAND ARGS...
+                    [--out DIR] [--trials FILE] [--resume] [--order exact]
+                    [--share-dataloaders] -- COMMAND ARGS...
 
 Every argument written ``{a,b,c}`` expands into a grid (the cartesian product, in order;
 ``_sweep_trials``), or ``--trials FILE`` gives one trial's arguments per line. Trials run
 ``--per-gpu`` at a time on each GPU of ``--gpus`` (default: every GPU this process sees, 2 per
 GPU), or ``--slots`` at a time without GPUs (default 2); the others queue (``_sweep_devices``,
 ``_sweep_runner``). Each trial gets ``BATCHCAST_SHARE_SCOPE`` (the sweep's id): its share keys
-are scoped to the sweep (``_share.scoped_key``). Output: ``OUT/trials/<id>.log``,
+are scoped to the sweep (``_share.scoped_key``); with ``--share-dataloaders`` an unchanged
+script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
+stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH). Output: ``OUT/trials/<id>.log``,
 ``OUT/summary.json``, a live table. docs/sweep.md is the user's guide.
 
 Bad input (a grid with no trial, ``--per-gpu 0``, a GPU that does not exist, a command not
@@ -93,6 +96,7 @@ def sweep(
     order: str = "exact",
     out: Optional[str] = None,
     resume: bool = False,
+    share_dataloaders: bool = False,
     table: Optional[LiveTable] = None,
     env: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
@@ -123,6 +127,10 @@ def sweep(
                            visible_gpus(env))
     _check_out(out)
     table = table or LiveTable()
+    env = dict(os.environ if env is None else env)
+    if share_dataloaders:
+        site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep_site")
+        env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
     used = list({g.device: g for g in slot_gpus if g is not None}.values())
     colloc = Collocation(collocation, out, used)
     try:
@@ -130,7 +138,8 @@ def sweep(
                   f"({sum(r['state'] == 'queued' for r in records)} to run) in "
                   f"{len(slot_gpus)} slots; output in {out}")
         table.say(f"batchcast sweep: {colloc.line()}")
-        summary["sweep"].update(out=out, order=order, collocation=colloc.mode,
+        summary["sweep"].update(out=out, order=order, share_dataloaders=share_dataloaders,
+                                collocation=colloc.mode,
                                 collocation_why=colloc.why or None, slots=len(slot_gpus),
                                 started=time.time(), ended=None, stopped_by=None)
         runner = Runner(records, slot_gpus, colloc, out, summary["sweep"]["id"], summary,
@@ -171,13 +180,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", help="output folder (default runs/sweep-<time>)")
     p.add_argument("--resume", action="store_true",
                    help="run the trials of --out's sweep that did not finish")
+    p.add_argument("--share-dataloaders", action="store_true",
+                   help="a trial's shuffled torch DataLoader over a recognised torchvision "
+                   "pipeline joins the sweep's stream (no code change)")
     o = p.parse_args(args)
     if not command and not o.trials and not o.resume:
         p.error("no command: batchcast sweep [options] -- COMMAND ARGS...")
     try:
         summary = sweep(command, trials=o.trials, gpus=o.gpus, per_gpu=o.per_gpu,
                         slots=o.slots, collocation=o.collocation, order=o.order, out=o.out,
-                        resume=o.resume)
+                        resume=o.resume, share_dataloaders=o.share_dataloaders)
     except SweepInputError as e:
         print(f"batchcast sweep: {e}", file=sys.stderr)
         return 2

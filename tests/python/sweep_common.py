@@ -47,6 +47,31 @@ TRIAL = textwrap.dedent("""
             time.sleep(1)
 """)
 
+# An unchanged script: torch's own DataLoaders (a shuffled training loader, an evaluation
+# loader, a loader over a list), no batchcast; prints what its training loader became.
+PLAIN = textwrap.dedent("""
+    import sys
+    import torch, torchvision, torchvision.transforms as T
+    from torch.utils.data import DataLoader
+    root, size, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    train = torchvision.datasets.ImageFolder(root, T.Compose([
+        T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor()]))
+    val = torchvision.datasets.ImageFolder(root, T.Compose([
+        T.Resize(size), T.CenterCrop(size), T.ToTensor()]))
+    loader = torch.utils.data.DataLoader(train, batch_size=4, shuffle=True)
+    evaluation = DataLoader(val, batch_size=4)
+    listed = DataLoader(list(range(10)), batch_size=2, shuffle=True)
+    print("training loader:", type(loader).__module__, isinstance(loader, DataLoader))
+    print("evaluation loader:", type(evaluation).__module__)
+    n = 0
+    for epoch in range(epochs):
+        for x, y in loader:
+            n += len(y)
+        for x, y in evaluation:
+            assert x.shape[-1] == size
+    print("samples", n, flush=True)
+""")
+
 IMAGES = 12  # in the folder: 2 classes x 6
 
 
@@ -59,6 +84,9 @@ def make_folder(root: str) -> str:
 
 
 def write_trial(folder: str) -> str:
+    """trial.py (TRIAL) and plain.py (PLAIN) in ``folder``; the path of trial.py."""
+    with open(os.path.join(folder, "plain.py"), "w") as f:
+        f.write(PLAIN)
     path = os.path.join(folder, "trial.py")
     with open(path, "w") as f:
         f.write(TRIAL)

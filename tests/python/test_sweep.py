@@ -3,8 +3,9 @@ ImageFolder through ``batchcast.DataLoader(share="train")`` (sweep_common.TRIAL)
 producers, real signals.
 
 A grid's trials run in order, every one of them sharing the sweep's stream (one key of the
-sweep's scope; the image size a view of it), their samples in summary.json; a trials file gives
-one trial per line; a crashing trial is recorded and its slot goes to the next; SIGTERM stops
+sweep's scope; the image size a view of it), their samples in summary.json; with
+--share-dataloaders an unchanged script's shuffled torch DataLoader joins it, its other loaders
+stay torch's, each saying so in one line; a trials file gives one trial per line; a crashing trial is recorded and its slot goes to the next; SIGTERM stops
 every trial (one that ignores SIGTERM too) and the share producer, leaving nothing in /tmp nor
 /dev/shm; --resume runs only the trials that did not finish. No assertion on durations.
 """
@@ -64,6 +65,30 @@ def test_a_grid_runs_every_combination_in_order_on_one_shared_stream(folder, bat
     # Not a terminal: plain lines, one per trial and state.
     assert "trial  gpu  state" in done.stdout
     assert done.stdout.count("finished") >= 4
+
+
+def test_share_dataloaders_swaps_an_unchanged_scripts_training_loader(folder, batchcast_cli,
+                                                                     tmp_path):
+    out = str(tmp_path / "out")
+    done = run_sweep(batchcast_cli, ["--share-dataloaders", "--slots", "2", "--out", out, "--",
+                                     python(), os.path.join(folder, "plain.py"),
+                                     os.path.join(folder, "data"), "{24,32}", "2"])
+    assert done.returncode == 0, done.stderr + done.stdout
+    s = summary(out)
+    for t in s["trials"]:
+        with open(t["log"]) as f:
+            log = f.read()
+        assert "training loader: batchcast.dataloader True" in log
+        assert "evaluation loader: torch.utils.data.dataloader" in log
+        # One line per loader: what it became, or why not.
+        said = [line for line in log.splitlines() if line.startswith("batchcast sweep:")]
+        assert len(said) == 3, log
+        assert "joins the sweep's stream" in said[0]
+        assert "not shuffled" in said[1] and "list left as torch's" in said[2]
+        assert t["samples"] == 2 * IMAGES
+    keys = {p["key"] for p in s["data"]["producers"]}
+    assert len(keys) == 1 and next(iter(keys)).startswith("dataloader."), keys
+    assert scope_leftovers(s["sweep"]["id"], s["data"]["producers"]) == []
 
 
 def test_a_trials_file_gives_one_trial_per_line(folder, batchcast_cli, tmp_path):
