@@ -3,7 +3,7 @@ GPUs, every ``DataLoader(share=KEY)`` of its trials reading one stream per (key,
 
     batchcast sweep [--gpus 0,1] [--per-gpu K | --slots N] [--collocation auto|mps|time-slicing]
                     [--out DIR] [--trials FILE] [--resume] [--order exact]
-                    [--share-dataloaders] -- COMMAND ARGS...
+                    [--share-dataloaders] [--track] -- COMMAND ARGS...
 
 Every argument written ``{a,b,c}`` expands into a grid (the cartesian product, in order;
 ``_sweep_trials``), or ``--trials FILE`` gives one trial's arguments per line. Trials run
@@ -13,7 +13,8 @@ GPU), or ``--slots`` at a time without GPUs (default 2); the others queue (``_sw
 are scoped to the sweep (``_share.scoped_key``); with ``--share-dataloaders`` an unchanged
 script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
 stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH). Output: ``OUT/trials/<id>.log``,
-``OUT/summary.json``, a live table. docs/sweep.md is the user's guide.
+``OUT/summary.json``, a live table; ``--track`` runs each trial under ``batchcast track`` (an
+MLflow run each). docs/sweep.md is the user's guide.
 
 Bad input (a grid with no trial, ``--per-gpu 0``, a GPU that does not exist, a command not
 found, an unwritable ``--out``, ``--resume`` of a folder that is not a sweep's) raises
@@ -29,7 +30,7 @@ import shutil
 import sys
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_runner import Runner
@@ -85,6 +86,20 @@ def _record(trial: Trial, out: str) -> Dict[str, Any]:
             "samples_per_s": None, "log": os.path.join(out, "trials", f"{trial.id}.log")}
 
 
+def _tracked(out: str, experiment: str) -> Callable[[Dict[str, Any]], List[str]]:
+    """What runs a trial under ``batchcast track`` (a subprocess: the core never imports the
+    tools): its MLflow run in OUT/track/mlruns, named after the trial, its params as params."""
+
+    def argv(record: Dict[str, Any]) -> List[str]:
+        params = [a for k, v in record["params"].items() for a in ("--param", f"{k}={v}")]
+        return [sys.executable, "-m", "batchcast", "track", "--out",
+                os.path.join(out, "track"), "--experiment", experiment, "--workload", "trials",
+                "--run-name", f"{record['id']}-{time.strftime('%Y%m%d-%H%M%S')}", *params,
+                "--", *record["command"]]
+
+    return argv
+
+
 def sweep(
     command: Sequence[str] = (),
     *,
@@ -97,6 +112,7 @@ def sweep(
     out: Optional[str] = None,
     resume: bool = False,
     share_dataloaders: bool = False,
+    track: bool = False,
     table: Optional[LiveTable] = None,
     env: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
@@ -139,11 +155,12 @@ def sweep(
                   f"{len(slot_gpus)} slots; output in {out}")
         table.say(f"batchcast sweep: {colloc.line()}")
         summary["sweep"].update(out=out, order=order, share_dataloaders=share_dataloaders,
+                                mlflow=os.path.join(out, "track", "mlruns") if track else None,
                                 collocation=colloc.mode,
                                 collocation_why=colloc.why or None, slots=len(slot_gpus),
                                 started=time.time(), ended=None, stopped_by=None)
         runner = Runner(records, slot_gpus, colloc, out, summary["sweep"]["id"], summary,
-                        table, env)
+                        table, env, _tracked(out, summary["sweep"]["id"]) if track else None)
         stopped = runner.run()
         summary["sweep"].update(ended=time.time(), stopped_by=stopped)
         runner.write_summary()
@@ -180,6 +197,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", help="output folder (default runs/sweep-<time>)")
     p.add_argument("--resume", action="store_true",
                    help="run the trials of --out's sweep that did not finish")
+    p.add_argument("--track", action="store_true",
+                   help="run each trial under `batchcast track`: an MLflow run each, in "
+                   "OUT/track/mlruns")
     p.add_argument("--share-dataloaders", action="store_true",
                    help="a trial's shuffled torch DataLoader over a recognised torchvision "
                    "pipeline joins the sweep's stream (no code change)")
@@ -189,7 +209,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         summary = sweep(command, trials=o.trials, gpus=o.gpus, per_gpu=o.per_gpu,
                         slots=o.slots, collocation=o.collocation, order=o.order, out=o.out,
-                        resume=o.resume, share_dataloaders=o.share_dataloaders)
+                        resume=o.resume, share_dataloaders=o.share_dataloaders,
+                        track=o.track)
     except SweepInputError as e:
         print(f"batchcast sweep: {e}", file=sys.stderr)
         return 2

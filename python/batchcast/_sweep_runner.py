@@ -24,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ._sweep_devices import Collocation, Gpu
 from ._sweep_progress import PROGRESS_ENV, SCOPE_ENV, read_progress
@@ -60,11 +60,13 @@ def _log_tail(path: str, lines: int = _TAIL_LINES) -> List[str]:
 
 class Runner:
     """The sweep's run loop over ``records`` (summary.json's trial dicts, those to run with
-    state ``queued``); ``slots``: a GPU or None each."""
+    state ``queued``); ``slots``: a GPU or None each; ``argv``: what runs a record (default: its
+    command)."""
 
     def __init__(self, records: List[Dict[str, Any]], slots: List[Optional[Gpu]],
                  collocation: Collocation, out: str, scope: str, summary: Dict[str, Any],
-                 table: LiveTable, env: Optional[Dict[str, str]] = None) -> None:
+                 table: LiveTable, env: Optional[Dict[str, str]] = None,
+                 argv: Optional[Callable[[Dict[str, Any]], List[str]]] = None) -> None:
         self.records = records
         self.slots: List[Optional[str]] = [None] * len(slots)  # the trial id in each slot
         self._gpus = slots
@@ -74,6 +76,7 @@ class Runner:
         self._summary = summary
         self._table = table
         self._env = dict(os.environ if env is None else env)
+        self._argv = argv or (lambda record: record["command"])
         self._running: Dict[str, subprocess.Popen] = {}
         self._producers: Dict[int, Dict[str, Any]] = {}  # pid -> key, cpu_s
         self._stop_signal: Optional[int] = None
@@ -131,7 +134,7 @@ class Runner:
             try:
                 # Its own session: the terminal's Ctrl-C reaches the sweep, which stops every
                 # trial's whole group (DataLoader workers included) the same way.
-                process = subprocess.Popen(record["command"], stdin=subprocess.DEVNULL,
+                process = subprocess.Popen(self._argv(record), stdin=subprocess.DEVNULL,
                                            stdout=log, stderr=subprocess.STDOUT, env=env,
                                            start_new_session=True)
             except OSError as e:

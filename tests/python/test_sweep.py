@@ -179,3 +179,19 @@ def test_resume_runs_only_the_trials_that_did_not_finish(batchcast_cli, tmp_path
         assert f.read().count("ran a") == 1  # not run again
     with open(b["log"]) as f:
         assert f.read().count("ran b") == 2
+
+
+def test_track_makes_each_trial_an_mlflow_run(batchcast_cli, tmp_path):
+    out = str(tmp_path / "out")
+    done = run_sweep(batchcast_cli, ["--track", "--slots", "2", "--out", out, "--", python(),
+                                     "-c", "import sys; sys.exit(int(sys.argv[1]))", "{0,3}"])
+    assert done.returncode == 1, done.stderr + done.stdout
+    s = summary(out)
+    assert [t["exit_code"] for t in s["trials"]] == [0, 3]  # the command's, through track
+    runs = {}
+    for top, _, files in os.walk(s["sweep"]["mlflow"]):
+        param = os.path.join(os.path.dirname(top), "params", "arg3")
+        if os.path.basename(top) == "tags" and os.path.exists(param):  # a trial's, not its parent's
+            with open(os.path.join(top, "mlflow.runName")) as f, open(param) as g:
+                runs[f.read().split("-")[0]] = g.read()
+    assert runs == {"t000": "0", "t001": "3"}
