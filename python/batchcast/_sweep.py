@@ -3,7 +3,8 @@ GPUs, every ``DataLoader(share=KEY)`` of its trials reading one stream per (key,
 
     batchcast sweep [--gpus 0,1] [--per-gpu K | --slots N] [--collocation auto|mps|time-slicing]
                     [--out DIR] [--trials FILE] [--resume] [--order exact]
-                    [--share-dataloaders] [--track] -- COMMAND ARGS...
+                    [--share-dataloaders] [--track]
+                    [--optuna STUDY --storage URL --n-trials N] -- COMMAND ARGS...
 
 Every argument written ``{a,b,c}`` expands into a grid (the cartesian product, in order;
 ``_sweep_trials``), or ``--trials FILE`` gives one trial's arguments per line. Trials run
@@ -14,7 +15,8 @@ are scoped to the sweep (``_share.scoped_key``); with ``--share-dataloaders`` an
 script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
 stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH). Output: ``OUT/trials/<id>.log``,
 ``OUT/summary.json``, a live table; ``--track`` runs each trial under ``batchcast track`` (an
-MLflow run each). docs/sweep.md is the user's guide.
+MLflow run each). ``--optuna`` asks an Optuna study for each trial's values instead of a grid
+(``_sweep_optuna``). docs/sweep.md is the user's guide.
 
 Bad input (a grid with no trial, ``--per-gpu 0``, a GPU that does not exist, a command not
 found, an unwritable ``--out``, ``--resume`` of a folder that is not a sweep's) raises
@@ -33,6 +35,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ._sweep_devices import Collocation, make_slots, visible_gpus
+from ._sweep_optuna import OptunaTrials
 from ._sweep_runner import Runner
 from ._sweep_table import LiveTable
 from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
@@ -113,6 +116,10 @@ def sweep(
     resume: bool = False,
     share_dataloaders: bool = False,
     track: bool = False,
+    optuna: Optional[str] = None,
+    storage: Optional[str] = None,
+    n_trials: Optional[int] = None,
+    direction: str = "minimize",
     table: Optional[LiveTable] = None,
     env: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
@@ -127,7 +134,24 @@ def sweep(
     if resume and out is None:
         raise SweepInputError("--resume needs --out DIR: the folder of the sweep to resume")
     out = os.path.abspath(out or os.path.join("runs", time.strftime("sweep-%Y%m%d-%H%M%S")))
-    if resume:
+    source = None
+    if optuna is not None:
+        if resume or trials:
+            raise SweepInputError("--optuna asks the study for each trial: the study is the "
+                                  "sweep's record (no --resume: run the same command again, it "
+                                  "asks until the study holds N), and no --trials")
+        if storage is None or n_trials is None:
+            raise SweepInputError("--optuna STUDY needs --storage URL (sqlite:///FILE on one "
+                                  "node) and --n-trials N")
+        if direction not in ("minimize", "maximize"):
+            raise SweepInputError(f"--direction {direction}: minimize or maximize")
+        _check_command([Trial("", list(command))])
+        source = OptunaTrials(optuna, storage, n_trials, direction, command, out)
+        summary = {"format": _FORMAT, "sweep": {"id": f"sweep-{uuid.uuid4().hex[:12]}",
+                                                "optuna": {"study": optuna, "storage": storage,
+                                                           "n_trials": n_trials}}}
+        records: List[Dict[str, Any]] = []
+    elif resume:
         summary = _resumed(out, command)
         records = summary["trials"]
         for r in records:
@@ -150,9 +174,10 @@ def sweep(
     used = list({g.device: g for g in slot_gpus if g is not None}.values())
     colloc = Collocation(collocation, out, used)
     try:
-        table.say(f"batchcast sweep: {len(records)} trials "
-                  f"({sum(r['state'] == 'queued' for r in records)} to run) in "
-                  f"{len(slot_gpus)} slots; output in {out}")
+        planned = (f"trials asked of Optuna study {optuna} until it holds {n_trials}"
+                   if source is not None else f"{len(records)} trials "
+                   f"({sum(r['state'] == 'queued' for r in records)} to run)")
+        table.say(f"batchcast sweep: {planned} in {len(slot_gpus)} slots; output in {out}")
         table.say(f"batchcast sweep: {colloc.line()}")
         summary["sweep"].update(out=out, order=order, share_dataloaders=share_dataloaders,
                                 mlflow=os.path.join(out, "track", "mlruns") if track else None,
@@ -160,7 +185,8 @@ def sweep(
                                 collocation_why=colloc.why or None, slots=len(slot_gpus),
                                 started=time.time(), ended=None, stopped_by=None)
         runner = Runner(records, slot_gpus, colloc, out, summary["sweep"]["id"], summary,
-                        table, env, _tracked(out, summary["sweep"]["id"]) if track else None)
+                        table, env, _tracked(out, summary["sweep"]["id"]) if track else None,
+                        source)
         stopped = runner.run()
         summary["sweep"].update(ended=time.time(), stopped_by=stopped)
         runner.write_summary()
@@ -200,6 +226,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--track", action="store_true",
                    help="run each trial under `batchcast track`: an MLflow run each, in "
                    "OUT/track/mlruns")
+    p.add_argument("--optuna", metavar="STUDY", help="ask this Optuna study for each trial's "
+                   "values ({lr:1e-4..1e-1:log}, {bs:32,64} in the command)")
+    p.add_argument("--storage", metavar="URL", help="the study's storage (sqlite:///FILE, or an "
+                   "RDB URL shared by every node)")
+    p.add_argument("--n-trials", type=int, metavar="N", help="trials in the study, all nodes")
+    p.add_argument("--direction", default="minimize", choices=("minimize", "maximize"),
+                   help="of the objective (batchcast-objective: VALUE)")
     p.add_argument("--share-dataloaders", action="store_true",
                    help="a trial's shuffled torch DataLoader over a recognised torchvision "
                    "pipeline joins the sweep's stream (no code change)")
@@ -210,7 +243,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         summary = sweep(command, trials=o.trials, gpus=o.gpus, per_gpu=o.per_gpu,
                         slots=o.slots, collocation=o.collocation, order=o.order, out=o.out,
                         resume=o.resume, share_dataloaders=o.share_dataloaders,
-                        track=o.track)
+                        track=o.track, optuna=o.optuna, storage=o.storage,
+                        n_trials=o.n_trials, direction=o.direction)
     except SweepInputError as e:
         print(f"batchcast sweep: {e}", file=sys.stderr)
         return 2

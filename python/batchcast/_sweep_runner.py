@@ -61,12 +61,14 @@ def _log_tail(path: str, lines: int = _TAIL_LINES) -> List[str]:
 class Runner:
     """The sweep's run loop over ``records`` (summary.json's trial dicts, those to run with
     state ``queued``); ``slots``: a GPU or None each; ``argv``: what runs a record (default: its
-    command)."""
+    command); ``source``: where more records come from once none is queued (``next()``: a
+    record or None, ``exhausted``, ``ended(record)``: told each that ends; _sweep_optuna)."""
 
     def __init__(self, records: List[Dict[str, Any]], slots: List[Optional[Gpu]],
                  collocation: Collocation, out: str, scope: str, summary: Dict[str, Any],
                  table: LiveTable, env: Optional[Dict[str, str]] = None,
-                 argv: Optional[Callable[[Dict[str, Any]], List[str]]] = None) -> None:
+                 argv: Optional[Callable[[Dict[str, Any]], List[str]]] = None,
+                 source: Any = None) -> None:
         self.records = records
         self.slots: List[Optional[str]] = [None] * len(slots)  # the trial id in each slot
         self._gpus = slots
@@ -77,6 +79,7 @@ class Runner:
         self._table = table
         self._env = dict(os.environ if env is None else env)
         self._argv = argv or (lambda record: record["command"])
+        self._source = source
         self._running: Dict[str, subprocess.Popen] = {}
         self._producers: Dict[int, Dict[str, Any]] = {}  # pid -> key, cpu_s
         self._stop_signal: Optional[int] = None
@@ -95,7 +98,8 @@ class Runner:
                 self._observe()
                 self._table.draw(self.records)
                 self.write_summary()
-                if not self._running and not any(r["state"] == "queued" for r in self.records):
+                if not self._running and not any(r["state"] == "queued" for r in self.records) \
+                        and (self._source is None or self._source.exhausted):
                     break
                 time.sleep(_POLL_S)
         finally:
@@ -117,10 +121,16 @@ class Runner:
             if None not in self.slots:
                 return
             self._start(record, self.slots.index(None))
+        while self._source is not None and None in self.slots:
+            record = self._source.next()
+            if record is None:
+                return
+            self.records.append(record)
+            self._start(record, self.slots.index(None))
 
     def _start(self, record: Dict[str, Any], slot: int) -> None:
         gpu = self._gpus[slot]
-        env = dict(self._env, **self._collocation.env())
+        env = dict(self._env, **self._collocation.env(), **record.get("env", {}))
         env[SCOPE_ENV] = self._scope
         env[PROGRESS_ENV] = os.path.join(self._out, "trials", f"{record['id']}.progress.json")
         if gpu is not None:
@@ -141,6 +151,8 @@ class Runner:
                 log.write(f"# cannot start it: {e}\n".encode())
                 record.update(state="failed", exit_code=127, end=time.time(),
                               last_lines=[f"cannot start it: {e}"])
+                if self._source is not None:
+                    self._source.ended(record)
                 return
         record["state"] = "running"
         self.slots[slot] = record["id"]
@@ -160,6 +172,8 @@ class Runner:
         self._progress(record)
         if record["exit_code"] != 0:
             record["last_lines"] = _log_tail(record["log"])
+        if self._source is not None:
+            self._source.ended(record)
         del self._running[record["id"]]
         self.slots[record["slot"]] = None
 

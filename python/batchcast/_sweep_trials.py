@@ -18,9 +18,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
-__all__ = ["Trial", "expand_grid", "read_trials_file", "SweepInputError"]
+__all__ = ["SPACE", "Trial", "expand_grid", "grid_groups", "read_trials_file", "SweepInputError"]
 
 _GROUP = re.compile(r"\{([^{}\s'\"]*)\}")
+# An Optuna search space's dimension: {name:LOW..HIGH}, {name:LOW..HIGH:log}, {name:a,b,c}.
+SPACE = re.compile(r"\{([A-Za-z_][\w.-]*):([^{}\s'\"]+)\}")
 
 
 class SweepInputError(ValueError):
@@ -37,7 +39,7 @@ class Trial:
     params: Dict[str, str] = field(default_factory=dict)
 
 
-def _groups(arg: str) -> List[re.Match]:
+def grid_groups(arg: str) -> List[re.Match]:
     return [m for m in _GROUP.finditer(arg) if "," in m.group(1) or m.group(1) == ""]
 
 
@@ -55,9 +57,13 @@ def expand_grid(command: Sequence[str]) -> List[Trial]:
     trial."""
     if not command:
         raise SweepInputError("no command: batchcast sweep [options] -- COMMAND ARGS...")
+    spaces = [m.group(0) for arg in command for m in SPACE.finditer(arg)]
+    if spaces:
+        raise SweepInputError(f"{spaces[0]} declares an Optuna search space: give --optuna "
+                              "STUDY --storage URL --n-trials N, or write a grid as {a,b}")
     slots: List[Tuple[int, re.Match, str]] = []  # (argument, group, parameter name)
     for i, arg in enumerate(command):
-        for m in _groups(arg):
+        for m in grid_groups(arg):
             if m.group(1) == "":
                 raise SweepInputError(
                     f"argument {i} ({arg!r}) lists no value, so the grid has no trial: write "
@@ -111,7 +117,7 @@ def read_trials_file(path: str, command: Sequence[str]) -> List[Trial]:
             lines = f.read().splitlines()
     except OSError as e:
         raise SweepInputError(f"--trials {path}: cannot read it ({e.strerror})") from e
-    if _groups(" ".join(command)):
+    if grid_groups(" ".join(command)):
         raise SweepInputError("--trials gives each trial's arguments: write no {a,b} grid in "
                               "the command as well")
     trials = []
