@@ -8,7 +8,7 @@ to the next, keeps ``OUT/summary.json`` and the live table current, and on SIGIN
 stops every trial's process group (SIGTERM, then SIGKILL after ``TRIAL_GRACE_S``) and the share
 producers of the sweep's scope (detached from the trials: found by the endpoint on their command
 line), all within 10 s. The data side is what can be read honestly from outside: the share
-producers' CPU seconds from /proc (read every poll while they run) and the samples the trials'
+producers' CPU seconds from /proc (read every second while they run) and the samples the trials'
 shared loaders report (``_sweep_progress``); the producers' logs end up in ``OUT/data/``.
 
 Thread-safety: none; one thread runs it. Signal handlers only set a flag the loop reads.
@@ -34,7 +34,8 @@ __all__ = ["Runner", "TRIAL_GRACE_S"]
 
 TRIAL_GRACE_S = 4.0  # a stopped trial's group gets SIGKILL after this
 PRODUCER_GRACE_S = 4.0  # a share producer of the scope: SIGTERM, then SIGKILL after this
-_POLL_S = 0.2
+_POLL_S = 0.2  # trials' exits and free slots
+_REPORT_S = 1.0  # progress, the scope's producers, the table and summary.json (and on changes)
 _TAIL_LINES = 12
 _CLOCK = os.sysconf("SC_CLK_TCK")
 
@@ -83,6 +84,7 @@ class Runner:
         self._running: Dict[str, subprocess.Popen] = {}
         self._producers: Dict[int, Dict[str, Any]] = {}  # pid -> key, cpu_s
         self._stop_signal: Optional[int] = None
+        self._reported = 0.0  # when the last report was made (time.monotonic())
         self._marker = f"/tmp/batchcast-{os.getuid()}-{scope}.".encode()
 
     # -- the loop ----------------------------------------------------------------------------
@@ -93,11 +95,12 @@ class Runner:
                     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             while self._stop_signal is None:
-                self._reap()
-                self._fill()
-                self._observe()
-                self._table.draw(self.records)
-                self.write_summary()
+                changed = self._reap() + self._fill()
+                if changed or time.monotonic() - self._reported >= _REPORT_S:
+                    self._observe()
+                    self._table.draw(self.records)
+                    self.write_summary()
+                    self._reported = time.monotonic()
                 if not self._running and not any(r["state"] == "queued" for r in self.records) \
                         and (self._source is None or self._source.exhausted):
                     break
@@ -114,25 +117,34 @@ class Runner:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop_signal = signum
 
-    def _fill(self) -> None:
+    def _fill(self) -> int:
+        """Starts queued trials (then the source's) in free slots; how many it started."""
+        started = 0
         for record in self.records:
             if record["state"] != "queued":
                 continue
             if None not in self.slots:
-                return
+                return started
             self._start(record, self.slots.index(None))
+            started += 1
         while self._source is not None and None in self.slots:
             record = self._source.next()
             if record is None:
-                return
+                break
             self.records.append(record)
             self._start(record, self.slots.index(None))
+            started += 1
+        return started
 
     def _start(self, record: Dict[str, Any], slot: int) -> None:
         gpu = self._gpus[slot]
         env = dict(self._env, **self._collocation.env(), **record.get("env", {}))
         env[SCOPE_ENV] = self._scope
         env[PROGRESS_ENV] = os.path.join(self._out, "trials", f"{record['id']}.progress.json")
+        try:
+            os.unlink(env[PROGRESS_ENV])  # a resumed trial's earlier run's
+        except FileNotFoundError:
+            pass
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu.device
         record.update(gpu=None if gpu is None else gpu.index, slot=slot, start=time.time(),
@@ -158,12 +170,16 @@ class Runner:
         self.slots[slot] = record["id"]
         self._running[record["id"]] = process
 
-    def _reap(self) -> None:
+    def _reap(self) -> int:
+        """Records the trials that exited; how many."""
+        ended = 0
         for record in self.records:
             process = self._running.get(record["id"])
             if process is None or process.poll() is None:
                 continue
             self._ended(record, process, "finished" if process.returncode == 0 else "failed")
+            ended += 1
+        return ended
 
     def _ended(self, record: Dict[str, Any], process: subprocess.Popen, state: str) -> None:
         code = process.returncode
@@ -228,7 +244,7 @@ class Runner:
             "producers": producers,
             "not_measured": "samples_decoded and GPU joules per sample: the sweep reads no "
                             "server metrics; cpu_s is each share producer's CPU read from "
-                            f"/proc every {_POLL_S} s while it ran (its last interval is "
+                            f"/proc every {_REPORT_S:g} s while it ran (its last interval is "
                             "missing)",
         }
 

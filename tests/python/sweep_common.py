@@ -112,6 +112,20 @@ def python() -> str:
     return sys.executable
 
 
+def scope_processes(scope: str) -> List[int]:
+    """Live processes naming sweep ``scope`` on their command line: its share producers."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if scope.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
 def scope_leftovers(scope: str, producers: List[Dict[str, Any]]) -> List[str]:
     """What a sweep of id ``scope`` left: files of its scope in /tmp, its producers' pools in
     /dev/shm, and live processes naming its scope."""
@@ -122,12 +136,4 @@ def scope_leftovers(scope: str, producers: List[Dict[str, Any]]) -> List[str]:
         endpoint = f"ipc://{prefix}{p['key']}.sock"
         if os.path.exists(segment_of(endpoint)):
             left.append(segment_of(endpoint))
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if scope.encode() in f.read():
-                        left.append(f"process {entry}")
-            except OSError:
-                pass
-    return left
+    return left + [f"process {pid}" for pid in scope_processes(scope)]

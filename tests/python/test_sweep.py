@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from sweep_common import (IMAGES, make_folder, python, run_sweep, scope_leftovers, start_sweep,
-                          summary, write_trial)
+from sweep_common import (IMAGES, make_folder, python, run_sweep, scope_leftovers,
+                          scope_processes, start_sweep, summary, write_trial)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_sigterm_stops_every_trial_and_the_share_producer(folder, batchcast_cli,
     try:
         wait_for(lambda: len(os.listdir(hold)) == 2, "both trials to hold the stream")
         trials = [int(p) for p in os.listdir(hold)]
-        producers = [p for p in summary(out)["data"]["producers"] if alive(p["pid"])]
+        producers = scope_processes(summary(out)["sweep"]["id"])
         assert producers, "the trials read a share producer of the sweep's scope"
         sweep.send_signal(signal.SIGTERM)
         _, err = sweep.communicate(timeout=120)
@@ -157,7 +157,7 @@ def test_sigterm_stops_every_trial_and_the_share_producer(folder, batchcast_cli,
     s = summary(out)
     assert s["sweep"]["stopped_by"] == signal.SIGTERM
     assert [t["state"] for t in s["trials"]] == ["stopped", "stopped"]
-    assert not [pid for pid in trials + [p["pid"] for p in producers] if alive(pid)]
+    assert not [pid for pid in trials + producers if alive(pid)]
     assert scope_leftovers(s["sweep"]["id"], s["data"]["producers"]) == []
 
 
