@@ -14,7 +14,7 @@ GPU), or ``--slots`` at a time without GPUs (default 2); the others queue (``_sw
 are scoped to the sweep (``_share.scoped_key``); with ``--share-dataloaders`` an unchanged
 script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
 stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH). Output: ``OUT/trials/<id>.log``,
-``OUT/summary.json``, a live table; ``--track`` runs each trial under ``batchcast track`` (an
+``OUT/summary.json``, ``OUT/sweep.png`` (``_sweep_plot``), a live table; ``--track`` runs each trial under ``batchcast track`` (an
 MLflow run each). ``--optuna`` asks an Optuna study for each trial's values instead of a grid
 (``_sweep_optuna``). docs/sweep.md is the user's guide.
 
@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_optuna import OptunaTrials
+from ._sweep_plot import plot
 from ._sweep_runner import Runner
 from ._sweep_table import LiveTable
 from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
@@ -189,6 +190,10 @@ def sweep(
                         source)
         stopped = runner.run()
         summary["sweep"].update(ended=time.time(), stopped_by=stopped)
+        drawn, why = plot(summary, os.path.join(out, "sweep.png"))
+        summary["sweep"]["plot"] = drawn
+        if drawn is None:
+            table.say(f"batchcast sweep: no plot: {why}")
         runner.write_summary()
     finally:
         colloc.stop()

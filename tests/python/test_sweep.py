@@ -61,6 +61,8 @@ def test_a_grid_runs_every_combination_in_order_on_one_shared_stream(folder, bat
     assert len(keys) == 1 and next(iter(keys)).startswith("train."), data
     assert data["samples_consumed"] == 4 * 2 * IMAGES
     assert os.listdir(os.path.join(out, "data"))
+    with open(s["sweep"]["plot"], "rb") as f:  # the sweep's plot
+        assert s["sweep"]["plot"] == os.path.join(out, "sweep.png") and f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert scope_leftovers(s["sweep"]["id"], data["producers"]) == []
     # Not a terminal: plain lines, one per trial and state.
     assert "trial  gpu  state" in done.stdout
