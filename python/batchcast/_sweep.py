@@ -9,7 +9,8 @@ GPUs, every ``DataLoader(share=KEY)`` of its trials reading one stream per (key,
 Every argument written ``{a,b,c}`` expands into a grid (the cartesian product, in order;
 ``_sweep_trials``), or ``--trials FILE`` gives one trial's arguments per line. Trials run
 ``--per-gpu`` at a time on each GPU of ``--gpus`` (default: every GPU this process sees, 2 per
-GPU), or ``--slots`` at a time without GPUs (default 2); the others queue (``_sweep_devices``,
+GPU; ``auto``: packed by the first trial's measured GPU memory, ``_sweep_packing``), or
+``--slots`` at a time without GPUs (default 2); the others queue (``_sweep_devices``,
 ``_sweep_runner``). Each trial gets ``BATCHCAST_SHARE_SCOPE`` (the sweep's id): its share keys
 are scoped to the sweep (``_share.scoped_key``); with ``--share-dataloaders`` an unchanged
 script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
@@ -36,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_optuna import OptunaTrials
+from ._sweep_packing import MemoryPacking
 from ._sweep_plot import plot
 from ._sweep_runner import Runner
 from ._sweep_table import LiveTable
@@ -187,7 +189,7 @@ def sweep(
                                 started=time.time(), ended=None, stopped_by=None)
         runner = Runner(records, slot_gpus, colloc, out, summary["sweep"]["id"], summary,
                         table, env, _tracked(out, summary["sweep"]["id"]) if track else None,
-                        source)
+                        source, MemoryPacking(used) if str(per_gpu) == "auto" and used else None)
         stopped = runner.run()
         summary["sweep"].update(ended=time.time(), stopped_by=stopped)
         drawn, why = plot(summary, os.path.join(out, "sweep.png"))
@@ -219,7 +221,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--trials", metavar="FILE", help="one trial's arguments per line")
     p.add_argument("--gpus", type=_gpu_list, help="GPU indices to use (default: every one "
                    "this process sees; nvidia-smi -L order, MIG instances count as GPUs)")
-    p.add_argument("--per-gpu", metavar="K", help="trials at once on each GPU (default 2)")
+    p.add_argument("--per-gpu", metavar="K", help="trials at once on each GPU (default 2); "
+                   "auto: as many as the first trial's measured GPU memory allows")
     p.add_argument("--slots", type=int, metavar="N",
                    help="trials at once without GPUs (default 2)")
     p.add_argument("--collocation", default="auto", choices=("auto", "mps", "time-slicing"),

@@ -85,13 +85,12 @@ def visible_gpus(env: Optional[Dict[str, str]] = None) -> List[Gpu]:
 def make_slots(gpus: Optional[Sequence[int]], per_gpu: Optional[str], slots: Optional[int],
                visible: Sequence[Gpu]) -> List[Optional[Gpu]]:
     """The slots trials run in: ``per_gpu`` slots on each GPU of ``gpus`` (indices into
-    ``visible``; None: all), or with no GPU ``slots`` slots without one. SweepInputError for
+    ``visible``; None: all; "auto": one, until _sweep_packing adds more), or with no GPU ``slots`` slots without one. SweepInputError for
     what cannot be honoured."""
-    if per_gpu is not None and per_gpu == "auto":
-        raise SweepInputError("--per-gpu auto (packing by the first trial's GPU memory) is not "
-                              "built yet: give --per-gpu K")
     k = None
-    if per_gpu is not None:
+    if per_gpu == "auto":  # one each until the first trial is measured (_sweep_packing)
+        k = 1
+    elif per_gpu is not None:
         try:
             k = int(per_gpu)
         except ValueError:
@@ -114,6 +113,9 @@ def make_slots(gpus: Optional[Sequence[int]], per_gpu: Optional[str], slots: Opt
             raise SweepInputError("--slots is for a machine without GPUs; with --gpus give "
                                   "--per-gpu K")
     used = [visible[i] for i in gpus] if gpus is not None else list(visible)
+    if per_gpu == "auto" and any(g.device.startswith("MIG-") for g in used):
+        raise SweepInputError("--per-gpu auto measures whole GPUs' memory, and MIG instances "
+                              "are used: give --per-gpu K")
     if used and slots is None:
         return [g for g in used for _ in range(k or 2)]
     if k is not None and not used:

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ._sweep_devices import Collocation, Gpu
+from ._sweep_packing import MemoryPacking
 from ._sweep_progress import PROGRESS_ENV, SCOPE_ENV, read_progress
 from ._sweep_table import LiveTable
 
@@ -63,16 +64,17 @@ class Runner:
     """The sweep's run loop over ``records`` (summary.json's trial dicts, those to run with
     state ``queued``); ``slots``: a GPU or None each; ``argv``: what runs a record (default: its
     command); ``source``: where more records come from once none is queued (``next()``: a
-    record or None, ``exhausted``, ``ended(record)``: told each that ends; _sweep_optuna)."""
+    record or None, ``exhausted``, ``ended(record)``: told each that ends; _sweep_optuna);
+    ``packing``: adds slots on each GPU once it measured the first trial (_sweep_packing)."""
 
     def __init__(self, records: List[Dict[str, Any]], slots: List[Optional[Gpu]],
                  collocation: Collocation, out: str, scope: str, summary: Dict[str, Any],
                  table: LiveTable, env: Optional[Dict[str, str]] = None,
                  argv: Optional[Callable[[Dict[str, Any]], List[str]]] = None,
-                 source: Any = None) -> None:
+                 source: Any = None, packing: Optional[MemoryPacking] = None) -> None:
         self.records = records
         self.slots: List[Optional[str]] = [None] * len(slots)  # the trial id in each slot
-        self._gpus = slots
+        self._gpus = list(slots)  # the GPU of each slot (None: none)
         self._collocation = collocation
         self._out = out
         self._scope = scope
@@ -81,6 +83,7 @@ class Runner:
         self._env = dict(os.environ if env is None else env)
         self._argv = argv or (lambda record: record["command"])
         self._source = source
+        self._packing = packing
         self._running: Dict[str, subprocess.Popen] = {}
         self._producers: Dict[int, Dict[str, Any]] = {}  # pid -> key, cpu_s
         self._stop_signal: Optional[int] = None
@@ -95,9 +98,13 @@ class Runner:
                     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             while self._stop_signal is None:
-                changed = self._reap() + self._fill()
+                ended = self._reap()
+                if ended:
+                    self._pack()  # the first trial's end decides before its slot is reused
+                changed = ended + self._fill()
                 if changed or time.monotonic() - self._reported >= _REPORT_S:
                     self._observe()
+                    self._pack()
                     self._table.draw(self.records)
                     self.write_summary()
                     self._reported = time.monotonic()
@@ -116,6 +123,20 @@ class Runner:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop_signal = signum
+
+    def _pack(self) -> None:
+        if self._packing is None:
+            return
+        decision = self._packing.update(self.records)
+        if decision is None:
+            return
+        by_index = {g.index: g for g in self._gpus if g is not None}
+        for index, slots in decision.items():
+            self._gpus += [by_index[index]] * (slots - 1)
+            self.slots += [None] * (slots - 1)
+        self._summary["sweep"]["per_gpu"] = decision
+        self._summary["sweep"]["slots"] = len(self.slots)
+        self._table.say(f"batchcast sweep: {self._packing.line}")
 
     def _fill(self) -> int:
         """Starts queued trials (then the source's) in free slots; how many it started."""
@@ -168,6 +189,8 @@ class Runner:
                 return
         record["state"] = "running"
         self.slots[slot] = record["id"]
+        if self._packing is not None:
+            self._packing.started(record, gpu)
         self._running[record["id"]] = process
 
     def _reap(self) -> int:

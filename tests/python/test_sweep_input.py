@@ -26,6 +26,8 @@ from sweep_common import python, run_sweep, summary
 SMI = """#!/bin/sh
 if [ "$1" = "-L" ]; then
   printf 'GPU 0: Stand-in A (UUID: GPU-aaaa)\\nGPU 1: Stand-in B (UUID: GPU-bbbb)\\n'
+elif [ "$1" = "--query-gpu=uuid,memory.used,memory.total" ]; then
+  printf 'GPU-aaaa, %s, 10000\\nGPU-bbbb, 100, 10000\\n' "$(cat "$GPU_USED" 2>/dev/null || echo 100)"
 else
   printf 'GPU-aaaa, Default\\nGPU-bbbb, %s\\n' "${SMI_MODE:-Default}"
 fi
@@ -67,6 +69,7 @@ def tools(tmp_path, **scripts: str) -> dict:
     (["--slots", "1", "--", "{}"], "lists no value, so the grid has no trial"),
     (["--per-gpu", "0", "--", "true"], "--per-gpu 0: each GPU needs at least 1"),
     (["--per-gpu", "2", "--", "true"], "this process sees no GPU"),
+    (["--per-gpu", "auto", "--", "true"], "this process sees no GPU"),
     (["--gpus", "5", "--", "true"], "GPU 5 does not exist"),
     (["--", "no-such-command-here", "{a,b}"], "command not found: 'no-such-command-here'"),
     (["--order", "relaxed", "--", "true"], "only exact"),
@@ -121,6 +124,35 @@ def test_trials_run_per_gpu_on_their_gpu_under_a_private_mps_daemon(batchcast_cl
     # Two slots: the third trial started only once one of the first two had ended.
     first_end = min(t["end"] for t in s["trials"][:2])
     assert s["trials"][2]["start"] >= first_end
+
+
+# --per-gpu auto: the first trial takes 2000 MiB of GPU 0 (10000 MiB, 10 % headroom: 4 fit);
+# the others wait at a barrier until 4 of them run at once (exit 1 if that never happens).
+PACKED = ("import os, sys, time; d, name = sys.argv[1], sys.argv[2]\n"
+          "if name == 'first':\n"
+          "    open(os.environ['GPU_USED'], 'w').write('2100'); sys.exit(0)\n"
+          "open(os.path.join(d, 'running-' + name), 'w').close()\n"
+          "deadline = time.monotonic() + 120\n"
+          "while len([f for f in os.listdir(d) if f.startswith('running-')]) < 4:\n"
+          "    if time.monotonic() > deadline: sys.exit(1)\n"
+          "    time.sleep(0.1)\n")
+
+
+def test_per_gpu_auto_packs_by_the_first_trials_gpu_memory(batchcast_cli, tmp_path):
+    env = dict(tools(tmp_path, **{"nvidia-smi": SMI}), GPU_USED=str(tmp_path / "used"))
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    out = tmp_path / "out"
+    done = run_sweep(batchcast_cli, ["--gpus", "0", "--per-gpu", "auto", "--out", str(out),
+                                     "--", python(), "-c", PACKED, str(seen),
+                                     "{first,a,b,c,d}"], env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--per-gpu auto: trial t000 added 2000 MiB to GPU 0's memory at most" in done.stdout
+    s = summary(str(out))
+    assert s["sweep"]["per_gpu"] == {"0": 4} and s["sweep"]["slots"] == 4
+    assert [t["exit_code"] for t in s["trials"]] == [0] * 5
+    first_end = s["trials"][0]["end"]
+    assert all(t["start"] >= first_end for t in s["trials"][1:])  # measured alone
 
 
 @pytest.mark.parametrize("why, extra, line", [
