@@ -198,7 +198,9 @@ class Collocation:
         if not env:
             return
         try:
+            # Bounded: a stopped sweep is done within 10 s (the trials' and producers' grace
+            # periods take at most 7 of them).
             subprocess.run([_MPS], input="quit\n", env=dict(os.environ, **env), text=True,
-                           capture_output=True, timeout=30)
+                           capture_output=True, timeout=2)
         except (OSError, subprocess.TimeoutExpired):
             pass  # the daemon is gone already, or stuck: nothing more this process can do

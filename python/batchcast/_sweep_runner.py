@@ -34,7 +34,7 @@ from ._sweep_table import LiveTable
 __all__ = ["Runner", "TRIAL_GRACE_S"]
 
 TRIAL_GRACE_S = 4.0  # a stopped trial's group gets SIGKILL after this
-PRODUCER_GRACE_S = 4.0  # a share producer of the scope: SIGTERM, then SIGKILL after this
+PRODUCER_GRACE_S = 3.0  # a share producer of the scope: SIGTERM, then SIGKILL after this
 _POLL_S = 0.2  # trials' exits and free slots
 _REPORT_S = 1.0  # progress, the scope's producers, the table and summary.json (and on changes)
 _TAIL_LINES = 12
