@@ -11,12 +11,16 @@ line), all within 10 s. The data side is what can be read honestly from outside:
 producers' CPU seconds from /proc (read every second while they run) and the samples the trials'
 shared loaders report (``_sweep_progress``); the producers' logs end up in ``OUT/data/``.
 
+A sweep that dies without stopping them (SIGKILL) takes its trials with it: each is started with
+the kernel's parent-death signal (SIGKILL), and their producers then exit by themselves.
+
 Thread-safety: none; one thread runs it. Signal handlers only set a flag the loop reads.
 Ownership: the Runner owns the trials' processes; the caller owns the Collocation.
 """
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import json
 import os
@@ -39,6 +43,7 @@ _POLL_S = 0.2  # trials' exits and free slots
 _REPORT_S = 1.0  # progress, the scope's producers, the table and summary.json (and on changes)
 _TAIL_LINES = 12
 _CLOCK = os.sysconf("SC_CLK_TCK")
+_PR_SET_PDEATHSIG = 1
 
 
 def _cpu_s(pid: int) -> Optional[float]:
@@ -49,6 +54,20 @@ def _cpu_s(pid: int) -> Optional[float]:
     except (OSError, IndexError):
         return None
     return sum(int(v) for v in fields[11:15]) / _CLOCK  # utime, stime, cutime, cstime
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """The child side of a trial's start: the kernel kills it (SIGKILL) when the sweep dies,
+    however it dies (SIGKILL, its terminal gone), so that no trial outlives its sweep; then
+    the share producers go too, once their last trial is gone. Linux's PR_SET_PDEATHSIG."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arm() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the sweep died before the line above
+            os._exit(1)
+
+    return arm
 
 
 def _log_tail(path: str, lines: int = _TAIL_LINES) -> List[str]:
@@ -179,7 +198,8 @@ class Runner:
                 # trial's whole group (DataLoader workers included) the same way.
                 process = subprocess.Popen(self._argv(record), stdin=subprocess.DEVNULL,
                                            stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True)
+                                           start_new_session=True,
+                                           preexec_fn=_die_with(os.getpid()))
             except OSError as e:
                 log.write(f"# cannot start it: {e}\n".encode())
                 record.update(state="failed", exit_code=127, end=time.time(),
@@ -332,8 +352,12 @@ class Runner:
 
     def _collect_logs(self) -> None:
         """Moves the scope's share logs (/tmp/batchcast-<uid>-<scope>.<key>.log) into
-        ``OUT/data/``: the sweep leaves nothing of its own in /tmp."""
+        ``OUT/data/`` and removes its producers' failure records: the sweep leaves nothing of
+        its own in /tmp."""
         prefix = self._marker.decode()
+        # A producer's failure record tells Loaders that come later: none will, in this scope.
+        for path in glob.glob(glob.escape(prefix) + "*.failed"):
+            os.unlink(path)
         for path in glob.glob(glob.escape(prefix) + "*.log"):
             os.makedirs(os.path.join(self._out, "data"), exist_ok=True)
             target = os.path.join(self._out, "data", path[len(prefix):])

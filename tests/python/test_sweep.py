@@ -7,7 +7,7 @@ sweep's scope; the image size a view of it), their samples in summary.json; with
 --share-dataloaders an unchanged script's shuffled torch DataLoader joins it, its other loaders
 stay torch's, each saying so in one line; a trials file gives one trial per line; a crashing trial is recorded and its slot goes to the next; SIGTERM stops
 every trial (one that ignores SIGTERM too) and the share producer, leaving nothing in /tmp nor
-/dev/shm; --resume runs only the trials that did not finish. No assertion on durations.
+/dev/shm, and a sweep killed outright takes its trials with it; --resume runs only the trials that did not finish. No assertion on durations.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_sigterm_stops_every_trial_and_the_share_producer(folder, batchcast_cli,
         _, err = sweep.communicate(timeout=120)
     finally:
         if sweep.poll() is None:
-            sweep.kill()
+            sweep.kill()  # its trials die with it
             sweep.wait()
     assert sweep.returncode == 128 + signal.SIGTERM, err
     s = summary(out)
@@ -161,6 +161,30 @@ def test_sigterm_stops_every_trial_and_the_share_producer(folder, batchcast_cli,
     assert [t["state"] for t in s["trials"]] == ["stopped", "stopped"]
     assert not [pid for pid in trials + producers if alive(pid)]
     assert scope_leftovers(s["sweep"]["id"], s["data"]["producers"]) == []
+
+
+def test_a_sweep_killed_outright_takes_its_trials_with_it(folder, batchcast_cli, tmp_path):
+    out, hold = str(tmp_path / "out"), tmp_path / "held"
+    hold.mkdir()
+    sweep = start_sweep(batchcast_cli, ["--slots", "2", "--out", out, "--",
+                                        *trial_command(folder, "24", "1", "{hold,hold-hard}")],
+                        env=dict(os.environ, HOLD_DIR=str(hold)))
+    try:
+        wait_for(lambda: len(os.listdir(hold)) == 2, "both trials to hold the stream")
+        scope = summary(out)["sweep"]["id"]
+    finally:
+        sweep.kill()  # no chance to stop anything itself
+        sweep.communicate()
+    trials = [int(p) for p in os.listdir(hold)]
+    wait_for(lambda: not [pid for pid in trials if alive(pid)], "the trials to be killed")
+    # Their share producer exits once they are gone (a second's grace), removing its pool and
+    # socket; only its log (and a failure record) stay in /tmp, as no sweep is left to move it.
+    wait_for(lambda: not scope_processes(scope), "the share producer to exit", timeout=60)
+    prefix = f"batchcast-{os.getuid()}-{scope}."
+    left = [n for n in os.listdir("/tmp") if n.startswith(prefix)]
+    for name in left:
+        os.unlink(os.path.join("/tmp", name))
+    assert all(n.endswith((".log", ".failed")) for n in left), left
 
 
 def test_resume_runs_only_the_trials_that_did_not_finish(batchcast_cli, tmp_path):
