@@ -216,8 +216,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "--" in args:
         i = args.index("--")
         args, command = args[:i], args[i + 1:]
-    p = argparse.ArgumentParser(prog="batchcast sweep", description=__doc__.split("\n\n")[0],
-                                usage="batchcast sweep [options] -- COMMAND ARGS...")
+    p = argparse.ArgumentParser(
+        prog="batchcast sweep", usage="batchcast sweep [options] -- COMMAND ARGS...",
+        description="Runs a sweep's trials collocated on this node's GPUs; every "
+        "batchcast.DataLoader(share=KEY) of its trials reads one stream per (key, pipeline). "
+        "Each argument written {a,b,c} expands into a grid (quote it: the shell expands "
+        "unquoted braces).", epilog="docs/sweep.md says more.")
     p.add_argument("--trials", metavar="FILE", help="one trial's arguments per line")
     p.add_argument("--gpus", type=_gpu_list, help="GPU indices to use (default: every one "
                    "this process sees; nvidia-smi -L order, MIG instances count as GPUs)")
