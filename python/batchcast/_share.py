@@ -23,7 +23,7 @@ lock, the trainer waits for the socket and attaches, so the producer, which deci
 under the same lock, counts it. The effective key is KEY, plus ``-rank<r>of<w>`` for one of
 w > 1 distributed ranks: rank r of every job shares one stream. Inside a sweep
 (``$BATCHCAST_SHARE_SCOPE``, which ``batchcast sweep`` sets for its trials) KEY is first scoped
-to it (:func:`scoped_key`), and the Loader's progress goes to ``$BATCHCAST_SWEEP_PROGRESS``
+to it (``_share_scope.scoped_key``), and the Loader's progress goes to ``$BATCHCAST_SWEEP_PROGRESS``
 (``_sweep_progress``).
 """
 
@@ -45,14 +45,14 @@ import torch
 import torch.utils.data
 
 from . import _batchcast, _torchvision_plan
-from ._fingerprint import STREAM_FIELDS, plan_view, view_of
+from ._fingerprint import plan_view, view_of
 from ._share_producer import _lock, launch
 from .loader import Loader
-from ._sweep_progress import SCOPE_ENV, report_progress
+from ._share_scope import scoped_key
+from ._sweep_progress import report_progress
 from .server import pid_running
 
-__all__ = ["SharedStream", "distributed_rank", "native_plan", "pipeline_of", "scoped_key",
-           "share_paths"]
+__all__ = ["SharedStream", "distributed_rank", "native_plan", "pipeline_of", "share_paths"]
 
 _log = logging.getLogger("batchcast")
 
@@ -70,26 +70,6 @@ def share_paths(key: str) -> Dict[str, str]:
         "state": f"{base}.json",
         "log": f"{base}.log",
     }
-
-
-def scoped_key(key: str, prints: Dict[str, Any]) -> str:
-    """The key a trainer's ``share=KEY`` stands for: KEY itself, or inside a sweep
-    (``$BATCHCAST_SHARE_SCOPE``, the sweep's id) ``<scope>.<KEY>.<digest of the stream
-    fields>``: every trial of the sweep that uses KEY with the same stream (``STREAM_FIELDS``:
-    dataset, sampler, seed, ...; and the decoding) reads one stream, a batch size or transform
-    that differs reads it as the drop-in joins any key, and trials whose streams differ (a seed
-    swept) get a stream each instead of the error one key of two streams gives. A stream
-    decoded into a GPU pool is one per GPU too (``$CUDA_VISIBLE_DEVICES``, which the sweep sets
-    per trial): a trial reads a GPU pool on its own GPU only. Another sweep, or a process
-    outside any, never meets them."""
-    scope = os.environ.get(SCOPE_ENV, "")
-    if not scope:
-        return key
-    stream = {name: prints.get(name) for name in (*STREAM_FIELDS, "decoding")}
-    if "pool on cuda" in str(prints.get("decoding")):
-        stream["gpus"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-    digest = hashlib.sha1(json.dumps(stream, sort_keys=True, default=str).encode()).hexdigest()
-    return f"{scope}.{key}.{digest[:8]}"
 
 
 def distributed_rank() -> Tuple[int, int]:

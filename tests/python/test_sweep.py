@@ -55,12 +55,11 @@ def test_a_grid_runs_every_combination_in_order_on_one_shared_stream(folder, bat
         with open(t["log"]) as f:
             assert f"samples {2 * IMAGES}" in f.read()
     # One stream: every producer the sweep saw served the one scoped key (the two sizes are
-    # views of it); its logs are in the sweep's folder, nothing of the scope left elsewhere.
+    # views of it); nothing of the scope is left in /tmp nor /dev/shm.
     data = s["data"]
     keys = {p["key"] for p in data["producers"]}
     assert len(keys) == 1 and next(iter(keys)).startswith("train."), data
     assert data["samples_consumed"] == 4 * 2 * IMAGES
-    assert os.listdir(os.path.join(out, "data"))
     with open(s["sweep"]["plot"], "rb") as f:  # the sweep's plot
         assert s["sweep"]["plot"] == os.path.join(out, "sweep.png") and f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert scope_leftovers(s["sweep"]["id"], data["producers"]) == []
