@@ -22,9 +22,8 @@ at the first iteration (the dataset pickled as torch's workers would see it). Th
 lock, the trainer waits for the socket and attaches, so the producer, which decides to exit
 under the same lock, counts it. The effective key is KEY, plus ``-rank<r>of<w>`` for one of
 w > 1 distributed ranks: rank r of every job shares one stream. Inside a sweep
-(``$BATCHCAST_SHARE_SCOPE``, which ``batchcast sweep`` sets for its trials) KEY is first scoped
-to it (``_share_scope.scoped_key``), and the Loader's progress goes to ``$BATCHCAST_SWEEP_PROGRESS``
-(``_sweep_progress``).
+(``$BATCHCAST_SHARE_SCOPE``, set by ``batchcast sweep``) KEY is first scoped to it
+(``_share_scope.scoped_key``); the Loader's progress goes to ``$BATCHCAST_SWEEP_PROGRESS``.
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ Every argument written ``{a,b,c}`` expands into a grid (the cartesian product, i
 GPU; ``auto``: packed by the first trial's measured GPU memory, ``_sweep_packing``), or
 ``--slots`` at a time without GPUs (default 2); the others queue (``_sweep_devices``,
 ``_sweep_runner``). Each trial gets ``BATCHCAST_SHARE_SCOPE`` (the sweep's id): its share keys
-are scoped to the sweep (``_share.scoped_key``); with ``--share-dataloaders`` an unchanged
+are scoped to the sweep (``_share_scope.scoped_key``); with ``--share-dataloaders`` an unchanged
 script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
-stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH). Output: ``OUT/trials/<id>.log``,
-``OUT/summary.json``, ``OUT/sweep.png`` (``_sweep_plot``), a live table; ``--track`` runs each trial under ``batchcast track`` (an
-MLflow run each). ``--optuna`` asks an Optuna study for each trial's values instead of a grid
-(``_sweep_optuna``). docs/sweep.md is the user's guide.
+stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH).
+Output: ``OUT/trials/<id>.log``, ``OUT/summary.json``, ``OUT/sweep.png`` (``_sweep_plot``), a
+live table; ``--track`` runs each trial under ``batchcast track`` (an MLflow run each).
+``--optuna`` asks an Optuna study for each trial's values instead of a grid (``_sweep_optuna``).
+docs/sweep.md is the user's guide.
 
 Bad input (a grid with no trial, ``--per-gpu 0``, a GPU that does not exist, a command not
 found, an unwritable ``--out``, ``--resume`` of a folder that is not a sweep's) raises

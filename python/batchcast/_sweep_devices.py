@@ -85,8 +85,8 @@ def visible_gpus(env: Optional[Dict[str, str]] = None) -> List[Gpu]:
 def make_slots(gpus: Optional[Sequence[int]], per_gpu: Optional[str], slots: Optional[int],
                visible: Sequence[Gpu]) -> List[Optional[Gpu]]:
     """The slots trials run in: ``per_gpu`` slots on each GPU of ``gpus`` (indices into
-    ``visible``; None: all; "auto": one, until _sweep_packing adds more), or with no GPU ``slots`` slots without one. SweepInputError for
-    what cannot be honoured."""
+    ``visible``; None: all; "auto": one, until _sweep_packing adds more), or with no GPU
+    ``slots`` slots without one. SweepInputError for what cannot be honoured."""
     k = None
     if per_gpu == "auto":  # one each until the first trial is measured (_sweep_packing)
         k = 1

@@ -1,7 +1,7 @@
 """What a sweep tells its trials, and a trial's progress as its shared loaders report it.
 
 ``SCOPE_ENV`` (``BATCHCAST_SHARE_SCOPE``): the sweep's id, which scopes the trials' share keys
-(``_share.scoped_key``); ``PROGRESS_ENV``: the trial's progress file.
+(``_share_scope.scoped_key``); ``PROGRESS_ENV``: the trial's progress file.
 
 What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
 when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),

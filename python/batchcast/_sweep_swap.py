@@ -3,14 +3,14 @@ sweep's stream.
 
 What it is: :func:`install` (run by the ``sitecustomize`` the sweep puts first on a trial's
 PYTHONPATH, ``_sweep_site/``) waits for ``torch`` to be imported, then replaces
-``torch.utils.data.DataLoader`` with :class:`SwappingLoader`'s subclass: a DataLoader made with ``shuffle=True``
-(a training loader) over a dataset whose pipeline ``_torchvision_plan`` recognises becomes a
-``batchcast.DataLoader(..., share=KEY)`` (KEY scoped to the sweep: ``_share.scoped_key``); any
-other stays torch's own. Each DataLoader made logs one line (logger ``batchcast.sweep``,
-WARNING: visible without logging set up) saying which it became and why. Nothing happens
-in a share producer process (it inherits the trial's environment) nor outside a sweep.
-``isinstance(x, torch.utils.data.DataLoader)`` stays true for both kinds, as a subclass made
-from the replaced name stays a torch DataLoader.
+``torch.utils.data.DataLoader`` with a subclass of it (``_swapping``): a DataLoader made with
+``shuffle=True`` (a training loader) over a dataset whose pipeline ``_torchvision_plan``
+recognises becomes a ``batchcast.DataLoader(..., share=KEY)`` (KEY scoped to the sweep:
+``_share_scope.scoped_key``); any other stays torch's own. Each DataLoader made logs one line
+(logger ``batchcast.sweep``, WARNING: visible without logging set up) saying which it became and
+why. Nothing happens in a share producer process (it inherits the trial's environment) nor
+outside a sweep. ``isinstance(x, torch.utils.data.DataLoader)`` stays true for both kinds, as a
+subclass made from the replaced name stays a torch DataLoader.
 
 Thread-safety: install() runs once, at interpreter start-up; the swap itself is as thread-safe
 as constructing a DataLoader.

@@ -2,11 +2,12 @@
 
 What it is: :func:`expand_grid` turns ``COMMAND ARGS...`` whose arguments hold ``{a,b,c}``
 groups into one :class:`Trial` per combination (the cartesian product, the first group varying
-slowest: in the order the values are written); :func:`read_trials_file` makes one trial per
-line of a file (the line's arguments after the command). A group is a ``{...}`` holding a comma
-and no whitespace nor quote (``{}`` lists no value, which makes a grid with no trial: refused);
-other braces are left as written (``{x}``, JSON, Python code such as ``{k: v for ...}``). A trial's ``params`` name each varied value: the option it
-follows (``--lr {..}`` or ``--lr={..}`` -> ``lr``), else ``arg<position>``.
+slowest: in the order the values are written); :func:`read_trials_file` makes one trial per line
+of a file (the line's arguments after the command). A group is a ``{...}`` holding a comma and
+no whitespace nor quote (``{}`` lists no value, which makes a grid with no trial: refused);
+other braces are left as written (``{x}``, JSON, Python code such as ``{k: v for ...}``). A
+trial's ``params`` name each varied value: the option it follows (``--lr {..}`` or ``--lr={..}``
+-> ``lr``), else ``arg<position>``.
 Pure functions and a plain record; no state.
 """
 

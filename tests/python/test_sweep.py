@@ -5,9 +5,11 @@ producers, real signals.
 A grid's trials run in order, every one of them sharing the sweep's stream (one key of the
 sweep's scope; the image size a view of it), their samples in summary.json; with
 --share-dataloaders an unchanged script's shuffled torch DataLoader joins it, its other loaders
-stay torch's, each saying so in one line; a trials file gives one trial per line; a crashing trial is recorded and its slot goes to the next; SIGTERM stops
-every trial (one that ignores SIGTERM too) and the share producer, leaving nothing in /tmp nor
-/dev/shm, and a sweep killed outright takes its trials with it; --resume runs only the trials that did not finish. No assertion on durations.
+stay torch's, each saying so in one line; a trials file gives one trial per line; a crashing
+trial is recorded and its slot goes to the next; SIGTERM stops every trial (one that ignores
+SIGTERM too) and the share producer, leaving nothing in /tmp nor /dev/shm, and a sweep killed
+outright takes its trials with it; --resume runs only the trials that did not finish. No
+assertion on durations.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def test_a_grid_runs_every_combination_in_order_on_one_shared_stream(folder, bat
     assert len(keys) == 1 and next(iter(keys)).startswith("train."), data
     assert data["samples_consumed"] == 4 * 2 * IMAGES
     with open(s["sweep"]["plot"], "rb") as f:  # the sweep's plot
-        assert s["sweep"]["plot"] == os.path.join(out, "sweep.png") and f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert s["sweep"]["plot"] == os.path.join(out, "sweep.png")
     assert scope_leftovers(s["sweep"]["id"], data["producers"]) == []
     # Not a terminal: plain lines, one per trial and state.
     assert "trial  gpu  state" in done.stdout

@@ -27,7 +27,8 @@ SMI = """#!/bin/sh
 if [ "$1" = "-L" ]; then
   printf 'GPU 0: Stand-in A (UUID: GPU-aaaa)\\nGPU 1: Stand-in B (UUID: GPU-bbbb)\\n'
 elif [ "$1" = "--query-gpu=uuid,memory.used,memory.total" ]; then
-  printf 'GPU-aaaa, %s, 10000\\nGPU-bbbb, 100, 10000\\n' "$(cat "$GPU_USED" 2>/dev/null || echo 100)"
+  used=$(cat "$GPU_USED" 2>/dev/null || echo 100)
+  printf 'GPU-aaaa, %s, 10000\\nGPU-bbbb, 100, 10000\\n' "$used"
 else
   printf 'GPU-aaaa, Default\\nGPU-bbbb, %s\\n' "${SMI_MODE:-Default}"
 fi
