@@ -15,7 +15,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libdlpack-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
   libbenchmark-dev python3-torch python3-torchvision python3-numpy python3-pytest
   python3-matplotlib python3-pil python3-venv python3-pip python3-setuptools python3-wheel
-  clang libfuzzer-14-dev mate-backgrounds procps
+  clang libfuzzer-14-dev mate-backgrounds procps python3-optuna
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

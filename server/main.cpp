@@ -1,6 +1,6 @@
 // batchcast: the native command line (CLI11). Subcommands: serve (serve.h; its options are
 // serve_cli.h's, its settings serve_config.h's), make-dataset (decoders/make_dataset.h).
-// `track`, `report` and `bench` are listed so that help shows them, but they belong to the Python
+// `track`, `report`, `bench` and `sweep` are listed so that help shows them, but they belong to the Python
 // package: its `batchcast` console script runs them and execs this program for everything else.
 // The program calls itself `batchcast` whatever path it was started by (the package's copy lives
 // in .../site-packages/batchcast/_bin/). spdlog logs to stderr: stdout stays for data (--help,
@@ -104,10 +104,12 @@ int main(int argc, char** argv) {
   auto* report_cmd = add_python_command(app, "report", "plot metrics run directories (PNG + HTML)");
   auto* bench_cmd =
       add_python_command(app, "bench", "N collocated trainings, batchcast vs N DataLoaders");
+  auto* sweep_cmd = add_python_command(
+      app, "sweep", "run a sweep's trials collocated on the GPUs: batchcast sweep -- CMD {a,b}");
 
   const std::string version = "batchcast " BATCHCAST_VERSION;
   app.set_version_flag("--version", version);
-  for (auto* cmd : {serve_cmd, make_cmd, track_cmd, report_cmd, bench_cmd})
+  for (auto* cmd : {serve_cmd, make_cmd, track_cmd, report_cmd, bench_cmd, sweep_cmd})
     cmd->set_version_flag("--version", version);
 
   try {
@@ -136,6 +138,7 @@ int main(int argc, char** argv) {
     if (*track_cmd) return python_command_error("track");
     if (*report_cmd) return python_command_error("report");
     if (*bench_cmd) return python_command_error("bench");
+    if (*sweep_cmd) return python_command_error("sweep");
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 2;

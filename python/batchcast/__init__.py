@@ -5,6 +5,7 @@ Public API (the design behind it: docs/README.md):
 - :class:`Loader` — a consumer: zero-copy batches from a server, one epoch per iteration.
 - :class:`Producer` — shares any re-iterable of tensor batches (e.g. a torch DataLoader).
 - :func:`serve` — starts the native ``batchcast serve`` server; a context manager.
+- :func:`sweep` — runs a sweep's trials collocated on a node's GPUs (``batchcast sweep``).
 - :class:`DataLoader` — torch's DataLoader; with ``share=KEY`` one detached producer serves
   every process that uses the same key.
 - Errors: :class:`BatchcastError` (a RuntimeError) and its subclasses
@@ -31,6 +32,7 @@ from ._batchcast import (
 )
 from .loader import Loader, LoaderStats
 from .producer import Producer
+from ._sweep import sweep
 from .server import Server, serve
 
 __version__ = _version("batchcast")
@@ -48,6 +50,7 @@ __all__ = [
     "TimeoutError",
     "rank_endpoint",
     "serve",
+    "sweep",
 ]
 
 

@@ -1,6 +1,6 @@
 """The `batchcast` program on PATH (the package's console script; also `python -m batchcast`).
 
-`report`, `track` and `bench` are Python and run here; everything else (`serve`, `make-dataset`,
+`report`, `track`, `bench` and `sweep` are Python and run here; everything else (`serve`, `make-dataset`,
 `--help`, `--version`, ...) replaces this process with the native program shipped in the package
 (batchcast/_bin/batchcast), so that signals such as Ctrl-C or a supervisor's SIGTERM reach the
 native server directly and nothing of Python stays in memory beside it. Importing torch would
@@ -25,6 +25,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .tools.track import main as track
 
         return track(args[1:])
+    if command == "sweep":
+        from ._sweep import main as sweep
+
+        return sweep(args[1:])
     if command == "bench":
         if "--views" in args:  # docs/views.md: a sweep of views against its DataLoaders
             from .tools.bench.views import main as bench

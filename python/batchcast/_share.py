@@ -21,7 +21,9 @@ starts when the DataLoader is made (:meth:`start`), overlapping the trainer's st
 at the first iteration (the dataset pickled as torch's workers would see it). There, under the
 lock, the trainer waits for the socket and attaches, so the producer, which decides to exit
 under the same lock, counts it. The effective key is KEY, plus ``-rank<r>of<w>`` for one of
-w > 1 distributed ranks: rank r of every job shares one stream.
+w > 1 distributed ranks: rank r of every job shares one stream. Inside a sweep
+(``$BATCHCAST_SHARE_SCOPE``, set by ``batchcast sweep``) KEY is first scoped to it
+(``_share_scope.scoped_key``); the Loader's progress goes to ``$BATCHCAST_SWEEP_PROGRESS``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from . import _batchcast, _torchvision_plan
 from ._fingerprint import plan_view, view_of
 from ._share_producer import _lock, launch
 from .loader import Loader
+from ._share_scope import scoped_key
+from ._sweep_progress import report_progress
 from .server import pid_running
 
 __all__ = ["SharedStream", "distributed_rank", "native_plan", "pipeline_of", "share_paths"]
@@ -138,7 +142,8 @@ class SharedStream:
     ) -> None:
         self.key = key
         rank, world = distributed_rank()
-        self.effective_key = key if world == 1 else f"{key}-rank{rank}of{world}"
+        scoped = scoped_key(key, prints)
+        self.effective_key = scoped if world == 1 else f"{scoped}-rank{rank}of{world}"
         self.paths = share_paths(self.effective_key)
         self._pipeline = pipeline
         self._fingerprint = prints
@@ -164,10 +169,12 @@ class SharedStream:
         loader = self._attach() if self._loader is None else self._loader
         if self._resume is not None:
             (epoch, sample), self._resume = self._resume, None
-            return self._told(self._seek(epoch, sample))
-        if sampler_epoch is not None:
-            return self._told(self._seek(sampler_epoch, 0))
-        return self._told(iter(loader))
+            batches = self._seek(epoch, sample)
+        elif sampler_epoch is not None:
+            batches = self._seek(sampler_epoch, 0)
+        else:
+            batches = iter(loader)
+        return report_progress(self._told(batches), self.effective_key, lambda: self.stats)
 
     def _told(self, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches``, where a failed or vanished producer's error also says where its log is

@@ -57,14 +57,14 @@ def test_a_malformed_device_index_names_the_form(batchcast_bin):
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["make-dataset"], ["track"], ["report"],
-                                     ["bench"]])
+                                     ["bench"], ["sweep"]])
 def test_version_on_every_command(batchcast_bin, command):
     p = run([batchcast_bin, *command, "--version"])
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == f"batchcast {project_version()}"
 
 
-def test_help_lists_every_command_and_says_where_track_report_and_bench_live(batchcast_cli):
+def test_help_lists_every_command_and_says_where_the_python_ones_live(batchcast_cli):
     # The console script a user types: it execs the package's native program, which still
     # calls itself `batchcast`, not .../site-packages/batchcast/_bin/batchcast.
     p = run([batchcast_cli, "--help"])
@@ -73,8 +73,8 @@ def test_help_lists_every_command_and_says_where_track_report_and_bench_live(bat
     assert "Usage: batchcast [OPTIONS] SUBCOMMAND" in p.stdout, p.stdout
     assert "_bin" not in p.stdout and "site-packages" not in p.stdout, p.stdout
     listed = re.findall(r"^  (\S+)\s", p.stdout.split("Subcommands:")[1], re.M)
-    assert listed == ["serve", "make-dataset", "track", "report", "bench"], p.stdout
-    assert p.stdout.count("Python package") == 3, p.stdout
+    assert listed == ["serve", "make-dataset", "track", "report", "bench", "sweep"], p.stdout
+    assert p.stdout.count("Python package") == 4, p.stdout
 
 
 def test_serve_help_groups_its_options(batchcast_cli):
@@ -107,8 +107,8 @@ def test_an_out_of_range_number_says_the_rule_in_words(batchcast_bin, option, va
 
 @pytest.mark.parametrize("argv, said", [
     (["frobnicate"], "batchcast: unknown command 'frobnicate': the commands are serve, "
-                     "make-dataset, track, report, bench"),
-    ([], "batchcast: give a command: serve, make-dataset, track, report, bench"),
+                     "make-dataset, track, report, bench, sweep"),
+    ([], "batchcast: give a command: serve, make-dataset, track, report, bench, sweep"),
 ])
 def test_an_unknown_or_missing_command_names_the_commands(batchcast_cli, argv, said):
     p = run([batchcast_cli, *argv])
@@ -118,8 +118,8 @@ def test_an_unknown_or_missing_command_names_the_commands(batchcast_cli, argv, s
 
 
 @pytest.mark.parametrize("command", [["report", "runs/a", "--out", "x"], ["bench", "--quick"],
-                                     ["track", "--workload", "w"]])
-def test_report_and_bench_point_to_the_python_package(batchcast_bin, command):
+                                     ["track", "--workload", "w"], ["sweep", "--slots", "2"]])
+def test_the_python_commands_point_to_the_python_package(batchcast_bin, command):
     p = run([batchcast_bin, *command])
     assert p.returncode == 2
     name = command[0]

@@ -48,6 +48,11 @@ def test_type_information_is_installed():
     assert os.path.isfile(os.path.join(PACKAGE, "_batchcast.pyi"))
 
 
+def test_the_sweeps_start_up_hook_is_installed():
+    # batchcast sweep --share-dataloaders puts this folder on its trials' PYTHONPATH.
+    assert os.path.isfile(os.path.join(PACKAGE, "_sweep_site", "sitecustomize.py"))
+
+
 def test_native_program_is_in_the_package():
     packaged = os.path.join(PACKAGE, "_bin", "batchcast")
     assert os.access(packaged, os.X_OK)

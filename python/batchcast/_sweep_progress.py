@@ -1,0 +1,87 @@
+"""What a sweep tells its trials, and a trial's progress as its shared loaders report it.
+
+``SCOPE_ENV`` (``BATCHCAST_SHARE_SCOPE``): the sweep's id, which scopes the trials' share keys
+(``_share_scope.scoped_key``); ``PROGRESS_ENV``: the trial's progress file.
+
+What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
+when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),
+writes there, at most once a second and at the end of each epoch, what every shared loader of
+this process has read: ``{"loaders": {effective key: {"epochs", "samples", "wait_s"}}}``
+(epochs: whole epochs finished; wait_s: seconds spent waiting for data). Without the variable
+the batches pass through untouched. :func:`read_progress` is the sweep's side: the file summed
+over loaders, or None where the trial wrote none (it reads no shared loader).
+
+Thread-safety: the table is per process and guarded by a lock (loaders iterate on any thread).
+The file is replaced atomically (write, then rename), so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, Optional
+
+__all__ = ["PROGRESS_ENV", "SCOPE_ENV", "read_progress", "report_progress"]
+
+SCOPE_ENV = "BATCHCAST_SHARE_SCOPE"
+PROGRESS_ENV = "BATCHCAST_SWEEP_PROGRESS"
+_EVERY_S = 1.0
+
+_lock = threading.Lock()
+_loaders: Dict[str, Dict[str, Any]] = {}
+
+
+def _write(path: str, key: str, epochs: int, stats: Any) -> None:
+    with _lock:
+        _loaders[key] = {"epochs": epochs, "samples": int(stats.samples),
+                         "wait_s": float(stats.wait_s)}
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"pid": os.getpid(), "loaders": _loaders}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # the sweep's folder went away: progress is a report, never a failure
+
+
+def report_progress(batches: Iterator[Any], key: str, stats: Callable[[], Any]
+                    ) -> Iterator[Any]:
+    """``batches`` (one epoch of the loader of effective key ``key``; ``stats()``: its
+    LoaderStats, None before it attached), reported to ``$BATCHCAST_SWEEP_PROGRESS``."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path:
+        return batches
+    return _reported(batches, path, key, stats)
+
+
+def _reported(batches: Iterator[Any], path: str, key: str, stats: Callable[[], Any]
+              ) -> Iterator[Any]:
+    epochs = _loaders.get(key, {}).get("epochs", 0)
+    last = time.monotonic()
+    for batch in batches:
+        yield batch
+        now = time.monotonic()
+        if now - last >= _EVERY_S and stats() is not None:
+            _write(path, key, epochs, stats())
+            last = now
+    if stats() is not None:
+        _write(path, key, epochs + 1, stats())
+
+
+def read_progress(path: str) -> Optional[Dict[str, Any]]:
+    """The trial's progress file summed over its loaders: ``{"epochs"}`` (the most any of its
+    loaders finished), ``{"samples", "wait_s"}`` (sums); None where there is none (yet)."""
+    try:
+        with open(path) as f:
+            loaders = json.load(f).get("loaders", {})
+    except (OSError, ValueError):
+        return None
+    if not loaders:
+        return None
+    return {
+        "epochs": max(int(v.get("epochs", 0)) for v in loaders.values()),
+        "samples": sum(int(v.get("samples", 0)) for v in loaders.values()),
+        "wait_s": sum(float(v.get("wait_s", 0.0)) for v in loaders.values()),
+    }
