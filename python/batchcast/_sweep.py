@@ -34,12 +34,14 @@ import shutil
 import sys
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from ._sizes import size_bytes
 from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_optuna import OptunaTrials
 from ._sweep_packing import MemoryPacking
 from ._sweep_plot import plot
+from ._sweep_progress import SHARE_MEMORY_ENV
 from ._sweep_runner import Runner
 from ._sweep_table import LiveTable
 from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
@@ -124,12 +126,17 @@ def sweep(
     storage: Optional[str] = None,
     n_trials: Optional[int] = None,
     direction: str = "minimize",
+    share_memory: Union[None, int, str] = None,
     table: Optional[LiveTable] = None,
     env: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
     """Runs the sweep the options describe (see the module doc and docs/sweep.md); returns its
     summary (what ``OUT/summary.json`` holds, with ``sweep.stopped_by``: the signal that
     stopped it, or None). SweepInputError for bad input, before anything starts."""
+    try:
+        memory = size_bytes(share_memory, "--share-memory")
+    except ValueError as e:
+        raise SweepInputError(str(e)) from None
     if order != "exact":
         raise SweepInputError(f"--order {order}: only exact (the stream's seeded order) exists "
                               "yet; relaxed order is not built")
@@ -172,6 +179,8 @@ def sweep(
     _check_out(out)
     table = table or LiveTable()
     env = dict(os.environ if env is None else env)
+    if memory:
+        env[SHARE_MEMORY_ENV] = str(memory)
     if share_dataloaders:
         site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep_site")
         env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
@@ -246,6 +255,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--n-trials", type=int, metavar="N", help="trials in the study, all nodes")
     p.add_argument("--direction", default="minimize", choices=("minimize", "maximize"),
                    help="of the objective (batchcast-objective: VALUE)")
+    p.add_argument("--share-memory", metavar="SIZE",
+                   help="shared memory of each stream's ring, views included (e.g. 2GiB; "
+                   "default: 1 GiB within the host's means, at most an epoch): docs/memory.md")
     p.add_argument("--share-dataloaders", action="store_true",
                    help="a trial's shuffled torch DataLoader over a recognised torchvision "
                    "pipeline joins the sweep's stream (no code change)")
@@ -257,7 +269,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         slots=o.slots, collocation=o.collocation, order=o.order, out=o.out,
                         resume=o.resume, share_dataloaders=o.share_dataloaders,
                         track=o.track, optuna=o.optuna, storage=o.storage,
-                        n_trials=o.n_trials, direction=o.direction)
+                        n_trials=o.n_trials, direction=o.direction,
+                        share_memory=o.share_memory)
     except SweepInputError as e:
         print(f"batchcast sweep: {e}", file=sys.stderr)
         return 2

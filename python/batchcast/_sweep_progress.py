@@ -23,10 +23,12 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
-__all__ = ["PROGRESS_ENV", "SCOPE_ENV", "read_progress", "report_progress"]
+__all__ = ["PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV", "read_progress", "report_progress"]
 
 SCOPE_ENV = "BATCHCAST_SHARE_SCOPE"
 PROGRESS_ENV = "BATCHCAST_SWEEP_PROGRESS"
+# The share_memory of the trials' DataLoader(share=) streams (batchcast sweep --share-memory).
+SHARE_MEMORY_ENV = "BATCHCAST_SHARE_MEMORY"
 _EVERY_S = 1.0
 
 _lock = threading.Lock()

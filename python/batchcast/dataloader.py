@@ -42,8 +42,8 @@ With ``share``, torch's arguments mean:
   others wait for it, as torch's DataLoaders of one stream would.
 - ``share_memory`` (share= only): the shared memory the stream's ring may take, all its views
   included, as bytes or a size text ("512MiB", "2G"); applied by the trainer that starts the
-  producer (docs/memory.md). None: 1 GiB within the host's means, and never more than an epoch
-  holds. A natively decoded pipeline only (a Python pipeline's ring is 8 slots).
+  producer (docs/memory.md). None: ``batchcast sweep --share-memory``'s inside a sweep, else
+  1 GiB within the host's means, and never more than an epoch holds. A natively decoded pipeline only (a Python pipeline's ring is 8 slots).
 - refused: ``batch_sampler`` and ``batch_size=None`` (the stream is chunks of one batch size).
 
 Native decoding: a torchvision ``ImageFolder`` pipeline that ``batchcast._torchvision_plan``
@@ -82,13 +82,16 @@ The share protocol is in ``_share.py``; the producer process in ``_share_produce
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import torch.utils.data
 
 from ._fingerprint import (decoding_of, fingerprint, gpu_refusal, joins_as_view, plan_view,
                            view_fields)
-from ._share import SharedStream, native_plan, pipeline_of, share_paths, size_bytes
+from ._share import SharedStream, native_plan, pipeline_of, share_paths
+from ._sizes import size_bytes
+from ._sweep_progress import SHARE_MEMORY_ENV
 from ._torchvision_plan import Fallback, NativePlan
 from .loader import Closeable
 
@@ -166,6 +169,8 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 isinstance(augment_seed, int) and 0 <= augment_seed < 1 << 64):
             raise ValueError(f"augment_seed={augment_seed!r}: an integer in 0..2**64-1, or None")
         pipeline, chosen_seed = pipeline_of(self, multiprocessing_context)
+        if share_memory is None:  # a sweep's --share-memory, for the trials that start a stream
+            share_memory = os.environ.get(SHARE_MEMORY_ENV) or None
         pipeline["memory"] = size_bytes(share_memory, "share_memory")
         if augment_seed is not None and chosen_seed is None:
             pipeline["seed"] = augment_seed  # a stream it starts: its view is the stream's own

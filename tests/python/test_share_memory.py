@@ -42,6 +42,9 @@ def test_the_ring_holds_an_epoch_and_the_lead_or_what_share_memory_buys(folder, 
     # 1 KiB buys less than a slot: the floor of 8 slots, below the 13 an epoch and the lead take.
     assert ring_slots(folder, new_key(), share_memory="1KiB") == 8
     assert ring_slots(folder, new_key(), share_memory=1 << 30) == epoch_chunks + LEAD
+    # Inside a sweep, its --share-memory (the environment it gives its trials) is the default.
+    monkeypatch.setenv("BATCHCAST_SHARE_MEMORY", "1024")
+    assert ring_slots(folder, new_key()) == 8
 
 
 def test_a_bad_share_memory_is_refused_naming_it(folder):

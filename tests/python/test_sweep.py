@@ -223,3 +223,16 @@ def test_track_makes_each_trial_an_mlflow_run(batchcast_cli, tmp_path):
             with open(os.path.join(top, "mlflow.runName")) as f, open(param) as g:
                 runs[f.read().split("-")[0]] = g.read()
     assert runs == {"t000": "0", "t001": "3"}
+
+
+def test_share_memory_reaches_every_trial(batchcast_cli, tmp_path):
+    """--share-memory is each trial's DataLoader(share=) default (test_share_memory.py shows
+    what the drop-in makes of it)."""
+    out = str(tmp_path / "out")
+    show = "import os; print('memory', os.environ['BATCHCAST_SHARE_MEMORY'])"
+    done = run_sweep(batchcast_cli, ["--slots", "1", "--share-memory", "2MiB", "--out", out,
+                                     "--", python(), "-c", show])
+    assert done.returncode == 0, done.stderr + done.stdout
+    (trial,) = summary(out)["trials"]
+    with open(trial["log"]) as f:
+        assert f"memory {2 << 20}" in f.read()

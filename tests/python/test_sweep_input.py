@@ -74,6 +74,7 @@ def tools(tmp_path, **scripts: str) -> dict:
     (["--gpus", "5", "--", "true"], "GPU 5 does not exist"),
     (["--", "no-such-command-here", "{a,b}"], "command not found: 'no-such-command-here'"),
     (["--order", "relaxed", "--", "true"], "only exact"),
+    (["--share-memory", "lots", "--", "true"], "--share-memory='lots': a positive number"),
 ])
 def test_bad_input_stops_before_anything_starts(args, message, batchcast_cli, tmp_path):
     out = tmp_path / "out"
