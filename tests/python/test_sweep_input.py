@@ -3,7 +3,7 @@
 Bad input (a grid with no trial, --per-gpu 0, a GPU that does not exist, a command not found, an
 unwritable --out, --resume of a folder that is not a sweep's, relaxed order) exits 2 with a
 message naming it, and no trial ran. Placement and collocation on a machine's GPUs use stand-ins
-for the driver's tools on PATH (this test machine has no GPU): ``nvidia-smi`` listing two GPUs
+for the driver's tools on PATH (the machine's own are hidden, so GPU machines run them alike): ``nvidia-smi`` listing two GPUs
 (or MIG instances), and ``nvidia-cuda-mps-control``, which records its start and its ``quit``:
 each trial gets its slot's GPU as CUDA_VISIBLE_DEVICES, --per-gpu trials at once on it, the
 MPS daemon's folders in its environment, and the daemon is told to quit when the sweep ends.
@@ -54,16 +54,27 @@ TRIAL = ("import json, os, sys, time; d = sys.argv[1]; "
          "open(os.path.join(d, sys.argv[2] + '.json'), 'w'))")
 
 
+DRIVER_TOOLS = ("nvidia-smi", "nvidia-cuda-mps-control")
+
+
 def tools(tmp_path, **scripts: str) -> dict:
-    """An environment whose PATH starts with a folder holding ``scripts`` (name -> text)."""
+    """An environment whose PATH is a folder holding ``scripts`` (name -> text), then the
+    machine's PATH without its GPU driver's tools (links to everything else): the stand-ins are
+    the only driver this sweep sees, on a GPU machine too."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in scripts.items():
         path = bin_dir / name
         path.write_text(text)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                MPS_RECORD=str(tmp_path / "mps"))
+    rest = tmp_path / "path"
+    if not rest.exists():
+        rest.mkdir()
+        for folder in os.environ["PATH"].split(os.pathsep):
+            for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+                if name not in DRIVER_TOOLS and not os.path.lexists(rest / name):
+                    os.symlink(os.path.join(folder, name), rest / name)
+    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{rest}", MPS_RECORD=str(tmp_path / "mps"))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -80,7 +91,7 @@ def test_bad_input_stops_before_anything_starts(args, message, batchcast_cli, tm
     out = tmp_path / "out"
     cut = args.index("--")
     done = run_sweep(batchcast_cli, [*args[:cut], "--out", str(out), *args[cut:]],
-                     env=dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}"))
+                     env=tools(tmp_path))  # no GPU driver, whatever the machine has
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
     assert not os.path.exists(out / "summary.json")
