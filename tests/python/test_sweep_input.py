@@ -3,8 +3,9 @@
 Bad input (a grid with no trial, --per-gpu 0, a GPU that does not exist, a command not found, an
 unwritable --out, --resume of a folder that is not a sweep's, relaxed order) exits 2 with a
 message naming it, and no trial ran. Placement and collocation on a machine's GPUs use stand-ins
-for the driver's tools on PATH (the machine's own are hidden, so GPU machines run them alike): ``nvidia-smi`` listing two GPUs
-(or MIG instances), and ``nvidia-cuda-mps-control``, which records its start and its ``quit``:
+for the driver's tools on PATH (the machine's own are hidden, so a GPU machine runs them alike):
+``nvidia-smi`` listing two GPUs (or MIG instances), and ``nvidia-cuda-mps-control``, which
+records its start and its ``quit``:
 each trial gets its slot's GPU as CUDA_VISIBLE_DEVICES, --per-gpu trials at once on it, the
 MPS daemon's folders in its environment, and the daemon is told to quit when the sweep ends.
 """
