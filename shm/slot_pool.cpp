@@ -1,6 +1,7 @@
 #include "shm/slot_pool.h"
 
 #include <dirent.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,16 @@ size_t SlotPool::layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t
   uint64_t offset = align_up(sizeof(PoolHeader) + slot_count * sizeof(uint64_t), slot_alignment());
   if (slots_offset) *slots_offset = offset;
   return offset + (host_slots ? slot_count * slot_bytes : 0);
+}
+
+void SlotPool::release_slot_memory(uint32_t slot) {
+  if (!host_slots()) return;
+  // Whole pages of this slot only: slots start on a page boundary, the last page may be shared.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t bytes = slot_bytes() / page * page;
+  if (bytes && ::madvise(slot_data(slot), bytes, MADV_REMOVE) != 0)
+    throw Error("cannot release slot " + std::to_string(slot) + " of /dev/shm/" +
+                segment_name() + ": " + std::strerror(errno));
 }
 
 SlotPool SlotPool::create(const std::string& segment_name, uint32_t slot_count,

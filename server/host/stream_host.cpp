@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <zmq.hpp>
@@ -13,6 +14,7 @@
 #include "common/error.h"
 #include "common/process.h"
 #include "protocol/endpoint.h"
+#include "server/serve/ring_size.h"
 #include "shm/device_identity.h"
 
 namespace batchcast {
@@ -280,7 +282,14 @@ uint32_t StreamHost::serve_view(const std::string& view) {
 uint32_t StreamHost::add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs) {
   const uint32_t index = state_->view_count();
   const std::string name = memory_.pool().segment_name() + ".v" + std::to_string(index);
-  const uint32_t slots = memory_.pool().slot_count();
+  // A slot index holds a stream chunk in every view: with a budget, the ring shrinks so that a
+  // slot of every view fits it (the floor may put it over).
+  uint64_t stream_bytes = memory_.pool().slot_bytes() + slot_bytes;
+  for (const auto& view : view_memory_) stream_bytes += view->pool().slot_bytes();
+  uint32_t slots = state_->usable_slots();
+  if (options_.ring_budget)
+    slots = std::min<uint64_t>(
+        slots, std::max<uint64_t>(kMinRingSlots, options_.ring_budget / stream_bytes));
   const auto& gpus = options_.cuda_devices;
   try {
     // A GPU view's Welcome carries its own events, as many as view 0's: within kMaxCudaSlots,
@@ -296,13 +305,42 @@ uint32_t StreamHost::add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs
                 "; serve fewer views, a smaller --ring, or this view from another server");
   }
   state_->add_view(welcome(*view_memory_.back()), std::move(specs));
-  uint64_t stream_bytes = memory_.pool().slot_bytes();
-  for (const auto& view : view_memory_) stream_bytes += view->pool().slot_bytes();
-  spdlog::info("view {}: {} slots x {} KiB ({:.0f} MiB) in {}; the stream's pools: {:.0f} MiB",
-               index, slots, slot_bytes >> 10, slots * (slot_bytes / 1048576.0),
-               gpus.empty() ? "/dev/shm/" + name : "a GPU pool (header /dev/shm/" + name + ")",
-               slots * (stream_bytes / 1048576.0));
+  const uint32_t ring = memory_.pool().slot_count();
+  const bool shrinks = slots < state_->usable_slots();
+  if (shrinks) state_->shrink_ring(slots);
+  const std::string where =
+      gpus.empty() ? "/dev/shm/" + name : "a GPU pool (header /dev/shm/" + name + ")";
+  const double mib = 1048576.0;
+  if (!options_.ring_budget) {
+    spdlog::info("view {}: {} slots x {} KiB ({:.0f} MiB) in {}; the stream's pools: {:.0f} MiB",
+                 index, slots, slot_bytes >> 10, slots * (slot_bytes / mib), where,
+                 slots * (stream_bytes / mib));
+  } else {
+    const uint64_t used = slots * stream_bytes;
+    spdlog::info(
+        "view {}: {} slots x {} KiB ({:.0f} MiB) in {}; the ring {} {} of its {} slots; the "
+        "stream's pools: {:.0f} MiB of a {:.0f} MiB budget{}",
+        index, slots, slot_bytes >> 10, slots * (slot_bytes / mib), where,
+        shrinks ? "shrank to" : "keeps", slots, ring, used / mib, options_.ring_budget / mib,
+        used > options_.ring_budget ? " (over it: a ring keeps at least " +
+                                          std::to_string(kMinRingSlots) + " slots)"
+                                    : "");
+  }
   return index;
+}
+
+void StreamHost::release_retired_slots(double now) {
+  for (uint32_t slot : state_->take_retired_slots(now)) {
+    for (uint32_t v = 0; v <= view_memory_.size(); ++v) {
+      SlotPool& pool = view_pool(v);
+      if (slot >= pool.slot_count()) continue;
+      try {
+        pool.release_slot_memory(slot);
+      } catch (const Error& e) {
+        spdlog::warn("{}", e.what());  // the memory stays taken; the stream goes on
+      }
+    }
+  }
 }
 
 const SlotMemory& StreamHost::view_memory(uint32_t view) const {
@@ -410,6 +448,7 @@ void StreamHost::loop() {
       std::lock_guard lk(mu_);
       receive_all(now);
       state_->tick(now);
+      release_retired_slots(now);
       note_waited_chunk();
     }
     slot_freed_.notify_all();

@@ -62,6 +62,10 @@ struct StreamHostOptions {
   // Pool geometry: K slots of slot_bytes each. More slots = more lag allowed between consumers
   // and more retained chunks for late joiners, at slot_bytes each.
   uint32_t ring_slots = 8;
+  // Bytes the pools of all the stream's views may take together on a ring sized by memory: a
+  // view added later shrinks the ring to fit (StreamState::shrink_ring, at least kMinRingSlots
+  // slots). 0: a fixed ring; views get ring_slots slots each.
+  uint64_t ring_budget = 0;
   // Chunks the producer may fill ahead of every reader (StreamRules::lead_chunks); 0: the ring.
   uint32_t lead_chunks = 0;
   uint64_t slot_bytes = 0;     // required
@@ -182,6 +186,8 @@ class StreamHost {
   uint32_t add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs);  // under mu_
   FillLease lease(const StreamState::Fill& fill);  // under mu_; resets the slot's seq words
   void note_waited_chunk();                        // under mu_: the state's into waited_chunk_
+  // Under mu_: frees the host memory of the slots the ring retired once their chunks went.
+  void release_retired_slots(double now);
   SlotPool& view_pool(uint32_t view) {             // under mu_
     return view == 0 ? memory_.pool() : view_memory_[view - 1]->pool();
   }

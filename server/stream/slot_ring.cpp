@@ -7,7 +7,7 @@ namespace batchcast {
 std::optional<uint32_t> SlotRing::begin_fill(uint64_t seq, const ReuseRule& may_reuse,
                                              std::optional<uint64_t>* evicted) {
   std::optional<uint32_t> chosen;
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
+  for (uint32_t i = 0; i < usable_; ++i) {
     if (slots_[i].state == SlotState::kFree) {
       chosen = i;
       break;
@@ -17,7 +17,7 @@ std::optional<uint32_t> SlotRing::begin_fill(uint64_t seq, const ReuseRule& may_
     // by_seq_ is ordered by seq, so the first acceptable entry is the oldest content.
     for (const auto& [old_seq, slot] : by_seq_) {
       const auto& s = slots_[slot];
-      if (s.holders.empty() && may_reuse(old_seq, s.delivered)) {
+      if (slot < usable_ && s.holders.empty() && may_reuse(old_seq, s.delivered)) {
         chosen = slot;
         break;
       }
@@ -35,6 +35,15 @@ std::optional<uint32_t> SlotRing::begin_fill(uint64_t seq, const ReuseRule& may_
   s.delivered = false;
   s.holders.clear();
   return chosen;
+}
+
+bool SlotRing::retire(uint32_t slot) {
+  auto& s = slots_[slot];
+  if (slot < usable_ || s.state == SlotState::kFilling || !s.holders.empty()) return false;
+  if (s.state == SlotState::kPublished) by_seq_.erase(s.seq);
+  s.state = SlotState::kFree;
+  s.delivered = false;
+  return true;
 }
 
 void SlotRing::finish_fill(uint32_t slot) {

@@ -6,6 +6,9 @@
 // holders stays "retained" until it is reused, which is what late joiners replay. The ring
 // hands out the reusable slot whose content is oldest, so retention covers the newest chunks.
 //
+// A ring can shrink (retire): slots at and above usable() take no new chunk; what they hold is
+// still published, read and released as before, until the owner drops it (retire()).
+//
 // Releases are checked against the holder list: a consumer can release only a (slot, seq) it
 // was sent, so a forged or repeated release is refused and cannot free another consumer's slot.
 //
@@ -32,12 +35,19 @@ struct SlotEntry {
 
 class SlotRing {
  public:
-  explicit SlotRing(uint32_t slot_count) : slots_(slot_count) {}
+  explicit SlotRing(uint32_t slot_count) : slots_(slot_count), usable_(slot_count) {}
 
   uint32_t size() const { return static_cast<uint32_t>(slots_.size()); }
+  // Slots below it take new chunks (begin_fill); at most size().
+  uint32_t usable() const { return usable_; }
+  void set_usable(uint32_t usable) { usable_ = usable < usable_ ? usable : usable_; }
+  // A retired slot (>= usable()) that holds no chunk being filled or held: its published chunk
+  // is dropped from the retained ones and the slot is free for good. False (nothing changes)
+  // while it is filling or held.
+  bool retire(uint32_t slot);
   const SlotEntry& slot(uint32_t i) const { return slots_[i]; }
 
-  // Picks a free slot, or the published one with the oldest chunk that has no holders and that
+  // Picks a free usable slot, or the published one with the oldest chunk that has no holders and that
   // `may_reuse(old_seq, delivered)` accepts, and marks it filling with `seq`. nullopt if there
   // is none. The owner decides about chunks never delivered (see StreamState's reuse rule).
   using ReuseRule = std::function<bool(uint64_t old_seq, bool delivered)>;
@@ -72,6 +82,7 @@ class SlotRing {
 
  private:
   std::vector<SlotEntry> slots_;
+  uint32_t usable_;
   std::map<uint64_t, uint32_t> by_seq_;  // published chunks still retained: seq -> slot
 };
 

@@ -29,11 +29,11 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   // hold all but one slot, max_held). And a private chunk asked for goes first: the stream
   // leaves it the last reusable slot.
   const bool keep_reserve = rules_.regenerates && chunks_per_epoch() &&
-                            (rules_.slot_count >= 8 || private_.catching_up());
+                            (usable_slots() >= 8 || private_.catching_up());
   const uint32_t reserve = keep_reserve ? catch_up_slots() : 0;
   const bool asked = private_.next_request().has_value();
   const SlotCount slots = reserve || asked ? count_slots(now) : SlotCount{};
-  if ((reserve && slots.pinned_stream + reserve >= rules_.slot_count) ||
+  if ((reserve && slots.pinned_stream + reserve >= usable_slots()) ||
       (asked && slots.reusable <= 1)) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
@@ -74,7 +74,7 @@ std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
 
 StreamState::SlotCount StreamState::count_slots(double now) const {
   SlotCount n;
-  for (uint32_t i = 0; i < ring_.size(); ++i) {
+  for (uint32_t i = 0; i < usable_slots(); ++i) {
     const SlotEntry& e = ring_.slot(i);
     const bool reusable =
         e.state == SlotState::kFree || (e.state == SlotState::kPublished && e.holders.empty() &&
@@ -108,7 +108,30 @@ uint32_t StreamState::catch_up_slots() const {
   // whatever its user does (holds every batch, reads another loader first). So these slots serve
   // any number of consumers catching up at once; three let one be filled while others travel.
   // More would only take a large ring's window from the stream.
-  return std::min(rules_.slot_count - 1, std::clamp<uint32_t>(rules_.slot_count / 4, 3, 16));
+  return std::min(usable_slots() - 1, std::clamp<uint32_t>(usable_slots() / 4, 3, 16));
+}
+
+void StreamState::shrink_ring(uint32_t usable) {
+  ring_.set_usable(usable);
+  counters_.ring_slots = ring_.usable();
+  retired_taken_.resize(ring_.size(), false);
+}
+
+std::vector<uint32_t> StreamState::take_retired_slots(double now) {
+  std::vector<uint32_t> out;
+  for (uint32_t i = ring_.usable(); i < retired_taken_.size(); ++i) {
+    if (retired_taken_[i]) continue;
+    const SlotEntry& e = ring_.slot(i);
+    const bool may_go = e.holders.empty() && may_reuse(e.seq, e.delivered, now);
+    if (e.state == SlotState::kPublished && !may_go) continue;
+    const bool published = e.state == SlotState::kPublished;
+    const uint64_t seq = e.seq;
+    if (!ring_.retire(i)) continue;  // filling or held
+    if (published) descriptors_.erase(seq);
+    retired_taken_[i] = true;
+    out.push_back(i);
+  }
+  return out;
 }
 
 uint64_t StreamState::tail_begin() const {

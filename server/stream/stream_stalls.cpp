@@ -29,7 +29,7 @@ bool StreamState::reads_stream(const ConsumerRecord& c, double now) const {
 }
 
 bool StreamState::private_chunk_waits(double now) const {
-  return private_.next_request() && count_slots(now).pinned_stream == ring_.size();
+  return private_.next_request() && count_slots(now).pinned_stream == usable_slots();
 }
 
 void StreamState::trace_stalls(double now) {
@@ -178,7 +178,7 @@ bool StreamState::try_rejoin(ConsumerRecord& c, PrivateStreams::Stream& p) {
   // half the room the stream has ahead of its slowest reader, so that merging does not make it
   // hold the stream back again at once.
   if (!went_on_without(p)) return false;
-  const uint64_t window = std::max<uint32_t>(1, (rules_.slot_count - catch_up_slots()) / 2);
+  const uint64_t window = std::max<uint32_t>(1, (usable_slots() - catch_up_slots()) / 2);
   const uint64_t per_epoch = chunks_per_epoch();
   const uint64_t tail = tail_for(c);
   std::optional<uint64_t> seq;

@@ -59,9 +59,13 @@
 // - End to every consumer after finish(), and to a consumer in answer to its Goodbye (nothing
 //   follows); fail() sends the error to everyone, also later joiners, and delivers no more chunks.
 //
-// - Views: each view (add_view) has its own pool with the same slots; a stream chunk is in every
-//   view that existed when it was acquired, a private chunk only in the view of the consumer it
-//   is made for (Fill::view; nobody else is sent it). A consumer reads one view (Hello.view,
+// - Shrink (shrink_ring): no chunk is filled in a retired slot; the lead, the catch-up reserve,
+//   the decouple window and "every slot pinned" count the usable slots; descriptors are checked
+//   against the whole ring. A retired slot is handed over (take_retired_slots) once its chunk may
+//   go by the reuse rule, never while it is filled or held, and its chunk is no longer replayed.
+// - Views: each view (add_view) has its own pool, with the ring's usable slots when it is
+//   added; a stream chunk is in every view that existed when it was acquired, a private chunk
+//   only in the view of the consumer it is made for (Fill::view; nobody else is sent it). A consumer reads one view (Hello.view,
 //   mapped by the injected ResolveView; a view refused there is answered with an ErrorMessage),
 //   is welcomed with that view's pool and sent that view's tensors; the chunks acquired before
 //   its view existed count, for it, as chunks the ring no longer holds (regenerated when the
@@ -171,6 +175,17 @@ class StreamState {
   uint32_t add_view(protocol::Welcome welcome, ViewSpecs specs);
   uint32_t view_count() const { return static_cast<uint32_t>(views_.size()) + 1; }
 
+  // The ring takes new chunks only in its first `usable` slots from now on (never grows): a
+  // view added to a stream with a memory budget has a pool of that many slots. Chunks in the
+  // retired slots are still published, sent and released as before.
+  void shrink_ring(uint32_t usable);
+  // Slots that take new chunks: rules.slot_count until shrink_ring().
+  uint32_t usable_slots() const { return ring_.usable(); }
+  // The retired slots whose chunk may now go (the reuse rule) or that hold none, each once: the
+  // chunk is no longer retained (no late joiner replays it) and the owner may release the
+  // slot's memory. Never a slot being filled or held.
+  std::vector<uint32_t> take_retired_slots(double now);
+
   // Producer side. A slot for chunk `seq` to be filled, or nullopt while the reuse rule keeps
   // every slot (time spent refused counts as producer_blocked_s).
   struct Fill {
@@ -276,7 +291,7 @@ class StreamState {
   // The stream has gone a ring's worth of chunks on since `p`'s consumer was decoupled: until
   // then its next chunk is still there because it held the stream back, and it may not merge.
   bool went_on_without(const PrivateStreams::Stream& p) const {
-    return next_publish_seq_ >= p.decoupled_at + rules_.slot_count;
+    return next_publish_seq_ >= p.decoupled_at + usable_slots();
   }
   // Every pace window: each consumer's own pace and the stream's and producer's (samples/s).
   void watch_paces(double now);
@@ -337,6 +352,7 @@ class StreamState {
   };
   std::vector<View> views_;  // views 1, 2, ...
   SlotRing ring_;
+  std::vector<bool> retired_taken_;  // by slot: handed over by take_retired_slots()
   ConsumerRegistry consumers_;
   uint64_t next_acquire_seq_ = 0;
   uint64_t next_publish_seq_ = 0;  // chunks below are published (or reused)
