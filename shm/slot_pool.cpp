@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
@@ -34,10 +35,12 @@ size_t SlotPool::layout_bytes(uint32_t slot_count, uint64_t slot_bytes, uint64_t
 
 void SlotPool::release_slot_memory(uint32_t slot) {
   if (!host_slots()) return;
-  // Whole pages of this slot only: slots start on a page boundary, the last page may be shared.
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t bytes = slot_bytes() / page * page;
-  if (bytes && ::madvise(slot_data(slot), bytes, MADV_REMOVE) != 0)
+  // The whole pages inside the slot only: a page it shares with a neighbour stays.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(slot_data(slot));
+  const uintptr_t begin = (start + page - 1) / page * page;
+  const uintptr_t end = (start + slot_bytes()) / page * page;
+  if (end > begin && ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_REMOVE) != 0)
     throw Error("cannot release slot " + std::to_string(slot) + " of /dev/shm/" +
                 segment_name() + ": " + std::strerror(errno));
 }

@@ -83,8 +83,8 @@ class SlotPool {
   // so that the slot's next chunk reads as the server wrote it; costs nothing if it wrote
   // nothing. No-op in the server and for device pools.
   void discard_writes(uint32_t slot) const { writes_.discard_writes(slot); }
-  // Server: gives a host slot's memory back to the system (its pages of /dev/shm are freed; a
-  // later write would allocate them again). For a slot that will hold no chunk any more. No-op
+  // Server: gives a host slot's memory back to the system (the pages of /dev/shm wholly inside
+  // the slot are freed; a later write would allocate them again). For a slot that will hold no chunk any more. No-op
   // for device pools. Throws Error naming the segment if the system refuses.
   void release_slot_memory(uint32_t slot);
   // The stream sequence number of the chunk a slot holds (kNoChunk while being filled).

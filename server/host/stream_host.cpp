@@ -318,9 +318,9 @@ uint32_t StreamHost::add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs
   } else {
     const uint64_t used = slots * stream_bytes;
     spdlog::info(
-        "view {}: {} slots x {} KiB ({:.0f} MiB) in {}; the ring {} {} of its {} slots; the "
-        "stream's pools: {:.0f} MiB of a {:.0f} MiB budget{}",
-        index, slots, slot_bytes >> 10, slots * (slot_bytes / mib), where,
+        "view {}: {} slots x {:.1f} KiB ({:.1f} MiB) in {}; the ring {} {} of its {} slots; the "
+        "stream's pools: {:.1f} MiB of a {:.1f} MiB budget{}",
+        index, slots, slot_bytes / 1024.0, slots * (slot_bytes / mib), where,
         shrinks ? "shrank to" : "keeps", slots, ring, used / mib, options_.ring_budget / mib,
         used > options_.ring_budget ? " (over it: a ring keeps at least " +
                                           std::to_string(kMinRingSlots) + " slots)"

@@ -231,5 +231,22 @@ TEST(SlotPool, StaleSegmentOfADeadOwnerIsRemoved) {
   EXPECT_TRUE(exists(live.segment_name())) << "a live owner's segment is kept";
 }
 
+// A slot whose memory is given back takes no /dev/shm any more; the others keep theirs.
+TEST(SlotPool, AReleasedSlotsMemoryLeavesDevShm) {
+  auto name = test_name("release");
+  auto pool = SlotPool::create(name, 4, 8 * 4096);
+  const auto blocks = [&] {
+    struct stat st {};
+    EXPECT_EQ(::stat(("/dev/shm/" + name).c_str(), &st), 0);
+    return static_cast<uint64_t>(st.st_blocks) * 512;
+  };
+  std::memset(pool.slot_data(0), 1, 4 * pool.slot_bytes());
+  const uint64_t before = blocks();
+  pool.release_slot_memory(2);
+  EXPECT_EQ(before - blocks(), pool.slot_bytes());
+  EXPECT_EQ(sum(pool.slot_data(1), pool.slot_bytes()), pool.slot_bytes()) << "a neighbour's bytes";
+  EXPECT_EQ(sum(pool.slot_data(3), pool.slot_bytes()), pool.slot_bytes()) << "a neighbour's bytes";
+}
+
 }  // namespace
 }  // namespace batchcast
