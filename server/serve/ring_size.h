@@ -6,7 +6,8 @@
 // sixteenth of the memory available and a quarter of the free space of /dev/shm (the pool is
 // reserved there in full when it is created). One budget covers a stream and its views: a slot
 // index holds a chunk in every view's pool, so the budget buys slots of all the views' slot bytes
-// together. The slot count stays within [kMinRingSlots, kMaxRingSlots], and never above an
+// together, and a view added later shrinks the ring to keep within it (StreamHostOptions::
+// ring_budget). The slot count stays within [kMinRingSlots, kMaxRingSlots], and never above an
 // epoch's chunks plus the producer's lead (a window of a whole epoch: more holds chunks of an
 // epoch a reader has already finished or will be sent again): the floor is a GPU pool's ring;
 // the cap bounds the server's per-chunk bookkeeping. A GPU pool keeps kMinRingSlots: device memory belongs to the trainers, and a
