@@ -63,9 +63,10 @@ struct StreamHostOptions {
   // and more retained chunks for late joiners, at slot_bytes each.
   uint32_t ring_slots = 8;
   // Bytes the pools of all the stream's views may take together on a ring sized by memory: a
-  // view added later shrinks the ring to fit (StreamState::shrink_ring, at least kMinRingSlots
+  // view added later shrinks the ring to fit (StreamState::shrink_ring, at least min_ring_slots
   // slots). 0: a fixed ring; views get ring_slots slots each.
   uint64_t ring_budget = 0;
+  uint32_t min_ring_slots = 8;  // the fewest usable slots a view added later leaves the ring
   // Chunks the producer may fill ahead of every reader (StreamRules::lead_chunks); 0: the ring.
   uint32_t lead_chunks = 0;
   uint64_t slot_bytes = 0;     // required

@@ -125,6 +125,7 @@ StreamHostOptions ServeConfig::server_options(const std::vector<SampleTensor>& s
   } else {
     const uint64_t budget = ring_memory ? ring_memory : default_ring_memory(read_host_memory());
     so.ring_budget = budget;  // views added later shrink the ring to keep within it
+    so.min_ring_slots = kMinRingSlots;
     so.ring_slots = ring_slots_for(budget, std::max(views_bytes, so.slot_bytes),
                                    (epoch_samples + batch_size - 1) / batch_size);
     so.lead_chunks = std::min(kRingLeadChunks, so.ring_slots);
