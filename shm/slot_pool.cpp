@@ -41,8 +41,8 @@ void SlotPool::release_slot_memory(uint32_t slot) {
   const uintptr_t begin = (start + page - 1) / page * page;
   const uintptr_t end = (start + slot_bytes()) / page * page;
   if (end > begin && ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_REMOVE) != 0)
-    throw Error("cannot release slot " + std::to_string(slot) + " of /dev/shm/" +
-                segment_name() + ": " + std::strerror(errno));
+    throw Error("cannot release slot " + std::to_string(slot) + " of /dev/shm/" + segment_name() +
+                ": " + std::strerror(errno));
 }
 
 SlotPool SlotPool::create(const std::string& segment_name, uint32_t slot_count,

@@ -28,8 +28,8 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   // for each other for ever); smaller rings only while someone catches up (their consumers may
   // hold all but one slot, max_held). And a private chunk asked for goes first: the stream
   // leaves it the last reusable slot.
-  const bool keep_reserve = rules_.regenerates && chunks_per_epoch() &&
-                            (usable_slots() >= 8 || private_.catching_up());
+  const bool keep_reserve =
+      rules_.regenerates && chunks_per_epoch() && (usable_slots() >= 8 || private_.catching_up());
   const uint32_t reserve = keep_reserve ? catch_up_slots() : 0;
   const bool asked = private_.next_request().has_value();
   const SlotCount slots = reserve || asked ? count_slots(now) : SlotCount{};
