@@ -78,7 +78,7 @@ def test_quick_mixed_regime_gives_each_trainer_its_model_and_size(tmp_path, batc
     log = (out / "logs" / "small_cnn-64+small_cnn-48-batchcast-cpu" / "server0.log").read_text()
     # one view besides the server's own, a 48 px float32 batch of 8 per slot, read by trainer 1
     assert "view 1: " in log and "view 2:" not in log, log[-3000:]
-    assert f" x {48 * 48 * 3 * 4 * 8 // 1024} KiB (" in log, log[-3000:]
+    assert f" x {48 * 48 * 3 * 4 * 8 // 1024}." in log, log[-3000:]  # KiB with one decimal
     assert "view 1, starts at" in log, log[-3000:]
     assert regime["runs"]["batchcast-cpu"]["pool_mib"] > 0  # the pool's and the view's slots
     text = (out / "results.md").read_text()
