@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "common/named.h"
 #include "common/random.h"
 
 namespace batchcast {
@@ -21,35 +22,12 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
-template <typename T>
-std::string choices(const std::map<std::string, T>& names) {
-  std::string out;
-  for (const auto& [name, v] : names) out += (out.empty() ? "" : "|") + name;
-  return out;
-}
-
-// The shortest text that reads back as the same value (floats as floats: 0.485, not the double
-// nearest to the float), without locale.
-template <typename T>
-std::string number_text(T v) {
-  char buffer[64];
-  return std::string(buffer, std::to_chars(buffer, buffer + sizeof(buffer), v).ptr);
-}
-
-template <typename T>
-struct IsArray : std::false_type {};
-template <typename T, size_t N>
-struct IsArray<std::array<T, N>> : std::true_type {};
-
 // One field's value in a view text.
 template <typename T>
 std::string value_text(const T& value, const std::map<std::string, T>* names) {
   if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
     if (!names) return number_text(value);
-  if (names)
-    for (const auto& [name, v] : *names)
-      if (v == value) return name;
-  return "?";
+  return names ? name_of(value, *names).value_or("?") : "?";
 }
 template <typename T, size_t N>
 std::string value_text(const std::array<T, N>& values, const std::map<std::string, T>*) {
@@ -74,7 +52,7 @@ void read_value(const std::string& value, const ValueRule& rule,
                 const std::map<std::string, T>* names, T& out, const Fail& fail) {
   if (names) {
     auto it = names->find(value);
-    if (it == names->end()) fail("'" + value + "' is not one of " + choices(*names));
+    if (it == names->end()) fail("'" + value + "' is not one of " + names_joined(*names, "|"));
     out = it->second;
   } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     T v = 0;

@@ -10,11 +10,12 @@
 #include <pybind11/stl.h>
 
 #include <memory>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/error.h"
+#include "common/named.h"
 #include "python/src/bindings.h"
 #include "python/src/settings_class.h"
 #include "server/host/stream_host.h"
@@ -70,11 +71,7 @@ py::list option_rows() {
   };
   auto type_of = [](auto value, auto names) -> std::string {
     using T = decltype(value);
-    if (names) {
-      std::string out;
-      for (const auto& [name, v] : *names) out += (out.empty() ? "" : "|") + name;
-      return out;
-    }
+    if (names) return names_joined(*names, "|");
     if constexpr (std::is_same_v<T, bool>) return "flag";
     if constexpr (std::is_same_v<T, std::string>) return "text";
     if constexpr (std::is_same_v<T, std::vector<std::string>>) return "text, repeated";

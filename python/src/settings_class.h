@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/named.h"
 
 namespace batchcast::python {
 
@@ -35,20 +36,12 @@ T parse_name(const std::string& value, const std::map<std::string, T>& names, co
              FieldNames spelling) {
   auto it = names.find(value);
   if (it != names.end()) return it->second;
-  std::string valid;
-  for (const auto& [key, v] : names) valid += (valid.empty() ? "" : ",") + key;
+  const std::string valid = names_joined(names, ",");
   if (spelling == FieldNames::kKeywords)
     throw Error(std::string(field) + "='" + value + "' not in {" + valid + "}");
   std::string flag = std::string("--") + field;
   std::replace(flag.begin(), flag.end(), '_', '-');
   throw Error(flag + ": " + value + " not in {" + valid + "} (batchcast serve --help)");
-}
-
-template <typename T>
-std::string name_in(T value, const std::map<std::string, T>& names) {
-  for (const auto& [key, v] : names)
-    if (v == value) return key;
-  return "?";
 }
 
 template <typename T>
@@ -72,7 +65,7 @@ class SettingsClass {
                        const char* doc) {
     const std::map<std::string, E>* table = &names;  // the tables are static
     cls_.def_property(
-        name, [member, table](const T& t) { return name_in(t.*member, *table); },
+        name, [member, table](const T& t) { return name_of(t.*member, *table).value_or("?"); },
         [member, table, name, spelling = spelling_](T& t, const std::string& v) {
           t.*member = parse_name(v, *table, name, spelling);
         },

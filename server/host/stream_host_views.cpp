@@ -77,21 +77,21 @@ uint32_t StreamHost::add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs
   const std::string where =
       gpus.empty() ? "/dev/shm/" + name : "a GPU pool (header /dev/shm/" + name + ")";
   const double mib = 1048576.0;
-  if (!options_.ring_budget) {
-    spdlog::info("view {}: {} slots x {} KiB ({:.0f} MiB) in {}; the stream's pools: {:.0f} MiB",
-                 index, slots, slot_bytes >> 10, slots * (slot_bytes / mib), where,
-                 slots * (stream_bytes / mib));
-  } else {
-    const uint64_t used = slots * stream_bytes;
-    spdlog::info(
-        "view {}: {} slots x {:.1f} KiB ({:.1f} MiB) in {}; the ring {} {} of its {} slots; the "
-        "stream's pools: {:.1f} MiB of a {:.1f} MiB budget{}",
-        index, slots, slot_bytes / 1024.0, slots * (slot_bytes / mib), where,
-        shrinks ? "shrank to" : "keeps", slots, ring, used / mib, options_.ring_budget / mib,
-        used > options_.ring_budget ? " (over it: a ring keeps at least " +
-                                          std::to_string(options_.min_ring_slots) + " slots)"
-                                    : "");
-  }
+  const uint64_t used = slots * stream_bytes;
+  std::string budget;
+  if (options_.ring_budget)
+    budget = fmt::format("; the ring {} {} of its {} slots; the stream's pools: {:.1f} MiB of a "
+                         "{:.1f} MiB budget{}",
+                         shrinks ? "shrank to" : "keeps", slots, ring, used / mib,
+                         options_.ring_budget / mib,
+                         used > options_.ring_budget
+                             ? " (over it: a ring keeps at least " +
+                                   std::to_string(options_.min_ring_slots) + " slots)"
+                             : "");
+  else
+    budget = fmt::format("; the stream's pools: {:.1f} MiB", used / mib);
+  spdlog::info("view {}: {} slots x {:.1f} KiB ({:.1f} MiB) in {}{}", index, slots,
+               slot_bytes / 1024.0, slots * (slot_bytes / mib), where, budget);
   return index;
 }
 

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "common/named.h"
 #include "decoders/view.h"
 #include "server/serve/serve_options.h"
 
@@ -56,17 +57,8 @@ std::string arg_text(const T& value) {
     for (size_t i = 0; i < value.size(); ++i) out += (i ? "," : "") + arg_text(value[i]);
     return out;
   } else {
-    std::array<char, 64> buffer;
-    auto end = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value).ptr;
-    return std::string(buffer.data(), end);
+    return number_text(value);
   }
-}
-
-template <typename T>
-std::string name_of(const T& value, const std::map<std::string, T>& names) {
-  for (const auto& [name, v] : names)
-    if (v == value) return name;
-  throw Error("a setting has no command-line name");  // every table names every value
 }
 
 // One option bound to `value` on `cmd`, by its type: choices by name, bools as flags, fixed
@@ -140,7 +132,9 @@ void put_args(std::vector<std::string>& args, const ServeOption& o, const T& val
                        IsArray<T>::value) {
     args.insert(args.end(), {flag, arg_text(value)});
   } else {
-    args.insert(args.end(), {flag, name_of(value, *names)});
+    auto name = name_of(value, *names);
+    if (!name) throw Error("a setting has no command-line name");  // every table names every value
+    args.insert(args.end(), {flag, *name});
   }
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/named.h"
 #include "server/serve/serve_config.h"
 
 namespace batchcast {
@@ -23,14 +24,11 @@ namespace batchcast {
 template <typename T>
 CLI::Option* add_choice(CLI::App* cmd, const std::string& name, T& value,
                         const std::map<std::string, T>& choices, const std::string& help) {
-  std::string default_name;
-  for (const auto& [key, v] : choices)
-    if (v == value) default_name = key;
   return cmd
       ->add_option_function<std::string>(
           name, [&value, &choices](const std::string& s) { value = choices.at(s); }, help)
       ->check(CLI::IsMember(choices))
-      ->default_str(default_name);
+      ->default_str(name_of(value, choices).value_or(""));
 }
 
 // A number greater than 0 / at least 0. CLI11's PositiveNumber and NonNegativeNumber state their

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/named.h"
 #include "protocol/endpoint.h"
 #include "protocol/messages.h"
 #include "server/serve/ring_size.h"
@@ -17,9 +18,7 @@ const std::map<std::string, DecoderKind> ServeConfig::kDecoders = {
 const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
 std::string ServeConfig::decoder_flag() const {
-  return "--decoder " + std::find_if(kDecoders.begin(), kDecoders.end(), [&](const auto& named) {
-                          return named.second == decoder;
-                        })->first;
+  return "--decoder " + name_of(decoder, kDecoders).value_or("?");
 }
 
 void ServeConfig::validate() {

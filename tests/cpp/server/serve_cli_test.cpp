@@ -79,8 +79,9 @@ TEST(ServeCliTest, CommandLineRebuildsEverySetting) {
   const ServeConfig r = parse(serve_command_line(c));
   const std::set<std::string> other_sources = {"file_list", "synthetic", "sample_bytes"};
   for_each_serve_setting([&](const ServeOption& o, auto member, auto) {
-    if (!other_sources.count(o.name))
+    if (!other_sources.count(o.name)) {
       EXPECT_NE(c.*member, d.*member) << o.name << ": give it an unusual value above";
+    }
     EXPECT_EQ(r.*member, c.*member) << o.name;
   });
   // Floats exact too: numbers are written in their shortest exact form.
