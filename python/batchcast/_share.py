@@ -49,7 +49,7 @@ from ._share_producer import _lock, launch
 from .loader import Loader
 from ._share_scope import scoped_key
 from ._sweep_progress import report_progress
-from .server import pid_running
+from ._proc import pid_running
 
 __all__ = ["SharedStream", "distributed_rank", "native_plan", "pipeline_of", "share_paths"]
 

@@ -30,6 +30,7 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from ._proc import stat_fields
 from ._sweep_devices import Collocation, Gpu
 from ._sweep_packing import MemoryPacking
 from ._sweep_progress import PROGRESS_ENV, SCOPE_ENV, read_progress
@@ -48,10 +49,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _cpu_s(pid: int) -> Optional[float]:
     """CPU seconds of a process and its reaped children, from /proc/PID/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = stat_fields(pid)
+    if fields is None:
         return None
     return sum(int(v) for v in fields[11:15]) / _CLOCK  # utime, stime, cutime, cstime
 

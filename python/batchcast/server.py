@@ -38,6 +38,7 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
 from . import _batchcast
 from ._exit_guard import ExitGuard
+from ._proc import pid_running
 from ._views import view_text
 
 __all__ = ["Server", "launch", "serve", "serve_args", "serve_config", "find_binary",
@@ -80,15 +81,6 @@ def _file_id(path: str) -> Optional[tuple]:
     except FileNotFoundError:
         return None
     return (st.st_ino, st.st_mtime_ns)
-
-
-def pid_running(pid: int) -> bool:
-    """A process that is no child of this one (a detached server): alive and not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _answer_endpoint(config: _batchcast.ServeConfig) -> str:

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, Dict, List
 
+from .._proc import pid_running
 from . import metrics
 
 __all__ = ["run_experiment_file"]
@@ -129,15 +130,6 @@ def run_experiment_file(path: str, out: str = "runs", interval: float = 1.0) -> 
     return 1 if failed else 0
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"
-
-
 def _close_workload(dir: str, runs: List[str], patience_s: float = 120.0) -> None:
     """After a workload's commands ended: waits (up to ``patience_s``) for the processes they
     left running (a share producer lingers until its last Loader left), so that their records
@@ -150,9 +142,9 @@ def _close_workload(dir: str, runs: List[str], patience_s: float = 120.0) -> Non
         except (OSError, ValueError):
             continue
     deadline = time.monotonic() + patience_s
-    while any(_running(pid) for pid in left) and time.monotonic() < deadline:
+    while any(pid_running(pid) for pid in left) and time.monotonic() < deadline:
         time.sleep(0.2)
-    still = [pid for pid in left if _running(pid)]
+    still = [pid for pid in left if pid_running(pid)]
     if still:
         print(f"batchcast track: pids {', '.join(map(str, still))} still running "
               f"{patience_s:.0f} s after workload {os.path.basename(dir)} ended; its figures "

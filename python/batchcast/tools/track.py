@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from .._proc import stat_fields
 from . import metrics
 from .mlflow_store import FAILED, FINISHED, KILLED, RunWriter, Store
 
@@ -73,13 +74,8 @@ def _children(ppid: int) -> List[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if int(fields[1]) == ppid:
+        fields = stat_fields(int(name))
+        if fields is not None and int(fields[1]) == ppid:
             out.append(int(name))
     return out
 
