@@ -72,7 +72,8 @@ void for_each_view_field(Visit&& visit) {
   visit(ViewField{"scale", "scale", "RandomResizedCrop area fraction range (MIN, MAX)",
                   r::kNonNegative},
         &O::scale, no_double);
-  visit(ViewField{"ratio", "ratio", "RandomResizedCrop aspect ratio range (MIN, MAX)", r::kPositive},
+  visit(ViewField{"ratio", "ratio", "RandomResizedCrop aspect ratio range (MIN, MAX)",
+                  r::kPositive},
         &O::ratio, no_double);
   visit(ViewField{"flip", "flip_p", "probability of the horizontal flip (training)",
                   r::kProbability},

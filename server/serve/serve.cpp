@@ -185,7 +185,8 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
                    ? fmt::format(", {:.0f} MiB with the --view views",
                                  so.ring_slots * (views_bytes / 1048576.0))
                    : "",
-               so.lead_chunks ? ", sized by --ring-memory and the epoch; trainers may drift apart by " +
+               so.lead_chunks ? ", sized by --ring-memory and the epoch; trainers may drift "
+                                "apart by " +
                                     std::to_string(so.ring_slots - so.lead_chunks) + " chunks"
                               : "");
   // A consumer keeps its current batch and its prefetch (3 chunks) while its user does not read
