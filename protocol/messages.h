@@ -30,7 +30,8 @@ constexpr uint32_t kMagic = 0x53414342;  // "BCAS"
 // 3: a CUDA Welcome lists one arena per GPU of the pool (serve --device cuda:0,cuda:1).
 // 4: Hello carries the consumer's stall bound, a server's Heartbeat what the consumer waits for.
 // 5: Hello carries the view the consumer reads; a refused Hello is answered with an ErrorMessage.
-constexpr uint16_t kVersion = 5;
+// 6: Hello carries the order the consumer reads in; a descriptor may list the rows to take.
+constexpr uint16_t kVersion = 6;
 constexpr size_t kMaxTensors = 16;
 constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxString = 1024;
@@ -43,6 +44,11 @@ constexpr size_t kMaxCudaSlots = 192;
 
 enum class LateJoin : uint8_t { kReplay = 0, kNextEpoch = 1 };
 enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1 };
+// The order a consumer reads its epochs in (docs/stream.md, "Order"). kServer: the server's
+// default (`serve --order`). kExact: the stream's seeded order, chunk by chunk. kRelaxed: each
+// epoch is its shard exactly once in an order the server chooses from what every relaxed
+// consumer still needs, so that one decode serves every consumer that still needs the sample.
+enum class Order : uint8_t { kServer = 0, kExact = 1, kRelaxed = 2 };
 
 // One tensor of a batch inside a slot. Shapes and strides count elements; offset counts bytes
 // from the start of the slot. Dimension 0 is the sample dimension.
@@ -71,6 +77,7 @@ struct Hello {
   // The view it reads (docs/views.md): a view text (decoders/view_spec.h) over the server's
   // transform; empty: the server's own.
   std::string view;
+  Order order = Order::kServer;
 };
 
 // One GPU's copy of a CUDA pool: the GPU's UUID (indices differ under CUDA_VISIBLE_DEVICES), the
@@ -134,6 +141,11 @@ struct ChunkDescriptor {
   ChunkPosition position;
   uint32_t slot = 0;
   std::vector<TensorSpec> tensors;
+  // Relaxed order: the rows of the slot's tensors this consumer takes (strictly ascending, below
+  // the tensors' dimension 0; position.sample_count of them), and `position` is then this
+  // consumer's own (its epoch, the samples it had in it before). The consumer copies those rows
+  // out on arrival and releases the slot at once. Empty: every row, as the tensors say.
+  std::vector<uint32_t> take;
 };
 
 struct Credit {  // consumer -> server: may send `chunks` more descriptors

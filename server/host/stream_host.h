@@ -89,6 +89,9 @@ struct StreamHostOptions {
   // The producer can fill chunk (epoch, index) again, byte for byte, and serves
   // acquire_private(); chunks then hold chunk_size samples (an epoch's last one fewer).
   bool regenerates = false;
+  // The order of consumers that leave it to the server (docs/stream.md, "Order"); relaxed needs
+  // a producer that decodes chosen samples (the native one), else consumers read exact.
+  protocol::Order default_order = protocol::Order::kExact;
   // Empty: a host pool. Else the GPUs (this process's indices) that each hold the whole pool;
   // producers write on the first.
   std::vector<int> cuda_devices;

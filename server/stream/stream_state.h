@@ -118,6 +118,8 @@ struct StreamRules {
   // The producer can fill any chunk (epoch, index) again, byte for byte (try_acquire_private);
   // chunks then hold welcome.chunk_size samples, an epoch's last one fewer.
   bool regenerates = false;
+  // The order of consumers whose Hello leaves it to the server (protocol::Order::kServer).
+  protocol::Order default_order = protocol::Order::kExact;
   // Sent (with consumer_id and epoch_samples filled in) in answer to every Hello; its boot_id
   // tells which consumers are local.
   protocol::Welcome welcome;
