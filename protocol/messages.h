@@ -134,6 +134,10 @@ constexpr uint8_t kFlagAllFlags = 1;
 // (docs/stream.md, "Catch-up").
 constexpr uint64_t kPrivateSeqBase = uint64_t{1} << 62;
 inline bool is_private_seq(uint64_t seq) { return seq >= kPrivateSeqBase; }
+// Chunk numbers from here up (inside the private range: never a stream chunk, copied on arrival)
+// are chunks decoded for relaxed readers: each goes to every relaxed reader that needs rows of it.
+constexpr uint64_t kRelaxedSeqBase = kPrivateSeqBase + (uint64_t{1} << 61);
+inline bool is_relaxed_seq(uint64_t seq) { return seq >= kRelaxedSeqBase; }
 
 // server -> consumer: one chunk of the stream, decoded once into one slot.
 struct ChunkDescriptor {

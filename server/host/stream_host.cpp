@@ -119,6 +119,10 @@ StreamHost::StreamHost(StreamHostOptions options)
   rules.epochs = options_.epochs;
   rules.epoch_samples = options_.epoch_samples;
   rules.regenerates = options_.regenerates;
+  rules.default_order = options_.default_order;
+  rules.dataset_size = options_.dataset_size;
+  rules.epoch_shard = options_.epoch_shard;
+  rules.seed = options_.seed;
   rules.welcome = welcome(memory_);
   StreamState::ResolveView resolve;
   if (options_.find_view)
@@ -204,7 +208,8 @@ bool StreamHost::skip_unwanted(const protocol::ChunkPosition& position) {
 }
 
 void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& position,
-                         std::vector<protocol::TensorSpec> tensors) {
+                         std::vector<protocol::TensorSpec> tensors,
+                         std::vector<uint64_t> samples) {
   std::string failure;
   {
     std::lock_guard lk(mu_);
@@ -214,7 +219,7 @@ void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& 
     for (size_t v = 0; v < lease.views.size(); ++v)
       if (lease.views[v]) view_pool(static_cast<uint32_t>(v)).set_slot_seq(lease.slot, lease.seq);
     bool was_failed = state_->failed();
-    state_->publish(lease.seq, lease.slot, position, std::move(tensors));
+    state_->publish(lease.seq, lease.slot, position, std::move(tensors), std::move(samples));
     if (!was_failed && state_->failed()) failure = state_->failure();
     note_waited_chunk();
   }
@@ -234,6 +239,7 @@ FillLease StreamHost::lease(const StreamState::Fill& fill) {
   l.data = memory_.slot_data(slot);
   l.capacity = memory_.pool().slot_bytes();
   l.regenerate = fill.regenerate;
+  l.samples = fill.samples;
   // The slot's previous chunk is gone from every view, filled in this chunk's or not.
   for (uint32_t v = 0; v <= view_memory_.size(); ++v) {
     view_pool(v).set_slot_seq(slot, SlotPool::kNoChunk);

@@ -92,6 +92,11 @@ struct StreamHostOptions {
   // The order of consumers that leave it to the server (docs/stream.md, "Order"); relaxed needs
   // a producer that decodes chosen samples (the native one), else consumers read exact.
   protocol::Order default_order = protocol::Order::kExact;
+  // Relaxed order needs these from a producer that regenerates: the dataset's size, the samples
+  // epoch e visits (its plan), a seed for each relaxed reader's own order (StreamRules).
+  uint64_t dataset_size = 0;
+  std::function<std::vector<uint64_t>(uint64_t epoch)> epoch_shard;
+  uint64_t seed = 0;
   // Empty: a host pool. Else the GPUs (this process's indices) that each hold the whole pool;
   // producers write on the first.
   std::vector<int> cuda_devices;
@@ -121,6 +126,9 @@ struct FillLease {
   // acquire_private(): the chunk of the stream to fill again (its position is the producer's
   // to state in publish()).
   std::optional<ChunkAddress> regenerate;
+  // acquire_private(): a chunk for relaxed readers (protocol::is_relaxed_seq), the dataset index
+  // of each row to decode; publish() it with these samples and any position of that many.
+  std::vector<uint64_t> samples;
 };
 
 class StreamHost {
@@ -132,16 +140,18 @@ class StreamHost {
 
   // Blocks until a slot may take the next chunk; nullopt once stop() or fail() was called.
   std::optional<FillLease> acquire();
-  // Blocks until a consumer catching up needs a chunk regenerated and a slot may take it, or
+  // Blocks until a consumer catching up needs a chunk regenerated, or relaxed readers a chunk of
+  // the samples they need (FillLease::samples), and a slot may take it, or
   // timeout_s passed (negative: forever); nullopt then, or once stop() or fail() was called,
   // or every consumer got End after finish().
   std::optional<FillLease> acquire_private(double timeout_s);
   // True (and the chunk takes its stream number without a slot) when no attached consumer
   // wants the stream's next chunk, at `position`: the producer then skips decoding it.
   bool skip_unwanted(const protocol::ChunkPosition& position);
-  // Hands a filled slot back; published to consumers in sequence order.
+  // Hands a filled slot back; published to consumers in sequence order. `samples`: the dataset
+  // index of each row, which relaxed readers take rows by (none: exact readers only).
   void publish(const FillLease& lease, const protocol::ChunkPosition& position,
-               std::vector<protocol::TensorSpec> tensors);
+               std::vector<protocol::TensorSpec> tensors, std::vector<uint64_t> samples = {});
   // No chunk follows the ones acquired so far; consumers get End after them.
   void finish();
   // The stream failed: every consumer (and any that joins later) gets `message` as an error.

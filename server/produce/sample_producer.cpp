@@ -23,7 +23,9 @@ struct ChunkJob {
   std::vector<SlotLayout> view_layouts;
   protocol::ChunkPosition position;
   std::vector<protocol::TensorSpec> tensors;
-  std::shared_ptr<const std::vector<uint64_t>> order;  // the epoch's sample order
+  // The samples its rows come from: the epoch's order (row p is order[sample_start + p]), or a
+  // relaxed chunk's own samples (sample_start 0).
+  std::shared_ptr<const std::vector<uint64_t>> order;
   std::atomic<uint32_t> remaining{0};
 };
 
@@ -126,8 +128,12 @@ bool SampleProducer::run() {
   // publishes (bench/RESULTS.md, "the mixed decoder on 2 cores").
   TaskQueue uploads;
   std::thread uploader;
+  // Each row's dataset index as asked for (a bad sample skipped stands for its replacement, as
+  // in the exact order): relaxed readers take rows by it.
   auto publish = [&](ChunkJob& job) {
-    core_.publish(job.lease, job.position, std::move(job.tensors));
+    const auto first = job.order->begin() + static_cast<std::ptrdiff_t>(job.position.sample_start);
+    core_.publish(job.lease, job.position, std::move(job.tensors),
+                  std::vector<uint64_t>(first, first + job.position.sample_count));
   };
   if (options_.stage) {
     uploader = std::thread([&] {
@@ -181,12 +187,20 @@ bool SampleProducer::run() {
     pos.epoch_end = c + 1 == chunks;
     return pos;
   };
+  // A chunk for relaxed readers: its own samples; its draws are its own too (its number is
+  // unique, and stands for the epoch in every augmentation draw of its samples).
+  auto relaxed_position = [&](const FillLease& lease) {
+    protocol::ChunkPosition pos;
+    pos.epoch = lease.seq;
+    pos.sample_count = static_cast<uint32_t>(lease.samples.size());
+    return pos;
+  };
   std::mutex begin_mu;  // the stage's begin() is called by one thread at a time (chunk_stage.h)
-  auto submit = [&](const FillLease& lease, uint64_t e, uint64_t c,
+  auto submit = [&](const FillLease& lease, const protocol::ChunkPosition& position,
                     std::shared_ptr<const std::vector<uint64_t>> order) {
     auto job = std::make_shared<ChunkJob>();
     job->lease = lease;
-    job->position = position_of(e, c);
+    job->position = position;
     const auto& pos = job->position;
     try {
       std::lock_guard lk(begin_mu);
@@ -212,13 +226,19 @@ bool SampleProducer::run() {
     for (uint32_t p = 0; p < pos.sample_count; ++p) queue.push({job, p});
     return true;
   };
-  // Chunks asked for again by consumers catching up, until every consumer got End.
+  // Chunks asked for again by consumers catching up, and chunks for relaxed readers, until
+  // every consumer got End.
   std::thread regenerating;
   if (core_.regenerates()) {
     regenerating = std::thread([&] {
       std::shared_ptr<const std::vector<uint64_t>> order;  // of `order_epoch`: usually one epoch
       uint64_t order_epoch = 0;
       while (auto lease = core_.acquire_private(-1)) {
+        if (!lease->samples.empty()) {
+          auto samples = std::make_shared<const std::vector<uint64_t>>(lease->samples);
+          if (failed || !submit(*lease, relaxed_position(*lease), samples)) return;
+          continue;
+        }
         const ChunkAddress at = *lease->regenerate;
         if (at.index >= chunks) {
           core_.fail("a consumer asked for chunk " + std::to_string(at.index) + " of epoch " +
@@ -229,7 +249,7 @@ bool SampleProducer::run() {
           order = std::make_shared<const std::vector<uint64_t>>(plan_.epoch_order(at.epoch));
           order_epoch = at.epoch;
         }
-        if (failed || !submit(*lease, at.epoch, at.index, order)) return;
+        if (failed || !submit(*lease, position_of(at.epoch, at.index), order)) return;
       }
     });
   }
@@ -241,7 +261,7 @@ bool SampleProducer::run() {
     for (uint64_t c = 0; ok && c < chunks; ++c) {
       if (core_.skip_unwanted(position_of(e, c))) continue;  // every consumer left it (break)
       auto lease = core_.acquire();
-      ok = lease && !failed && submit(*lease, e, c, order);
+      ok = lease && !failed && submit(*lease, position_of(e, c), order);
     }
   }
   if (ok && !failed) core_.finish();

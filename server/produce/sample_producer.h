@@ -12,7 +12,8 @@
 // comes from (seed, epoch), each sample's augmentation from (seed, epoch, index)), so on a core
 // that regenerates, a second thread serves acquire_private() with the same workers, producing
 // any chunk again byte for byte for consumers catching up; run() then returns once every
-// consumer got End.
+// consumer got End. The same thread fills the chunks relaxed readers need (FillLease::samples:
+// the samples chosen for them, each drawn with the chunk's own number for its epoch).
 // Bad samples: on_error=raise fails the stream with the file and reason (consumers get the
 // error); skip fills the position from the next good sample of the epoch's order and counts it.
 // Thread-safety: run() once, from one thread; stop() from any thread.

@@ -175,6 +175,9 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   }
   StreamHostOptions so = c.server_options(views_ ? views_->slot_tensors(0) : source_->tensors(),
                                           plan_->epoch_samples(), views_bytes);
+  so.dataset_size = source_->size();
+  so.epoch_shard = [plan = plan_.get()](uint64_t epoch) { return plan->epoch_order(epoch); };
+  so.seed = c.transform.seed;
   if (views_)
     so.find_view = [views = views_.get()](const std::string& text) {
       return views->answer(text);

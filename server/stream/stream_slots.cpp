@@ -9,6 +9,15 @@ namespace batchcast {
 
 std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
+  // Only relaxed readers read: they are served chunks of what they need (try_acquire_relaxed),
+  // and the stream's order waits for an exact reader. Nobody waits for it: not blocked time.
+  if (started_ && relaxed_reading() && !exact_reader()) {
+    if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
+    if (ahead_since_) counters_.producer_blocked_s += now - *ahead_since_;
+    blocked_since_.reset();
+    ahead_since_.reset();
+    return std::nullopt;
+  }
   // Far enough ahead of every reader, or a decoupled reader catches up first: a wait for the
   // readers, not for a slot (nobody holds the stream back), so producer time blocked but never a
   // stall.
@@ -47,16 +56,16 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
     if (!blocked_since_) blocked_since_ = now;
     return std::nullopt;
   }
-  if (evicted) descriptors_.erase(*evicted);
+  if (evicted) forget_chunk(*evicted);
   if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
   blocked_since_.reset();
-  return Fill{next_acquire_seq_++, *slot, std::nullopt, std::nullopt};  // every view
+  return Fill{next_acquire_seq_++, *slot, std::nullopt, std::nullopt, {}};  // every view
 }
 
 std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
   if (!failure_.empty()) return std::nullopt;
   auto request = private_.next_request();
-  if (!request) return std::nullopt;
+  if (!request) return try_acquire_relaxed(now);
   uint64_t seq = private_.next_seq();
   std::optional<uint64_t> evicted;
   auto slot = ring_.begin_fill(
@@ -64,12 +73,12 @@ std::optional<StreamState::Fill> StreamState::try_acquire_private(double now) {
       &evicted);
   if (!slot) return std::nullopt;
   private_.take_request(seq);
-  if (evicted) descriptors_.erase(*evicted);
+  if (evicted) forget_chunk(*evicted);
   // Only its consumer is ever sent it: only its view is filled. A request still wanted is of a
   // consumer still attached (one that leaves stops its private stream).
   const auto& all = consumers_.all();
   const auto c = all.find(request->consumer);
-  return Fill{seq, *slot, request->chunk, c == all.end() ? 0u : c->second.view};
+  return Fill{seq, *slot, request->chunk, c == all.end() ? 0u : c->second.view, {}};
 }
 
 StreamState::SlotCount StreamState::count_slots(double now) const {
@@ -92,7 +101,7 @@ uint32_t StreamState::chunks_ahead() const {
   // passed (a joiner whose view is newer than those chunks merges past them).
   uint64_t head = 0;
   for (const auto& [id, c] : consumers_.all())
-    if (!c.end_sent && !c.closing) head = std::max(head, c.next_seq);
+    if (!c.end_sent && !c.closing && !c.relaxed) head = std::max(head, c.next_seq);
   uint32_t n = 0;
   for (uint32_t i = 0; i < ring_.size(); ++i) {
     const SlotEntry& e = ring_.slot(i);
@@ -127,7 +136,7 @@ std::vector<uint32_t> StreamState::take_retired_slots(double now) {
     const bool published = e.state == SlotState::kPublished;
     const uint64_t seq = e.seq;
     if (!ring_.retire(i)) continue;  // filling or held
-    if (published) descriptors_.erase(seq);
+    if (published) forget_chunk(seq);
     retired_taken_[i] = true;
     out.push_back(i);
   }
@@ -146,9 +155,12 @@ uint64_t StreamState::tail_begin() const {
 // the stream starts, or while nobody is attached) is never discarded.
 bool StreamState::may_reuse(uint64_t old_seq, bool delivered, double now) const {
   // A private chunk is its consumer's alone: reusable once sent (and released) or abandoned.
+  if (protocol::is_relaxed_seq(old_seq)) return delivered || !relaxed_.wanted(old_seq);
   if (protocol::is_private_seq(old_seq)) return delivered || !private_.owner(old_seq);
-  bool passed = false;
+  // Relaxed readers pin nothing: while only they read, a chunk is kept for nobody.
+  bool passed = started_ && relaxed_reading() && !exact_reader();
   for (const auto& [id, c] : consumers_.all()) {
+    if (c.relaxed) continue;
     const auto* p = private_.find(id);
     if (p && !p->until) {  // private for good: it needs no shared chunk
       passed = true;

@@ -17,6 +17,7 @@ constexpr double kTellAfterS = 1.0;
 }  // namespace
 
 bool StreamState::pins_stream(const ConsumerRecord& c, double now) const {
+  if (c.relaxed) return false;  // it needs samples, not chunks: nobody waits for it
   const auto* p = private_.find(c.id);
   if (p && !p->until) return false;  // private for good, or decoupled
   if (c.end_sent || c.closing || c.waiting_epoch_start || c.seek) return false;
@@ -113,6 +114,7 @@ const protocol::ChunkPosition* StreamState::next_shared_position(const ConsumerR
 }
 
 uint64_t StreamState::samples_behind(const ConsumerRecord& c) const {
+  if (c.relaxed) return 0;  // it takes what it needs wherever it is
   uint64_t at = stream_position_;
   if (const auto* p = private_.find(c.id))
     at = p->stream_position;

@@ -22,7 +22,10 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive, ResolveView 
       send_(std::move(send)),
       alive_(std::move(alive)),
       resolve_view_(std::move(resolve_view)),
-      ring_(rules_.slot_count) {
+      ring_(rules_.slot_count),
+      relaxed_(rules_.dataset_size,
+               rules_.regenerates ? rules_.epoch_shard : RelaxedReaders::Shard{}, rules_.seed,
+               rules_.welcome.first_epoch, end_epoch()) {
   counters_.ring_slots = rules_.slot_count;
 }
 
@@ -39,7 +42,9 @@ uint64_t StreamState::chunks_per_epoch() const {
 }
 
 void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
-                          std::vector<protocol::TensorSpec> tensors) {
+                          std::vector<protocol::TensorSpec> tensors,
+                          std::vector<uint64_t> samples) {
+  if (protocol::is_relaxed_seq(seq)) return publish_relaxed(seq, slot, position, std::move(tensors));
   if (protocol::is_private_seq(seq)) {
     ChunkDescriptor d;
     d.seq = seq;
@@ -60,12 +65,12 @@ void StreamState::publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition p
     if (!private_.filled(seq, std::move(d))) ring_.mark_passed(slot);
     return;
   }
-  ready_[seq] = {slot, position, std::move(tensors), false};
+  ready_[seq] = {slot, position, std::move(tensors), false, std::move(samples)};
   publish_ready();
 }
 
 void StreamState::skip(const protocol::ChunkPosition& position) {
-  ready_[next_acquire_seq_++] = {0, position, {}, true};
+  ready_[next_acquire_seq_++] = {0, position, {}, true, {}};
   publish_ready();
 }
 
@@ -100,6 +105,8 @@ void StreamState::publish_ready() {
     counters_.chunks_published++;
     counters_.samples_published += d.position.sample_count;
     newest_ = d.position;
+    if (f.samples.size() == d.position.sample_count)
+      relaxed_.retained(d.seq, std::move(f.samples), views_at(d.seq));
     descriptors_[d.seq] = std::move(d);
     ready_.erase(it);
     ++next_publish_seq_;
@@ -110,6 +117,7 @@ std::optional<uint64_t> StreamState::waited_chunk() const {
   if (!started_ || !failure_.empty() || (finished_ && next_publish_seq_ >= end_seq_))
     return std::nullopt;
   for (const auto& [id, c] : consumers_.all()) {
+    if (c.relaxed) continue;
     if (c.end_sent || c.closing || c.seek || private_.find(id)) continue;  // not on the stream
     if (c.credits > 0 && c.credits == c.credit_window && c.next_seq >= next_publish_seq_)
       return next_publish_seq_;
@@ -141,7 +149,9 @@ StreamStats StreamState::stats() const {
   for (const auto& [id, c] : consumers_.all())
     s.consumers.push_back({id, c.pid, c.name, c.samples, c.wait_s, true, samples_behind(c),
                            static_cast<uint32_t>(ring_.held_by(id)),
-                           private_.find(id) && private_.find(id)->rejoin, c.held_back_s});
+                           private_.find(id) && private_.find(id)->rejoin, c.held_back_s,
+                           c.relaxed});
+  s.samples_taken_relaxed = relaxed_.counts().samples_taken;
   s.consumers.insert(s.consumers.end(), departed_.begin(), departed_.end());
   return s;
 }
@@ -186,7 +196,13 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
     c->wait_s = hb->wait_s;
   } else if (auto* seek = std::get_if<protocol::Seek>(&m)) {
     c->last_activity = now;
-    on_seek(*c, *seek, true);
+    if (c->relaxed)
+      send_(c->identity,
+            protocol::SeekReply{seek->epoch, seek->sample, false,
+                                "position unavailable: a relaxed reader has no positions to seek "
+                                "to (its order is the server's); read in exact order to seek"});
+    else
+      on_seek(*c, *seek, true);
   } else if (std::holds_alternative<protocol::Goodbye>(m)) {
     // It wants no more chunks, but batches it handed out may still view slots it holds: keep
     // those holds (and the record) until they are released or the process dies. End tells it
@@ -217,6 +233,15 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
     return;
   }
   ConsumerRecord r;
+  const protocol::Order order =
+      hello.order == protocol::Order::kServer ? rules_.default_order : hello.order;
+  if (order == protocol::Order::kRelaxed && !relaxed_.available() && !said_exact_only_) {
+    said_exact_only_ = true;
+    spdlog::warn(
+        "a consumer asked for relaxed order, but this producer cannot decode chosen samples (a "
+        "Producer over an iterable): it reads in exact order, as every consumer here will");
+  }
+  r.relaxed = order == protocol::Order::kRelaxed && relaxed_.available();
   r.view = choice.view;
   r.identity = identity;
   r.pid = static_cast<pid_t>(hello.pid);
@@ -239,7 +264,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
       break;
     }
   }
-  r.next_seq = start.value_or(next_publish_seq_);
+  r.next_seq = r.relaxed ? next_publish_seq_ : start.value_or(next_publish_seq_);
   r.waiting_epoch_start = hello.late_join == protocol::LateJoin::kNextEpoch;
   auto& added = consumers_.add(std::move(r));
 
@@ -247,6 +272,14 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   w.consumer_id = added.id;
   w.epoch_samples = rules_.epoch_samples;
   send_(identity, w);
+  if (added.relaxed) {
+    relaxed_.add(added.id);
+    spdlog::info("consumer {} attached ({}pid {}{}{}, relaxed order)", added.id,
+                 added.name.empty() ? "" : added.name + ", ", added.pid,
+                 added.local ? "" : ", remote",
+                 added.view ? ", view " + std::to_string(added.view) : "");
+    return;
+  }
   spdlog::info("consumer {} attached ({}pid {}{}{}, starts at chunk {})", added.id,
                added.name.empty() ? "" : added.name + ", ", added.pid,
                added.local ? "" : ", remote",
@@ -302,6 +335,10 @@ void StreamState::deliver() {
   }
   for (auto& [id, c] : consumers_.all()) {
     while (!c.end_sent && !c.closing) {
+      if (c.relaxed) {
+        if (deliver_relaxed(c)) break;
+        continue;
+      }
       if (private_.find(id)) {
         if (deliver_private(c)) break;
         continue;
@@ -358,10 +395,11 @@ void StreamState::check_liveness(double now) {
 void StreamState::drop_consumer(uint64_t id, const char* why) {
   auto& c = consumers_.all().at(id);
   abandon(private_.stop(id));
+  relaxed_.remove(id);
   size_t held = ring_.release_all(id);
   spdlog::info("consumer {} (pid {}) {}; released {} slot reference(s)", id, c.pid, why, held);
   if (departed_.size() >= kMaxDeparted) departed_.erase(departed_.begin());
-  departed_.push_back({id, c.pid, c.name, c.samples, c.wait_s, false, 0, 0, false, 0.0});
+  departed_.push_back({id, c.pid, c.name, c.samples, c.wait_s, false, 0, 0, false, 0.0, c.relaxed});
   if (c.end_sent) {
     if (ended_identities_.size() >= kMaxDeparted) ended_identities_.pop_front();
     ended_identities_.push_back(c.identity);

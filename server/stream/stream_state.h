@@ -93,6 +93,7 @@
 #include "protocol/messages.h"
 #include "server/stream/consumer_registry.h"
 #include "server/stream/private_streams.h"
+#include "server/stream/relaxed_readers.h"
 #include "server/stream/slot_ring.h"
 #include "server/stream/stall_policy.h"
 
@@ -120,6 +121,11 @@ struct StreamRules {
   bool regenerates = false;
   // The order of consumers whose Hello leaves it to the server (protocol::Order::kServer).
   protocol::Order default_order = protocol::Order::kExact;
+  // Relaxed order (RelaxedReaders): the dataset's size, the samples each epoch visits here, and a
+  // seed for the readers' own orders. Without epoch_shard every consumer reads exact.
+  uint64_t dataset_size = 0;
+  RelaxedReaders::Shard epoch_shard;
+  uint64_t seed = 0;
   // Sent (with consumer_id and epoch_samples filled in) in answer to every Hello; its boot_id
   // tells which consumers are local.
   protocol::Welcome welcome;
@@ -129,6 +135,9 @@ struct StreamStats {
   uint64_t chunks_published = 0;
   uint64_t chunks_regenerated = 0;  // private chunks filled for consumers catching up
   uint64_t chunks_skipped = 0;      // not filled: no attached consumer wanted them
+  uint64_t chunks_relaxed = 0;      // decoded for relaxed readers (RelaxedReaders::choose)
+  uint64_t samples_relaxed = 0;     // in those chunks
+  uint64_t samples_taken_relaxed = 0;  // rows sent to relaxed readers, from any chunk
   uint64_t decouplings = 0;         // consumers decoupled for holding the stream back
   uint64_t samples_published = 0;
   uint64_t descriptors_sent = 0;
@@ -150,6 +159,7 @@ struct StreamStats {
     uint32_t held = 0;       // chunks it was sent and has not released
     bool decoupled = false;  // reads private chunks after holding the stream back
     double holding_s = 0;    // how long it has held the stream back, now
+    bool relaxed = false;    // reads in relaxed order
   };
   std::vector<Consumer> consumers;  // every consumer of this server, the last 1000 departed ones
 };
@@ -197,6 +207,8 @@ class StreamState {
     // A private chunk: the one view to fill, its consumer's. nullopt: a stream chunk, filled in
     // every view (view_count() at acquire).
     std::optional<uint32_t> view;
+    // A relaxed chunk (protocol::is_relaxed_seq): the dataset index of each row to decode.
+    std::vector<uint64_t> samples;
   };
   // The stream's next chunk; nullopt after finish(), or while every slot is kept.
   std::optional<Fill> try_acquire(double now);
@@ -204,10 +216,12 @@ class StreamState {
   // slot is kept. Only producers with rules.regenerates call it.
   std::optional<Fill> try_acquire_private(double now);
   // Chunk `seq` is filled; a stream chunk goes out once every earlier chunk did, a private one
-  // to its consumer in that consumer's order. An invalid chunk (a producer bug) fails the
-  // stream.
+  // to its consumer in that consumer's order, a relaxed one to the relaxed readers that need
+  // rows of it. `samples`: the dataset index of each row (what relaxed readers take rows by; a
+  // chunk without them is read in exact order only). An invalid chunk (a producer bug) fails
+  // the stream.
   void publish(uint64_t seq, uint32_t slot, protocol::ChunkPosition position,
-               std::vector<protocol::TensorSpec> tensors);
+               std::vector<protocol::TensorSpec> tensors, std::vector<uint64_t> samples = {});
   // Whether any attached consumer may still be sent a chunk at `position` (before the start
   // or below min_consumers: yes). Nobody does when every consumer sought past it (a break)
   // or reads private chunks for good.
@@ -256,6 +270,24 @@ class StreamState {
   // One step of delivery to a consumer with a private stream (or a pending seek): true when
   // nothing more can be sent to it now, false to look at it again.
   bool deliver_private(ConsumerRecord& c);
+  // A relaxed chunk is filled: kept for the relaxed readers that need rows of it.
+  void publish_relaxed(uint64_t seq, uint32_t slot, const protocol::ChunkPosition& position,
+                       std::vector<protocol::TensorSpec> tensors);
+  // The same for a relaxed reader: the oldest chunk in the ring with rows it needs, or End.
+  bool deliver_relaxed(ConsumerRecord& c);
+  // A chunk for the relaxed readers that would otherwise wait (RelaxedReaders::choose).
+  std::optional<Fill> try_acquire_relaxed(double now);
+  // An attached consumer reads the stream in exact order (it is what the stream is made for).
+  bool exact_reader() const;
+  // A relaxed reader still reads (not done, not leaving).
+  bool relaxed_reading() const;
+  // The views stream chunk `seq` was filled in (those that existed when it was acquired).
+  uint32_t views_at(uint64_t seq) const;
+  // Its slot was reused or retired: the chunk is gone from the retained ones.
+  void forget_chunk(uint64_t seq) {
+    descriptors_.erase(seq);
+    relaxed_.gone(seq);
+  }
   bool deliver_sought(ConsumerRecord& c);
   // Sends chunk `d` to `c` with the tensors of c's view; false if the send was refused.
   bool send_chunk(const ConsumerRecord& c, const protocol::ChunkDescriptor& d);
@@ -376,11 +408,15 @@ class StreamState {
     protocol::ChunkPosition position;
     std::vector<protocol::TensorSpec> tensors;
     bool skipped;  // skip(): no slot, no descriptor
+    std::vector<uint64_t> samples;
   };
   std::map<uint64_t, Filled> ready_;                           // waiting for their turn
   std::map<uint64_t, protocol::ChunkDescriptor> descriptors_;  // by seq, for retained chunks
   std::optional<protocol::ChunkPosition> newest_;              // of the last chunk published
   PrivateStreams private_;
+  RelaxedReaders relaxed_;
+  uint64_t next_relaxed_seq_ = protocol::kRelaxedSeqBase;
+  bool said_exact_only_ = false;  // a relaxed reader served exact here: said once
   bool started_ = false;  // min_consumers reached
   bool finished_ = false;
   uint64_t end_seq_ = 0;

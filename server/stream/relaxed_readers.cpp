@@ -1,0 +1,229 @@
+#include "server/stream/relaxed_readers.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/error.h"
+#include "common/random.h"
+
+namespace batchcast {
+
+namespace {
+// A reader is hungry while fewer rows it needs are in the ring or being filled than its credits
+// and this many chunks more: the producer's lead, so that its workers never wait for a request.
+constexpr uint32_t kLeadChunks = 2;
+// choose() looks at this many candidates per row of the chunk for the rows others need too.
+constexpr uint32_t kCandidatesPerRow = 4;
+}  // namespace
+
+RelaxedReaders::RelaxedReaders(uint64_t dataset_size, Shard shard, uint64_t seed,
+                               uint64_t first_epoch, uint64_t end_epoch)
+    : dataset_size_(dataset_size),
+      shard_(std::move(shard)),
+      seed_(seed),
+      first_epoch_(first_epoch),
+      end_epoch_(end_epoch) {
+  if (shard_ && dataset_size_ >= (uint64_t{1} << 32))
+    throw Error("relaxed order serves datasets of fewer than 2^32 samples");
+}
+
+void RelaxedReaders::add(uint64_t reader) {
+  Reader r;
+  r.id = reader;
+  r.epoch = first_epoch_;
+  start_epoch(reader, r);
+  readers_[reader] = std::move(r);
+}
+
+void RelaxedReaders::remove(uint64_t reader) { readers_.erase(reader); }
+
+bool RelaxedReaders::done(uint64_t reader) const {
+  auto it = readers_.find(reader);
+  return it != readers_.end() && it->second.done;
+}
+
+void RelaxedReaders::start_epoch(uint64_t id, Reader& r) {
+  r.need.assign((dataset_size_ + 63) / 64, 0);
+  r.needed = r.had = r.chunks = 0;
+  r.order.clear();
+  r.cursor = 0;
+  r.scan = ring_.empty() ? next_entry_ : ring_.begin()->first;
+  if (end_epoch_ && r.epoch >= end_epoch_) {
+    r.done = true;
+    return;
+  }
+  for (uint64_t s : shard_(r.epoch)) {
+    if (s >= dataset_size_ || needs(r, s)) continue;
+    r.need[s >> 6] |= uint64_t{1} << (s & 63);
+    r.order.push_back(static_cast<uint32_t>(s));
+  }
+  r.needed = r.epoch_samples = r.order.size();
+  SampleRng rng(seed_, r.epoch, hash_combine(id, 0x7e1a8edull));
+  for (size_t i = r.order.size(); i > 1; --i) std::swap(r.order[i - 1], r.order[rng.below(i)]);
+}
+
+void RelaxedReaders::hold(uint64_t entry, const std::vector<uint64_t>& samples, bool enter) {
+  for (uint64_t s : samples) {
+    auto& entries = in_ring_[s];
+    if (enter) {
+      entries.push_back(entry);
+    } else {
+      entries.erase(std::remove(entries.begin(), entries.end(), entry), entries.end());
+      if (entries.empty()) in_ring_.erase(s);
+    }
+  }
+}
+
+bool RelaxedReaders::on_its_way(uint64_t reader, uint64_t s) const {
+  auto it = in_ring_.find(s);
+  if (it == in_ring_.end()) return false;
+  for (uint64_t entry : it->second) {
+    const auto& takers = ring_.at(entry).takers;
+    if (std::find(takers.begin(), takers.end(), reader) == takers.end()) return true;
+  }
+  return false;
+}
+
+void RelaxedReaders::filling(uint64_t seq, std::vector<uint64_t> samples, uint32_t views) {
+  hold(next_entry_, samples, true);
+  counts_.samples_chosen += samples.size();
+  entry_[seq] = next_entry_;
+  ring_[next_entry_++] = {seq, std::move(samples), views, false};
+}
+
+void RelaxedReaders::retained(uint64_t seq, std::vector<uint64_t> samples, uint32_t views) {
+  if (auto it = entry_.find(seq); it != entry_.end()) {
+    ring_.at(it->second).published = true;
+    return;
+  }
+  hold(next_entry_, samples, true);
+  entry_[seq] = next_entry_;
+  ring_[next_entry_++] = {seq, std::move(samples), views, true};
+}
+
+void RelaxedReaders::gone(uint64_t seq) {
+  auto it = entry_.find(seq);
+  if (it == entry_.end()) return;
+  hold(it->second, ring_.at(it->second).samples, false);
+  ring_.erase(it->second);
+  entry_.erase(it);
+}
+
+std::vector<uint32_t> RelaxedReaders::rows_needed(const Reader& r, const Entry& e) const {
+  std::vector<uint32_t> rows;
+  for (uint32_t i = 0; i < e.samples.size(); ++i)
+    if (e.samples[i] < dataset_size_ && needs(r, e.samples[i])) rows.push_back(i);
+  return rows;
+}
+
+std::optional<RelaxedReaders::Offer> RelaxedReaders::offer(uint64_t reader, uint32_t view) {
+  auto rit = readers_.find(reader);
+  if (rit == readers_.end() || rit->second.done) return std::nullopt;
+  Reader& r = rit->second;
+  bool advance = true;  // no chunk still filling before this one: the scan may move past it
+  for (auto it = ring_.lower_bound(r.scan); it != ring_.end(); ++it) {
+    const Entry& e = it->second;
+    if (!e.published) {
+      advance = false;
+      continue;
+    }
+    const bool took = std::find(e.takers.begin(), e.takers.end(), reader) != e.takers.end();
+    if (view < e.views && !took) {
+      auto rows = rows_needed(r, e);
+      if (!rows.empty()) return Offer{e.seq, std::move(rows)};
+    }
+    if (advance) r.scan = it->first + 1;  // needs only shrink within an epoch
+  }
+  return std::nullopt;
+}
+
+protocol::ChunkPosition RelaxedReaders::position(uint64_t reader, const Offer& offer) const {
+  const Reader& r = readers_.at(reader);
+  const auto n = static_cast<uint32_t>(offer.rows.size());
+  protocol::ChunkPosition p;
+  p.epoch = r.epoch;
+  p.index_in_epoch = r.chunks;
+  p.sample_start = r.had;
+  p.sample_count = n;
+  p.epoch_samples = r.epoch_samples;
+  p.stream_position = r.total;
+  p.epoch_end = r.needed == n;
+  return p;
+}
+
+void RelaxedReaders::take(uint64_t reader, const Offer& offer) {
+  Reader& r = readers_.at(reader);
+  Entry& e = ring_.at(entry_.at(offer.seq));
+  e.takers.push_back(reader);
+  for (uint32_t row : offer.rows) {
+    const uint64_t s = e.samples[row];
+    r.need[s >> 6] &= ~(uint64_t{1} << (s & 63));
+  }
+  const uint64_t n = offer.rows.size();
+  r.needed -= n;
+  r.had += n;
+  r.total += n;
+  ++r.chunks;
+  counts_.samples_taken += n;
+  if (r.needed == 0) {
+    ++r.epoch;
+    start_epoch(reader, r);
+  }
+}
+
+bool RelaxedReaders::wanted(uint64_t seq) const {
+  auto it = entry_.find(seq);
+  if (it == entry_.end()) return false;
+  const Entry& e = ring_.at(it->second);
+  for (const auto& [id, r] : readers_)
+    if (!r.done && !rows_needed(r, e).empty()) return true;
+  return false;
+}
+
+uint64_t RelaxedReaders::supply(const Reader& r) const {
+  uint64_t n = 0;
+  for (auto it = ring_.lower_bound(r.scan); it != ring_.end(); ++it) {
+    const auto& takers = it->second.takers;
+    if (std::find(takers.begin(), takers.end(), r.id) == takers.end())
+      n += rows_needed(r, it->second).size();
+  }
+  return n;
+}
+
+std::vector<uint64_t> RelaxedReaders::choose(
+    uint32_t chunk_size, const std::function<uint32_t(uint64_t reader)>& credits) {
+  std::vector<uint64_t> hungry;
+  for (const auto& [id, r] : readers_)
+    if (!r.done && supply(r) < uint64_t{credits(id) + kLeadChunks} * chunk_size)
+      hungry.push_back(id);
+  // The scarce one drives: the hungry reader that needs the fewest samples and has some not on
+  // their way already.
+  std::stable_sort(hungry.begin(), hungry.end(), [&](uint64_t a, uint64_t b) {
+    return readers_.at(a).needed < readers_.at(b).needed;
+  });
+  for (uint64_t driver_id : hungry) {
+    Reader& driver = readers_.at(driver_id);
+    while (driver.cursor < driver.order.size() && !needs(driver, driver.order[driver.cursor]))
+      ++driver.cursor;
+    std::vector<std::pair<uint32_t, uint64_t>> candidates;  // (hungry others needing it, sample)
+    const size_t want = size_t{chunk_size} * kCandidatesPerRow;
+    for (size_t i = driver.cursor; i < driver.order.size() && candidates.size() < want; ++i) {
+      const uint64_t s = driver.order[i];
+      if (!needs(driver, s) || on_its_way(driver_id, s)) continue;
+      uint32_t others = 0;
+      for (uint64_t id : hungry)
+        if (id != driver_id && needs(readers_.at(id), s)) ++others;
+      candidates.emplace_back(others, s);
+    }
+    if (candidates.empty()) continue;
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<uint64_t> samples;
+    for (size_t i = 0; i < candidates.size() && samples.size() < chunk_size; ++i)
+      samples.push_back(candidates[i].second);
+    return samples;
+  }
+  return {};
+}
+
+}  // namespace batchcast

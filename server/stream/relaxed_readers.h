@@ -1,0 +1,133 @@
+// RelaxedReaders: the book of the consumers that read in relaxed order (docs/stream.md, "Order").
+// A relaxed reader's epoch is its shard exactly once (this server's shard of that epoch, by
+// DistributedSampler's rules) in an order the server chooses: it takes, from any chunk in the
+// ring (the stream's own, or one decoded for relaxed readers), the rows it still needs this
+// epoch, so that one decode serves every reader that still needs the sample, whatever their
+// speeds and whenever they joined.
+//
+// Per reader it keeps the epoch, the samples still needed (a bit per dataset index), its own
+// position (what its descriptors say) and where its scan of the ring stands; per chunk in the
+// ring the dataset index of each row and who took rows of it; per sample in the ring the chunks
+// (filling or retained) that hold it, so that a sample on its way to a reader is not chosen
+// for it again.
+//
+// What to decode next (choose()): a reader is hungry when the rows it needs in the ring and in
+// chunks being filled are fewer than it may take (its credits and a lead of two chunks). The
+// chunk is drawn for the hungry reader that needs the fewest samples (its epoch's tail: the
+// scarce one), in its own random order, the samples that other hungry readers also need first.
+// So a reader alone at the head reads its shard in a random order; one behind, which needs
+// samples the head already had, has them decoded with the samples the head needs too wherever
+// they overlap, and alone only where they do not (its epoch's tail), instead of waiting for the
+// head's next epoch.
+//
+// Thread-safety: none; its owner (StreamState) serialises every call. Ownership: a plain value.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "protocol/messages.h"
+
+namespace batchcast {
+
+class RelaxedReaders {
+ public:
+  // The dataset indices epoch `epoch` visits on this server (its shard).
+  using Shard = std::function<std::vector<uint64_t>(uint64_t epoch)>;
+  // Empty `shard`: nobody can read relaxed here (the producer cannot decode chosen samples).
+  RelaxedReaders(uint64_t dataset_size, Shard shard, uint64_t seed, uint64_t first_epoch,
+                 uint64_t end_epoch);
+  bool available() const { return static_cast<bool>(shard_); }
+
+  void add(uint64_t reader);  // starts at the first epoch
+  void remove(uint64_t reader);
+  bool reads(uint64_t reader) const { return readers_.count(reader) > 0; }
+  bool empty() const { return readers_.empty(); }
+  // It has read its last epoch (never with no end).
+  bool done(uint64_t reader) const;
+
+  // A chunk relaxed readers may take rows of: the dataset index of each row, and how many views
+  // it is filled in (a reader of a later view cannot take it). filling(): being filled (a chunk
+  // decoded for relaxed readers); retained(): published (after filling(), whose samples and
+  // views stand, or at once: a stream chunk); gone(): its slot reused.
+  void filling(uint64_t seq, std::vector<uint64_t> samples, uint32_t views);
+  void retained(uint64_t seq, std::vector<uint64_t> samples, uint32_t views);
+  void gone(uint64_t seq);
+
+  struct Offer {
+    uint64_t seq = 0;
+    std::vector<uint32_t> rows;  // ascending
+  };
+  // The oldest retained chunk of a view it reads (below `views` filled) with rows it needs, of
+  // those it took no rows of yet.
+  std::optional<Offer> offer(uint64_t reader, uint32_t view);
+  // The position the descriptor of `offer` carries (its epoch, the samples it had before).
+  protocol::ChunkPosition position(uint64_t reader, const Offer& offer) const;
+  // It was sent `offer`: those rows are had (its epoch ends with its last one).
+  void take(uint64_t reader, const Offer& offer);
+  // Whether any reader still needs a row of chunk `seq` (a relaxed chunk is kept until then).
+  bool wanted(uint64_t seq) const;
+
+  // The samples of the next chunk to decode for relaxed readers (at most chunk_size), or none
+  // while no reader is hungry. credits(reader): how many chunks it may be sent now.
+  std::vector<uint64_t> choose(uint32_t chunk_size,
+                               const std::function<uint32_t(uint64_t reader)>& credits);
+
+  struct Counts {
+    uint64_t samples_taken = 0;   // rows sent to relaxed readers
+    uint64_t samples_chosen = 0;  // samples of chunks decoded for them
+  };
+  const Counts& counts() const { return counts_; }
+
+ private:
+  struct Reader {
+    uint64_t id = 0;
+    uint64_t epoch = 0;
+    std::vector<uint64_t> need;  // a bit per dataset index
+    uint64_t needed = 0;         // bits set
+    uint64_t epoch_samples = 0;  // its shard's size
+    uint64_t had = 0;            // samples taken this epoch
+    uint64_t chunks = 0;         // chunks taken this epoch
+    uint64_t total = 0;          // samples taken since it attached
+    uint64_t scan = 0;           // ring entries before this one have no row it needs
+    std::vector<uint32_t> order;  // its epoch's shard in its own random order (choose())
+    size_t cursor = 0;            // order[..cursor) were had when last looked at
+    bool done = false;
+  };
+  struct Entry {
+    uint64_t seq = 0;
+    std::vector<uint64_t> samples;
+    uint32_t views = 0;
+    bool published = false;
+    // Readers that took rows of it: never offered it again, so that no reader is handed one
+    // decode (one augmentation draw) of a sample twice, in this epoch or the next.
+    std::vector<uint64_t> takers;
+  };
+  void start_epoch(uint64_t id, Reader& r);
+  bool needs(const Reader& r, uint64_t sample) const {
+    return (r.need[sample >> 6] >> (sample & 63)) & 1;
+  }
+  // Rows of `e` that `r` needs (a sample twice in a chunk counts once).
+  std::vector<uint32_t> rows_needed(const Reader& r, const Entry& e) const;
+  // Needed rows in the ring from its scan on, filling chunks included.
+  uint64_t supply(const Reader& r) const;
+  // Entry `entry`'s samples enter (true) or leave the ring.
+  void hold(uint64_t entry, const std::vector<uint64_t>& samples, bool enter);
+  // Sample `s` is in a chunk of the ring that `reader` took no rows of.
+  bool on_its_way(uint64_t reader, uint64_t s) const;
+
+  uint64_t dataset_size_;
+  Shard shard_;
+  uint64_t seed_, first_epoch_, end_epoch_;
+  std::map<uint64_t, Reader> readers_;
+  std::map<uint64_t, Entry> ring_;      // by entry number: oldest first
+  std::map<uint64_t, uint64_t> entry_;  // seq -> entry number
+  uint64_t next_entry_ = 0;
+  std::map<uint64_t, std::vector<uint64_t>> in_ring_;  // sample -> entries holding it
+  Counts counts_;
+};
+
+}  // namespace batchcast
