@@ -264,6 +264,7 @@ class MetricsCollector::Impl {
     if (s.ring_size > 0) fill = 100.0 * s.ring_used / s.ring_size;
     ring_fill_.add(fill);
     ring_size_ = s.ring_size;
+    if (s.samples_decoded) samples_decoded_ = s.samples_decoded;
     server_csv_->write_row({cell(t), cell(blocked), cell(blocked_pct, 1),
                             std::to_string(s.ring_used), std::to_string(s.ring_size),
                             cell(fill, 1)});
@@ -330,6 +331,7 @@ class MetricsCollector::Impl {
          {{"gpu", per_sample(gpu_j)}, {"cpu", per_sample(cpu_j)}, {"all", per_sample(all_j)}}},
         {"peak_rss_mb", peak_rss_sum_.max()},
         {"producer_blocked_s", last_blocked_},
+        {"samples_decoded", samples_decoded_ ? json(*samples_decoded_) : json(nullptr)},
         {"ring_size", ring_size_},
         {"mean_ring_fill_percent", ring_fill_.mean()},
         {"processes", procs},
@@ -396,6 +398,7 @@ class MetricsCollector::Impl {
   bool complete_ = false;
   double blocked_base_ = 0, last_blocked_ = 0;
   int64_t ring_size_ = 0;
+  std::optional<uint64_t> samples_decoded_;
   Stat ring_fill_, peak_rss_sum_;
   double sampler_cpu_s_ = 0;
   std::string write_error_;

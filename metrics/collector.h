@@ -47,6 +47,9 @@ struct MetricsSnapshot {
   double producer_blocked_s = 0;  // producer time blocked on a full ring, up to now
   int64_t ring_used = 0;          // ring slots holding data now
   int64_t ring_size = 0;          // ring slots in all (0: no ring, e.g. a trainer's own tracker)
+  // Samples the producer decoded up to now (the stream's, regenerated and relaxed readers'
+  // chunks), beside what the consumers consumed; none where the owner does not know.
+  std::optional<uint64_t> samples_decoded;
   struct Process {
     std::string role;      // "server", "consumer" or "trainer" (others are counted in "all" only)
     std::string id;        // the owner's name for it (consumer id); may be empty

@@ -76,6 +76,7 @@ class MetricsSource {
     snap.producer_blocked_s = s.producer_blocked_s;
     snap.ring_used = s.ring_occupied;
     snap.ring_size = s.ring_slots;
+    snap.samples_decoded = s.samples_decoded();
     MetricsSnapshot::Process server{"server", "server", ::getpid(), 0, 0};
     server.since_start = true;  // start-up (dataset scan, pool) is the server's CPU too
     snap.processes.push_back(server);
@@ -124,6 +125,9 @@ std::string slowest_and_regenerated(const StreamStats& s) {
   if (s.chunks_regenerated)
     out += fmt::format(" | {} chunks regenerated, {} decoupling(s)", s.chunks_regenerated,
                        s.decouplings);
+  if (s.chunks_relaxed || s.samples_taken_relaxed)
+    out += fmt::format(" | relaxed readers: {} samples decoded for them, {} taken",
+                       s.samples_relaxed, s.samples_taken_relaxed);
   return out;
 }
 
@@ -313,10 +317,12 @@ int ServeRun::wait() {
   auto s = core.stats();
   spdlog::info(
       "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died"
-      "; {} chunks regenerated (consumers catching up or decoupled: {} decoupling(s)); the "
-      "producer found the ring full for {:.1f} s",
+      "; {} chunks regenerated (consumers catching up or decoupled: {} decoupling(s)); {} "
+      "chunks decoded for relaxed readers ({} samples; they took {} samples from every chunk); "
+      "{} samples decoded in all; the producer found the ring full for {:.1f} s",
       s.chunks_published, s.samples_published, producer_->skipped_samples(), s.consumers_ever,
-      s.consumers_died, s.chunks_regenerated, s.decouplings, s.producer_blocked_s);
+      s.consumers_died, s.chunks_regenerated, s.decouplings, s.chunks_relaxed, s.samples_relaxed,
+      s.samples_taken_relaxed, s.samples_decoded(), s.producer_blocked_s);
   return failed ? 1 : 0;  // a stop during the linger does not make a failure a success
 }
 

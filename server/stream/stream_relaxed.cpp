@@ -3,6 +3,8 @@
 // exact readers. The book of what each needs is RelaxedReaders.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "server/stream/stream_state.h"
 
 namespace batchcast {
@@ -19,6 +21,23 @@ bool StreamState::relaxed_reading() const {
   for (const auto& [id, c] : consumers_.all())
     if (c.relaxed && !c.end_sent && !c.closing && !relaxed_.done(id)) return true;
   return false;
+}
+
+std::optional<uint64_t> StreamState::waited_relaxed_chunk() const {
+  const bool waits = std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](auto& e) {
+    const ConsumerRecord& c = e.second;
+    return c.relaxed && !c.end_sent && !c.closing && c.credits > 0 &&
+           c.credits == c.credit_window;
+  });
+  if (!waits) return std::nullopt;
+  std::optional<uint64_t> oldest;
+  for (uint32_t i = 0; i < ring_.size(); ++i) {
+    const SlotEntry& e = ring_.slot(i);
+    if (e.state == SlotState::kFilling && protocol::is_relaxed_seq(e.seq) &&
+        (!oldest || e.seq < *oldest))
+      oldest = e.seq;
+  }
+  return oldest;
 }
 
 uint32_t StreamState::views_at(uint64_t seq) const {

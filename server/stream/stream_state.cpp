@@ -122,7 +122,7 @@ std::optional<uint64_t> StreamState::waited_chunk() const {
     if (c.credits > 0 && c.credits == c.credit_window && c.next_seq >= next_publish_seq_)
       return next_publish_seq_;
   }
-  return std::nullopt;
+  return waited_relaxed_chunk();
 }
 
 void StreamState::finish() {
@@ -152,6 +152,7 @@ StreamStats StreamState::stats() const {
                            private_.find(id) && private_.find(id)->rejoin, c.held_back_s,
                            c.relaxed});
   s.samples_taken_relaxed = relaxed_.counts().samples_taken;
+  s.samples_regenerated = regenerated_samples_;
   s.consumers.insert(s.consumers.end(), departed_.begin(), departed_.end());
   return s;
 }

@@ -140,6 +140,11 @@ struct StreamStats {
   uint64_t samples_taken_relaxed = 0;  // rows sent to relaxed readers, from any chunk
   uint64_t decouplings = 0;         // consumers decoupled for holding the stream back
   uint64_t samples_published = 0;
+  uint64_t samples_regenerated = 0;  // in private chunks
+  // Every sample decoded: the stream's, the private chunks' and the relaxed readers' chunks'.
+  uint64_t samples_decoded() const {
+    return samples_published + samples_regenerated + samples_relaxed;
+  }
   uint64_t descriptors_sent = 0;
   uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
   uint64_t consumers_now = 0;
@@ -270,6 +275,9 @@ class StreamState {
   // One step of delivery to a consumer with a private stream (or a pending seek): true when
   // nothing more can be sent to it now, false to look at it again.
   bool deliver_private(ConsumerRecord& c);
+  // The oldest chunk being filled for relaxed readers, while one of them has taken every chunk
+  // it was sent (it waits): what waited_chunk() names when no stream chunk is waited for.
+  std::optional<uint64_t> waited_relaxed_chunk() const;
   // A relaxed chunk is filled: kept for the relaxed readers that need rows of it.
   void publish_relaxed(uint64_t seq, uint32_t slot, const protocol::ChunkPosition& position,
                        std::vector<protocol::TensorSpec> tensors);
