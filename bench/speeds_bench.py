@@ -10,7 +10,11 @@ Every trainer builds the same pipeline: ImageFolder + RandomResizedCrop(S) + Ran
   fast one's time per batch alone (paced: it sleeps until its next batch is due; a bigger
   model, as a sweep pairs them); the slow one reads until the fast one is done.
 - ``pause P s``: beside a second trainer as fast as it, which stops for P s every
-  --pause-every seconds (validation, a checkpoint, a debugger) and then reads on. The stall policy and bound are the defaults (``decouple`` after
+  --pause-every seconds (validation, a checkpoint, a debugger) and then reads on.
+- ``late S s``: beside a second trainer as fast as it that starts S s later (a queue-style
+  sweep): the share of the late one's samples that came from the stream rather than from
+  chunks regenerated for it alone.
+Each scenario runs in every order of --order (``exact``, ``relaxed``: docs/stream.md, Order). The stall policy and bound are the defaults (``decouple`` after
   3 s) unless --slow-stall-timeout gives the slow one its own bound (``DataLoader(share=,
   stall_timeout=)``; a huge one is the old behaviour: everyone waits for the slowest).
 
@@ -18,9 +22,11 @@ Figures per pair, each beside an alone run made just before it (a shared machine
 drifts): the fast trainer's samples/s over its whole run and over its second half (after the
 one-time cost of the bound), each as a share of the alone run's; the slow one's
 samples/s; the chunks the producer decoded for the stream and regenerated for the slow one
-(its "done:" log line), and the share producer's CPU core-seconds (its metrics).
+(its "done:" log line), the samples it decoded in all per sample the fast one read, and the share
+producer's CPU core-seconds (its metrics).
 
-Run: ``.venv/bin/python bench/speeds_bench.py --data data/dropin --slower 2,4,13 --pauses 2,10``;
+Run: ``.venv/bin/python bench/speeds_bench.py --data data/dropin --slower 2,4,13 --pauses 2,10
+--late 5 --order exact,relaxed``;
 with ``SPDLOG_LEVEL=debug`` the rows of ``--models`` also carry the share producer's last lines
 on who held the stream (``share_log_stalls``; the whole log is kept as OUT/RUN/share.log).
 """
@@ -46,6 +52,7 @@ def trainer(args: argparse.Namespace) -> None:
     import batchcast
 
     torch.set_num_threads(1)
+    time.sleep(args.delay)  # a trial that starts later than the others
     images = dataset(args)
     cuda = bool(args.model)
     if args.synthetic:  # the same random batch already on the GPU: the pair's GPU-bound rates
@@ -57,7 +64,8 @@ def trainer(args: argparse.Namespace) -> None:
                                       drop_last=True, num_workers=args.workers,
                                       pin_memory=cuda and not args.no_pin,
                                       share=args.key or None,
-                                      **({"stall_timeout": args.stall_timeout} if args.key else {}))
+                                      **({"stall_timeout": args.stall_timeout,
+                                          "share_order": args.order} if args.key else {}))
     step = train_step(args.model, len(images.classes)) if cuda else None
     marks: List[tuple] = []  # (time, samples) after each batch
     samples, batches, start, last_pause = 0, 0, None, None
@@ -127,12 +135,13 @@ def train_step(model_name: str, classes: int) -> Any:
 def trainer_cmd(args: argparse.Namespace, key: str, period: float, stop: Optional[str],
                 done: Optional[str], stall_timeout: Optional[float] = None,
                 pause: float = 0.0, model: str = "", image_size: int = 0,
-                synthetic: bool = False) -> List[str]:
+                synthetic: bool = False, delay: float = 0.0) -> List[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--data", args.data,
            "--batch-size", str(args.batch_size),
            "--image-size", str(image_size or args.image_size),
            "--workers", str(args.workers), "--seconds", str(args.seconds), "--key", key,
-           "--period", str(period), "--pause", str(pause), "--pause-every", str(args.pause_every)]
+           "--period", str(period), "--pause", str(pause), "--pause-every", str(args.pause_every),
+           "--order", args.order, "--delay", str(delay)]
     if model:
         cmd += ["--model", model]
     if synthetic:
@@ -160,8 +169,14 @@ def share_log(key: str) -> str:
     return text
 
 
+def decoded(log: str) -> Optional[int]:
+    """Samples the share producer decoded in all (its "done:" line)."""
+    m = re.search(r"(\d+) samples decoded in all", log)
+    return int(m.group(1)) if m else None
+
+
 def run(args: argparse.Namespace, name: str, slow_period: Optional[float],
-        pause: float = 0.0) -> Dict[str, Any]:
+        pause: float = 0.0, late: float = 0.0) -> Dict[str, Any]:
     from batchcast.tools import metrics
 
     out = os.path.abspath(os.path.join(args.out, name))
@@ -173,7 +188,7 @@ def run(args: argparse.Namespace, name: str, slow_period: Optional[float],
     cmds = [trainer_cmd(args, key, 0.0, None, done)]
     if slow_period is not None:
         cmds.append(trainer_cmd(args, key, slow_period, done, None, args.slow_stall_timeout,
-                                pause))
+                                pause, delay=late))
     results = run_trainers(cmds, env)
     text = share_log(key)
     if "native pipeline" not in text:
@@ -185,7 +200,10 @@ def run(args: argparse.Namespace, name: str, slow_period: Optional[float],
             with open(os.path.join(part, "summary.json")) as f:
                 server_cpu = json.load(f)["cpu_core_s"]["server"]
     fast = results[0]
-    row = {"run": name, "slow_period_s": slow_period,
+    all_decoded = decoded(text)
+    regenerated = re.search(r"(\d+) chunks regenerated", text)
+    row = {"run": name, "order": args.order, "slow_period_s": slow_period,
+           "decoded_per_fast_sample": all_decoded / fast["samples"] if all_decoded else None,
            "fast_samples_s": fast["samples"] / fast["wall_s"],
            "fast_half_samples_s": fast["half_samples"] / fast["half_s"],
            "fast_wall_s": fast["wall_s"], "server_cpu_core_s": server_cpu,
@@ -194,6 +212,10 @@ def run(args: argparse.Namespace, name: str, slow_period: Optional[float],
            "decouplings": int(chunks.group(3)) if chunks else None}
     if slow_period is not None:
         row["slow_samples_s"] = results[1]["samples"] / results[1]["wall_s"]
+        # What the second one read from chunks made for it alone (catching up): the rest came
+        # from the stream (or, relaxed, from chunks every reader that needed them took).
+        private = int(regenerated.group(1)) * args.batch_size if regenerated else 0
+        row["second_from_stream"] = max(0.0, 1 - private / max(results[1]["samples"], 1))
     return row
 
 
@@ -251,15 +273,17 @@ def run_models(args: argparse.Namespace, name: str, models: List[Tuple[str, int]
 
 def main_models(args: argparse.Namespace) -> None:
     models = parse_models(args.models, args.image_size)
-    runs = [(f"{m}:{s} alone", [(m, s)], "key") for m, s in models]
-    runs = [(name, group, mode, 0.0) for name, group, mode in runs]
-    runs += [(f"{len(models)} synthetic", models, "synthetic", 0.0),
-             ("one key", models, "key", 0.0)]
-    runs += [(f"one key, the second pausing {p:g} s", models, "key", p)
-             for p in (float(x) for x in args.pauses.split(",") if x) if len(models) > 1]
-    runs += [(f"{len(models)} DataLoaders", models, "own", 0.0)]
+    orders = args.order.split(",")
+    runs = [(f"{m}:{s} alone", [(m, s)], "key", 0.0, orders[0]) for m, s in models]
+    runs += [(f"{len(models)} synthetic", models, "synthetic", 0.0, orders[0])]
+    for order in orders:
+        runs += [(f"one key, {order}", models, "key", 0.0, order)]
+        runs += [(f"one key, {order}, the second pausing {p:g} s", models, "key", p, order)
+                 for p in (float(x) for x in args.pauses.split(",") if x) if len(models) > 1]
+    runs += [(f"{len(models)} DataLoaders", models, "own", 0.0, orders[0])]
     rows: List[Dict[str, Any]] = []
-    for name, group, mode, pause in runs:
+    for name, group, mode, pause, order in runs:
+        args.order = order
         rows += run_models(args, name, group, mode, pause)
         print(json.dumps(rows[-len(group):]), file=sys.stderr, flush=True)
     alone = {r["model"]: r["samples_s"] for r in rows if r["run"].endswith("alone")}
@@ -289,6 +313,9 @@ def main() -> None:
     p.add_argument("--slower", default="2,4,13", help="comma-separated slow-down factors")
     p.add_argument("--pauses", default="", help="comma-separated pauses of a second trainer, s")
     p.add_argument("--pause-every", type=float, default=5.0, help="seconds between its pauses")
+    p.add_argument("--late", default="", help="comma-separated delays of a second trainer, s")
+    p.add_argument("--order", default="exact",
+                   help="comma-separated orders to run every scenario in (exact, relaxed)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="the share producer's workers")
@@ -315,6 +342,7 @@ def main() -> None:
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
     p.add_argument("--done-file", help=argparse.SUPPRESS)
     p.add_argument("--stall-timeout", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role == "trainer":
         return trainer(args)
@@ -329,31 +357,42 @@ def main() -> None:
     per_batch = None
     pairs = [("slower", float(x)) for x in args.slower.split(",") if x]
     pairs += [("pause", float(x)) for x in args.pauses.split(",") if x]
+    pairs += [("late", float(x)) for x in args.late.split(",") if x]
+    orders = args.order.split(",")
     for kind, k in pairs:
+        args.order = orders[0]
         rows.append(run(args, "alone", None))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        alone = rows[-1]
         if per_batch is None:  # one slow-down for every pair: from the first alone run
             per_batch = args.batch_size / rows[-1]["fast_samples_s"]
-        if kind == "slower":
-            rows.append(run(args, f"{k:g}x", k * per_batch))
-        else:
-            rows.append(run(args, f"pause {k:g} s", 0.0, pause=k))
-        rows[-1]["alone"] = rows[-2]
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        for order in orders:  # side by side, after the same alone run
+            args.order = order
+            if kind == "slower":
+                rows.append(run(args, f"{k:g}x", k * per_batch))
+            elif kind == "pause":
+                rows.append(run(args, f"pause {k:g} s", 0.0, pause=k))
+            else:
+                rows.append(run(args, f"late {k:g} s", 0.0, late=k))
+            rows[-1]["alone"] = alone
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"batch {args.batch_size}, image {args.image_size}, {args.workers} producer workers, "
           f"{os.cpu_count()} cores, fast trainer {args.seconds:g} s; load average "
           f"{os.getloadavg()[0]:.1f}\n")
-    print("| run | fast samples/s (alone) | share of alone | 2nd half share | slow samples/s | "
+    print("| run | order | fast samples/s (alone) | share of alone | 2nd half share | "
+          "second samples/s | second's samples from the stream | decoded per fast sample | "
           "chunks published | regenerated | decouplings | server CPU core-s (alone) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "alone" not in r:
             continue
         a = r["alone"]
-        print(f"| {r['run']} | {r['fast_samples_s']:.0f} ({a['fast_samples_s']:.0f}) | "
-              f"{r['fast_samples_s'] / a['fast_samples_s']:.2f} | "
+        per = r["decoded_per_fast_sample"]
+        print(f"| {r['run']} | {r['order']} | {r['fast_samples_s']:.0f} "
+              f"({a['fast_samples_s']:.0f}) | {r['fast_samples_s'] / a['fast_samples_s']:.2f} | "
               f"{r['fast_half_samples_s'] / a['fast_half_samples_s']:.2f} | "
-              f"{r.get('slow_samples_s', 0):.0f} | {r['chunks_published']} | "
+              f"{r.get('slow_samples_s', 0):.0f} | {r.get('second_from_stream', 0):.2f} | "
+              f"{f'{per:.2f}' if per else '-'} | {r['chunks_published']} | "
               f"{r['chunks_regenerated']} | {r['decouplings']} | "
               f"{r['server_cpu_core_s']:.1f} ({a['server_cpu_core_s']:.1f}) |")
     if args.json:

@@ -111,6 +111,9 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, help="measured window per run (10: with 4 s, runs "
                                                  "of one command varied by up to 10 points)")
     p.add_argument("--run-timeout", type=float, default=120.0, help="a run's time limit (s)")
+    p.add_argument("--order", choices=["exact", "relaxed"], default="exact",
+                   help="the order the batchcast peers' trainers read in (docs/stream.md, Order): "
+                        "relaxed lets each read at its own pace from one decode")
     args = p.parse_args(argv)
     defaults = {"batch_size": 128, "classes": 10, "per_class": 100, "warmup": 5, "settle": 2.0,
                 "seconds": 10.0, "sweep_peers": "batchcast-nvjpeg,dataloader"}
@@ -207,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     energy = probes.Energy(args.gpus if args.device.startswith("cuda") else 1)
     meta = dict(probes.machine(), **{k: getattr(args, k) for k in (
         "batch_size", "chunk_size", "fp32", "device", "warmup", "settle", "seconds", "data",
-        "data_cores", "gpus")})
+        "data_cores", "gpus", "order")})
     results: Dict[str, Any] = {"meta": meta, "regimes": []}
     for trainers in regimes(args):
         results["regimes"].append(run_regime(args, energy, peers, trainers))
