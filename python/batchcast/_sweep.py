@@ -2,7 +2,7 @@
 GPUs, every ``DataLoader(share=KEY)`` of its trials reading one stream per (key, pipeline).
 
     batchcast sweep [--gpus 0,1] [--per-gpu K | --slots N] [--collocation auto|mps|time-slicing]
-                    [--out DIR] [--trials FILE] [--resume] [--order exact]
+                    [--out DIR] [--trials FILE] [--resume] [--order relaxed|exact]
                     [--share-dataloaders] [--track]
                     [--optuna STUDY --storage URL --n-trials N] -- COMMAND ARGS...
 
@@ -14,7 +14,9 @@ GPU; ``auto``: packed by the first trial's measured GPU memory, ``_sweep_packing
 ``_sweep_runner``). Each trial gets ``BATCHCAST_SHARE_SCOPE`` (the sweep's id): its share keys
 are scoped to the sweep (``_share_scope.scoped_key``); with ``--share-dataloaders`` an unchanged
 script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
-stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH).
+stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH). Those
+loaders read in relaxed order unless they say otherwise (``--order exact``: the stream's seeded
+order; ``BATCHCAST_SHARE_ORDER``): each trial at its own pace from one decode.
 Output: ``OUT/trials/<id>.log``, ``OUT/summary.json``, ``OUT/sweep.png`` (``_sweep_plot``), a
 live table; ``--track`` runs each trial under ``batchcast track`` (an MLflow run each).
 ``--optuna`` asks an Optuna study for each trial's values instead of a grid (``_sweep_optuna``).
@@ -41,7 +43,7 @@ from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_optuna import OptunaTrials
 from ._sweep_packing import MemoryPacking
 from ._sweep_plot import plot
-from ._sweep_progress import SHARE_MEMORY_ENV
+from ._sweep_progress import ORDER_ENV, SHARE_MEMORY_ENV
 from ._sweep_runner import Runner
 from ._sweep_table import LiveTable
 from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
@@ -117,7 +119,7 @@ def sweep(
     per_gpu: Optional[Any] = None,
     slots: Optional[int] = None,
     collocation: str = "auto",
-    order: str = "exact",
+    order: str = "relaxed",
     out: Optional[str] = None,
     resume: bool = False,
     share_dataloaders: bool = False,
@@ -137,9 +139,9 @@ def sweep(
         memory = size_bytes(share_memory, "--share-memory")
     except ValueError as e:
         raise SweepInputError(str(e)) from None
-    if order != "exact":
-        raise SweepInputError(f"--order {order}: only exact (the stream's seeded order) exists "
-                              "yet; relaxed order is not built")
+    if order not in ("exact", "relaxed"):
+        raise SweepInputError(f"--order {order}: choose relaxed (each trial at its own pace "
+                              "from one decode) or exact (the stream's seeded order)")
     if collocation not in ("auto", "mps", "time-slicing"):
         raise SweepInputError(f"--collocation {collocation}: choose auto, mps or time-slicing")
     if resume and out is None:
@@ -181,6 +183,7 @@ def sweep(
     env = dict(os.environ if env is None else env)
     if memory:
         env[SHARE_MEMORY_ENV] = str(memory)
+    env[ORDER_ENV] = order
     if share_dataloaders:
         site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep_site")
         env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
@@ -241,7 +244,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="trials at once without GPUs (default 2)")
     p.add_argument("--collocation", default="auto", choices=("auto", "mps", "time-slicing"),
                    help="auto: a private MPS daemon where it can start, else time-slicing")
-    p.add_argument("--order", default="exact", help="exact: the stream's seeded order")
+    p.add_argument("--order", default="relaxed", choices=("relaxed", "exact"),
+                   help="the order the trials' shared loaders read in when they do not say: "
+                        "relaxed (each at its own pace from one decode) or exact (the stream's "
+                        "seeded order; docs/stream.md, Order)")
     p.add_argument("--out", help="output folder (default runs/sweep-<time>)")
     p.add_argument("--resume", action="store_true",
                    help="run the trials of --out's sweep that did not finish")

@@ -1,7 +1,8 @@
 """What a sweep tells its trials, and a trial's progress as its shared loaders report it.
 
 ``SCOPE_ENV`` (``BATCHCAST_SHARE_SCOPE``): the sweep's id, which scopes the trials' share keys
-(``_share_scope.scoped_key``); ``PROGRESS_ENV``: the trial's progress file.
+(``_share_scope.scoped_key``); ``PROGRESS_ENV``: the trial's progress file; ``SHARE_MEMORY_ENV``
+and ``ORDER_ENV``: the share_memory and share_order of its shared loaders that give none.
 
 What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
 when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),
@@ -23,12 +24,16 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
-__all__ = ["PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV", "read_progress", "report_progress"]
+__all__ = ["ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV", "read_progress",
+           "report_progress"]
 
 SCOPE_ENV = "BATCHCAST_SHARE_SCOPE"
 PROGRESS_ENV = "BATCHCAST_SWEEP_PROGRESS"
 # The share_memory of the trials' DataLoader(share=) streams (batchcast sweep --share-memory).
 SHARE_MEMORY_ENV = "BATCHCAST_SHARE_MEMORY"
+# The share_order of the trials' DataLoader(share=) that do not give one (batchcast sweep
+# --order; docs/stream.md, Order).
+ORDER_ENV = "BATCHCAST_SHARE_ORDER"
 _EVERY_S = 1.0
 
 _lock = threading.Lock()

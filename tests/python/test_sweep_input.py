@@ -1,7 +1,7 @@
 """``batchcast sweep``: bad input stops before anything starts, and placement on GPUs.
 
 Bad input (a grid with no trial, --per-gpu 0, a GPU that does not exist, a command not found, an
-unwritable --out, --resume of a folder that is not a sweep's, relaxed order) exits 2 with a
+unwritable --out, --resume of a folder that is not a sweep's, an order that is none) exits 2 with a
 message naming it, and no trial ran. Placement and collocation on a machine's GPUs use stand-ins
 for the driver's tools on PATH (the machine's own are hidden, so a GPU machine runs them alike):
 ``nvidia-smi`` listing two GPUs (or MIG instances), and ``nvidia-cuda-mps-control``, which
@@ -85,7 +85,7 @@ def tools(tmp_path, **scripts: str) -> dict:
     (["--per-gpu", "auto", "--", "true"], "this process sees no GPU"),
     (["--gpus", "5", "--", "true"], "GPU 5 does not exist"),
     (["--", "no-such-command-here", "{a,b}"], "command not found: 'no-such-command-here'"),
-    (["--order", "relaxed", "--", "true"], "only exact"),
+    (["--order", "sideways", "--", "true"], "invalid choice: 'sideways'"),
     (["--share-memory", "lots", "--", "true"], "--share-memory='lots': a positive number"),
 ])
 def test_bad_input_stops_before_anything_starts(args, message, batchcast_cli, tmp_path):

@@ -1,0 +1,135 @@
+"""Relaxed order (docs/stream.md, Order) against real `batchcast serve` servers and processes:
+each epoch of a relaxed reader is its shard once, whatever its speed and whenever it joined; its
+rows are the right samples' bytes; exact and relaxed readers share one stream; a late relaxed
+joiner reads nothing regenerated for it alone; the drop-in's share_order.
+
+Run: .venv/bin/python -m pytest tests/python/test_relaxed.py
+Synthetic sample i: "#0" = uint8 bytes synthetic_byte(i, j), "#1" = int64 label i.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import threading
+from typing import Dict, List
+
+import pytest
+import torch
+
+import batchcast
+from conftest import synthetic_rows
+from loader_common import SAMPLE_BYTES, serve
+
+SAMPLES = 120
+
+# A reader process: reads every epoch with a pause per batch, checks each row's bytes against
+# its label, prints each epoch's labels as a JSON line.
+READER = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    import batchcast
+    from conftest import synthetic_rows
+    from loader_common import SAMPLE_BYTES
+    endpoint, order, pause, batch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+    loader = batchcast.Loader(endpoint, batch_size=batch, timeout=60,
+                              order=None if order == "server" else order)
+    epochs = 0
+    while True:
+        labels = []
+        for x, y in loader:
+            assert torch.equal(x, synthetic_rows(y, SAMPLE_BYTES)), "payload differs from label"
+            labels += y.tolist()
+            time.sleep(pause)
+        if not labels:
+            break
+        print(json.dumps(labels), flush=True)
+""")
+
+
+def epochs_of(proc) -> List[List[int]]:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    return [json.loads(line) for line in out.decode().splitlines() if line.startswith("[")]
+
+
+def test_relaxed_readers_of_different_speeds_get_each_epoch_once(endpoint, batchcast_bin,
+                                                                 run_py):
+    with serve(endpoint, samples=SAMPLES, batch=8, epochs=3, min_consumers=2,
+               order="relaxed") as server:
+        fast = run_py(READER, endpoint, "server", "0", "8")
+        slow = run_py(READER, endpoint, "relaxed", "0.02", "5")
+        for proc in (fast, slow):
+            epochs = epochs_of(proc)
+            assert len(epochs) == 3
+            for labels in epochs:
+                assert sorted(labels) == list(range(SAMPLES)), "an epoch is not the shard once"
+        assert server.wait(30) == 0
+
+
+def test_exact_and_relaxed_readers_share_one_stream(endpoint, batchcast_bin, run_py):
+    with serve(endpoint, samples=SAMPLES, batch=8, epochs=2, min_consumers=2) as server:
+        exact = run_py(READER, endpoint, "exact", "0", "8")
+        relaxed = run_py(READER, endpoint, "relaxed", "0.01", "8")
+        exact_epochs, relaxed_epochs = epochs_of(exact), epochs_of(relaxed)
+        assert server.wait(30) == 0
+    for labels in exact_epochs + relaxed_epochs:
+        assert sorted(labels) == list(range(SAMPLES))
+    # The exact reader reads the seeded order: a second exact reader of a fresh server agrees.
+    with serve(endpoint, samples=SAMPLES, batch=8, epochs=2) as server:
+        again = epochs_of(run_py(READER, endpoint, "exact", "0", "8"))
+        assert server.wait(30) == 0
+    assert again == exact_epochs
+
+
+def test_a_late_relaxed_reader_reads_from_the_stream_at_once(endpoint, batchcast_bin):
+    with serve(endpoint, samples=SAMPLES, batch=8, epochs=3, order="relaxed") as server:
+        first = batchcast.Loader(endpoint, batch_size=8, timeout=30)
+        it = iter(first)
+        for _ in range(5):  # the first reader is well into its first epoch
+            next(it)
+        late = batchcast.Loader(endpoint, batch_size=8, timeout=30)
+        late_epochs: List[List[int]] = []
+
+        def read_late() -> None:
+            for _ in range(3):
+                late_epochs.append([int(v) for _, y in late for v in y])
+
+        t = threading.Thread(target=read_late)
+        t.start()
+        for _ in it:
+            pass
+        for _ in range(2):
+            for _ in first:
+                pass
+        t.join(60)
+        first.close()
+        late.close()
+        assert server.wait(30) == 0
+        with open(server.log_path) as f:
+            text = f.read()
+    assert len(late_epochs) == 3
+    for labels in late_epochs:
+        assert sorted(labels) == list(range(SAMPLES))
+    done = re.search(r"(\d+) chunks regenerated", text)
+    assert done and done.group(1) == "0", "a relaxed joiner was sent chunks made for it alone"
+
+
+def test_relaxed_rows_are_copies_the_user_may_keep(endpoint, batchcast_bin):
+    with serve(endpoint, samples=SAMPLES, batch=8, epochs=1, order="relaxed") as server:
+        loader = batchcast.Loader(endpoint, batch_size=16, timeout=30)
+        kept: Dict[int, torch.Tensor] = {}
+        for x, y in loader:  # every batch kept: relaxed rows never pin the ring
+            for row, label in zip(x, y.tolist()):
+                kept[label] = row
+        loader.close()
+        assert server.wait(30) == 0
+    assert sorted(kept) == list(range(SAMPLES))
+    for label, row in kept.items():
+        assert torch.equal(row, synthetic_rows(torch.tensor([label]), SAMPLE_BYTES)[0])
+
+
+def test_a_bad_order_names_the_choices(endpoint):
+    with pytest.raises(ValueError, match="exact, relaxed"):
+        batchcast.Loader(endpoint, order="sideways", timeout=1)
