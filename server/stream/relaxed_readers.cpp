@@ -37,6 +37,13 @@ void RelaxedReaders::add(uint64_t reader) {
 
 void RelaxedReaders::remove(uint64_t reader) { readers_.erase(reader); }
 
+void RelaxedReaders::restart(uint64_t reader, uint64_t epoch) {
+  Reader& r = readers_.at(reader);
+  r.epoch = epoch;
+  r.done = false;
+  start_epoch(reader, r);
+}
+
 bool RelaxedReaders::done(uint64_t reader) const {
   auto it = readers_.find(reader);
   return it != readers_.end() && it->second.done;

@@ -44,6 +44,8 @@ class RelaxedReaders {
 
   void add(uint64_t reader);  // starts at the first epoch
   void remove(uint64_t reader);
+  // It starts epoch `epoch` over (a resumed trainer): its whole shard is needed again.
+  void restart(uint64_t reader, uint64_t epoch);
   bool reads(uint64_t reader) const { return readers_.count(reader) > 0; }
   bool empty() const { return readers_.empty(); }
   // It has read its last epoch (never with no end).

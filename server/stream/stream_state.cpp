@@ -197,13 +197,18 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
     c->wait_s = hb->wait_s;
   } else if (auto* seek = std::get_if<protocol::Seek>(&m)) {
     c->last_activity = now;
-    if (c->relaxed)
-      send_(c->identity,
-            protocol::SeekReply{seek->epoch, seek->sample, false,
-                                "position unavailable: a relaxed reader has no positions to seek "
-                                "to (its order is the server's); read in exact order to seek"});
-    else
+    if (!c->relaxed) {
       on_seek(*c, *seek, true);
+    } else if (seek->sample != 0) {
+      send_(c->identity, protocol::SeekReply{
+                             seek->epoch, seek->sample, false,
+                             "position unavailable: a relaxed reader resumes at an epoch start "
+                             "(its order within an epoch is the server's); seek to sample 0, or "
+                             "read in exact order"});
+    } else {  // it reads that epoch whole, from now on
+      relaxed_.restart(c->id, seek->epoch);
+      send_(c->identity, protocol::SeekReply{seek->epoch, 0, true, ""});
+    }
   } else if (std::holds_alternative<protocol::Goodbye>(m)) {
     // It wants no more chunks, but batches it handed out may still view slots it holds: keep
     // those holds (and the record) until they are released or the process dies. End tells it

@@ -26,6 +26,20 @@ struct ReaderPlan {
   bool exact = false;  // reads in exact order (its Hello says so)
 };
 
+// Rules of a regenerating producer whose consumers read relaxed unless they say otherwise: rank 0
+// of `world_size`, epochs of `per_epoch` chunks on that rank.
+StreamRules make_rules(uint64_t per_epoch, uint64_t epochs, uint32_t slots,
+                       uint32_t world_size = 1) {
+  StreamRules r = regenerating(slots, per_epoch);
+  r.epochs = epochs;
+  r.default_order = protocol::Order::kRelaxed;
+  r.dataset_size = per_epoch * kChunk * world_size;
+  auto plan =
+      std::make_shared<StreamPlan>(r.dataset_size, StreamPlanOptions{7, true, 0, world_size});
+  r.epoch_shard = [plan](uint64_t e) { return plan->epoch_order(e); };
+  return r;
+}
+
 class RelaxedSim {
  public:
   RelaxedSim(uint64_t per_epoch, uint64_t epochs, uint32_t slots, uint32_t capacity,
@@ -77,17 +91,6 @@ class RelaxedSim {
     std::vector<uint64_t> got;  // this epoch's samples
   };
 
-  static StreamRules make_rules(uint64_t per_epoch, uint64_t epochs, uint32_t slots,
-                                uint32_t world_size) {
-    StreamRules r = regenerating(slots, per_epoch);
-    r.epochs = epochs;
-    r.default_order = protocol::Order::kRelaxed;
-    r.dataset_size = per_epoch * kChunk * world_size;
-    auto plan = std::make_shared<StreamPlan>(r.dataset_size,
-                                             StreamPlanOptions{7, true, 0, world_size});
-    r.epoch_shard = [plan](uint64_t e) { return plan->epoch_order(e); };
-    return r;
-  }
   const Reader& find(const std::string& id) const {
     for (const auto& r : readers_)
       if (r.plan.id == id) return r;
@@ -316,6 +319,34 @@ TEST(RelaxedTest, ExactAndRelaxedShareOneStream) {
   EXPECT_EQ(sim.epochs_done("exact"), 3u);
   EXPECT_EQ(sim.epochs_done("relaxed"), 3u);
   EXPECT_LE(sim.decoded(), sim.samples("exact") * 11 / 10);
+}
+
+// A resumed trainer seeks to the start of its saved epoch and reads it whole; a seek inside an
+// epoch is refused, since its order within the epoch was the server's.
+TEST(RelaxedTest, AResumedReaderStartsItsEpochOver) {
+  Stream s(make_rules(5, 4, 16));
+  s.join("a", 4);
+  s.send("a", Seek{2, 5});
+  auto refused = s.take<SeekReply>("a");
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_FALSE(refused[0].available);
+  EXPECT_NE(refused[0].message.find("epoch start"), std::string::npos) << refused[0].message;
+  s.send("a", Seek{2, 0});
+  auto answered = s.take<SeekReply>("a");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_TRUE(answered[0].available);
+  s.tick();
+  auto f = s.state.try_acquire_private(s.now);
+  ASSERT_TRUE(f && !f->samples.empty());
+  const auto n = static_cast<int64_t>(f->samples.size());
+  protocol::ChunkPosition p;
+  p.sample_count = static_cast<uint32_t>(n);
+  s.state.publish(f->seq, f->slot, p, {{"#", DType::kUInt8, {n}, {1}, 0}}, f->samples);
+  s.tick();
+  auto sent = s.take<ChunkDescriptor>("a");
+  ASSERT_FALSE(sent.empty());
+  EXPECT_EQ(sent[0].position.epoch, 2u);
+  EXPECT_EQ(sent[0].position.sample_start, 0u);
 }
 
 }  // namespace
