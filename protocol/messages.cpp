@@ -62,6 +62,7 @@ class Reader {
   }
   bool ok() const { return error_.empty(); }
   bool at_end() const { return p_ == end_; }
+  size_t left() const { return static_cast<size_t>(end_ - p_); }
   const std::string& error() const { return error_; }
 
  private:
@@ -86,6 +87,7 @@ void write_body(Writer& w, const Hello& m) {
   w.put(m.device_index);
   w.put(m.stall_timeout_s);
   w.put_string(m.view);
+  w.put(static_cast<uint8_t>(m.order));
 }
 void read_body(Reader& r, Hello& m) {
   m.pid = r.get<uint32_t>();
@@ -98,6 +100,10 @@ void read_body(Reader& r, Hello& m) {
   m.stall_timeout_s = r.get<double>();
   if (!(m.stall_timeout_s >= 0 && m.stall_timeout_s < 1e9)) r.fail("stall_timeout_s out of range");
   m.view = r.get_string();
+  auto order = r.get<uint8_t>();
+  if (order > static_cast<uint8_t>(Order::kRelaxed))
+    r.fail("unknown order value " + std::to_string(order));
+  m.order = static_cast<Order>(order);
 }
 
 void write_body(Writer& w, const Welcome& m) {
@@ -187,6 +193,8 @@ void write_body(Writer& w, const ChunkDescriptor& m) {
     for (auto s : t.strides) w.put(s);
     w.put(t.offset);
   }
+  w.put(static_cast<uint32_t>(m.take.size()));
+  for (auto row : m.take) w.put(row);
 }
 void read_body(Reader& r, ChunkDescriptor& m) {
   m.seq = r.get<uint64_t>();
@@ -219,6 +227,14 @@ void read_body(Reader& r, ChunkDescriptor& m) {
     t.offset = r.get<uint64_t>();
     m.tensors.push_back(std::move(t));
   }
+  auto rows = r.get<uint32_t>();
+  if (rows > kMaxTakeRows)
+    r.fail("take of " + std::to_string(rows) + " rows exceeds " + std::to_string(kMaxTakeRows));
+  else if (r.ok() && rows > r.left() / sizeof(uint32_t))
+    r.fail("take of " + std::to_string(rows) + " rows longer than the message");
+  if (!r.ok()) return;
+  m.take.resize(rows);
+  for (auto& row : m.take) row = r.get<uint32_t>();
 }
 
 void write_body(Writer& w, const Credit& m) { w.put(m.chunks); }
@@ -363,18 +379,41 @@ std::string validate_descriptor(const ChunkDescriptor& d, uint32_t slot_count,
   if (p.epoch_samples != 0 && (p.sample_count > p.epoch_samples ||
                                p.sample_start > p.epoch_samples - p.sample_count))  // no wrap
     return "chunk samples beyond the epoch's end";
+  if (!d.take.empty()) {
+    if (d.take.size() != p.sample_count)
+      return "take lists " + std::to_string(d.take.size()) + " rows for a chunk of " +
+             std::to_string(p.sample_count) + " samples";
+    for (size_t i = 1; i < d.take.size(); ++i)
+      if (d.take[i] <= d.take[i - 1]) return "take's rows are not strictly ascending";
+  }
   for (const auto& t : d.tensors) {
     if (t.shape.size() != t.strides.size() || t.shape.empty())
       return "tensor " + t.name + ": bad rank";
-    if (t.shape[0] != static_cast<int64_t>(p.sample_count))
+    if (d.take.empty() && t.shape[0] != static_cast<int64_t>(p.sample_count))
       return "tensor " + t.name + ": dimension 0 is not the chunk's sample count";
+    if (!d.take.empty() && d.take.back() >= t.shape[0])
+      return "tensor " + t.name + ": take's row " + std::to_string(d.take.back()) +
+             " beyond its dimension 0 of " + std::to_string(t.shape[0]);
     auto extent = tensor_extent_bytes(t);
     if (!extent) return "tensor " + t.name + ": negative or overflowing shape/strides";
     if (t.offset > slot_bytes || *extent > slot_bytes - t.offset)
       return "tensor " + t.name + ": extends outside its slot";
     if (t.offset % dtype_size(t.dtype) != 0) return "tensor " + t.name + ": misaligned offset";
+    if (!d.take.empty() && row_extent_bytes(t) > row_stride_bytes(t))
+      return "tensor " + t.name + ": its rows overlap (a row spans more than dimension 0's "
+             "stride), so rows cannot be taken apart";
   }
   return "";
+}
+
+uint64_t row_stride_bytes(const TensorSpec& t) {
+  return static_cast<uint64_t>(t.strides[0]) * dtype_size(t.dtype);
+}
+
+uint64_t row_extent_bytes(const TensorSpec& t) {
+  TensorSpec row = t;
+  row.shape[0] = 1;
+  return tensor_extent_bytes(row).value_or(0);
 }
 
 }  // namespace batchcast::protocol

@@ -41,6 +41,8 @@ constexpr size_t kCudaUuidBytes = 16;
 // A CUDA pool's Welcome carries one event handle per slot and GPU; this bounds their total under
 // kMaxMessageBytes (a ring of 8 on 8 GPUs needs 64).
 constexpr size_t kMaxCudaSlots = 192;
+// A descriptor lists at most this many rows to take (ChunkDescriptor::take).
+constexpr size_t kMaxTakeRows = 65536;
 
 enum class LateJoin : uint8_t { kReplay = 0, kNextEpoch = 1 };
 enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1 };
@@ -205,11 +207,18 @@ struct DecodeResult {
 DecodeResult decode(const void* data, size_t size);
 
 // Checks a descriptor against the pool the consumer mapped: slot id, every tensor inside its
-// slot (offset + extent of the strided view), sample counts matching dimension 0.
+// slot (offset + extent of the strided view), sample counts matching dimension 0; with `take`,
+// its rows strictly ascending, below every tensor's dimension 0, one per sample, and every
+// tensor's rows apart (a row's extent within the stride of dimension 0), so each can be copied
+// out alone.
 // Returns an empty string when valid, else the reason.
 std::string validate_descriptor(const ChunkDescriptor& d, uint32_t slot_count, uint64_t slot_bytes);
 
 // Bytes spanned by a strided tensor view (0 for an empty one); nullopt on overflow.
 std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t);
+// Of a tensor of a valid descriptor: bytes from one row (sample) to the next, and bytes spanned
+// by one row (at most the former when the rows are apart).
+uint64_t row_stride_bytes(const TensorSpec& t);
+uint64_t row_extent_bytes(const TensorSpec& t);
 
 }  // namespace batchcast::protocol

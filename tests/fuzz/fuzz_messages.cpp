@@ -8,7 +8,9 @@
 //      re-encoded frame decodes again.
 //   3. A descriptor that validate_descriptor() accepts for a pool really lies inside it: an
 //      independent oracle (checked 128-bit arithmetic) recomputes every strided tensor's last
-//      byte and the chunk's sample range; a view reaching outside its slot is a finding.
+//      byte and the chunk's sample range; a view reaching outside its slot is a finding. So are
+//      rows to take (ChunkDescriptor::take) that a tensor does not have, or that the consumer
+//      could not copy apart (a row reaching into the next).
 // Built only with clang and BATCHCAST_FUZZ=ON; run with tests/fuzz/run_fuzz.sh. Seeds in
 // corpus/messages/ (real encoded messages, written by make_message_corpus).
 #include <cstddef>
@@ -53,6 +55,16 @@ bool oracle_inside(const ChunkDescriptor& d, uint32_t slot_count, uint64_t slot_
       if (__builtin_add_overflow(last, term, &last)) return false;
     }
     size_t item = batchcast::dtype_size(t.dtype);
+    for (auto row : d.take)
+      if (static_cast<int64_t>(row) >= t.shape[0]) return false;
+    if (!d.take.empty() && !empty) {
+      U row_last = 0;  // a row's last element, in elements from its first
+      for (size_t i = 1; i < t.shape.size(); ++i)
+        row_last += static_cast<U>(t.shape[i] - 1) * static_cast<U>(t.strides[i]);
+      U row_bytes;
+      if (__builtin_mul_overflow(row_last + 1, static_cast<U>(item), &row_bytes)) return false;
+      if (row_bytes > static_cast<U>(t.strides[0]) * item) return false;
+    }
     if (empty) {
       if (t.offset > slot_bytes) return false;
       continue;

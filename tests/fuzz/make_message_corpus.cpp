@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   };
   write("hello", p::Hello{1234, "0b6f3c1e-boot", "trainer-0", p::LateJoin::kReplay, 0});
   write("hello_next_epoch", p::Hello{99, "", "", p::LateJoin::kNextEpoch, 1});
+  write("hello_relaxed",
+        p::Hello{77, "", "trainer-1", p::LateJoin::kReplay, 0, 2.0, "", p::Order::kRelaxed});
   p::Welcome w;
   w.consumer_id = 7;
   w.server_pid = 4321;
@@ -61,6 +63,14 @@ int main(int argc, char** argv) {
   d.tensors = {{"image", batchcast::DType::kUInt8, {40, 8, 8, 3}, {192, 24, 3, 1}, 0},
                {"#", batchcast::DType::kBFloat16, {40, 0}, {0, 1}, 7680}};
   write("descriptor_dict", d);
+  // A relaxed consumer's: 3 rows of a slot's 40, its own position.
+  d.seq = p::kRelaxedSeqBase + 5;
+  d.position = {2, 7, 21, 3, 1000, false};
+  d.position.stream_position = 2021;
+  d.tensors = {{"#0", batchcast::DType::kUInt8, {40, 48}, {48, 1}, 0},
+               {"#1", batchcast::DType::kInt64, {40}, {1}, 1920}};
+  d.take = {0, 17, 39};
+  write("descriptor_take", d);
   write("credit", p::Credit{2});
   write("release", p::Release{17, 3});
   write("heartbeat", p::Heartbeat{123456, 0.75});

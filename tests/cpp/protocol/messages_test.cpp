@@ -31,8 +31,11 @@ T round_trip(const T& m) {
 }
 
 TEST(Messages, EveryTypeRoundTrips) {
-  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1, 2.5, "size=160,crop=center"};
+  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1, 2.5, "size=160,crop=center",
+          Order::kRelaxed};
   auto h2 = round_trip(h);
+  EXPECT_EQ(h2.order, Order::kRelaxed);
+  EXPECT_EQ(round_trip(Hello{}).order, Order::kServer);
   EXPECT_EQ(h2.pid, 1234u);
   EXPECT_EQ(h2.name, "trainer-1");
   EXPECT_EQ(h2.late_join, LateJoin::kNextEpoch);
@@ -90,6 +93,11 @@ TEST(Messages, EveryTypeRoundTrips) {
   ASSERT_EQ(d2.tensors.size(), 2u);
   EXPECT_EQ(d2.tensors[0], d.tensors[0]);
   EXPECT_EQ(d2.tensors[1], d.tensors[1]);
+  EXPECT_TRUE(d2.take.empty());
+  // A relaxed consumer's descriptor: the rows it takes of the slot's chunk.
+  d.take = {0, 2, 5, 63};
+  d.position.sample_count = 4;
+  EXPECT_EQ(round_trip(d).take, d.take);
 
   EXPECT_EQ(round_trip(Credit{3}).chunks, 3u);
   EXPECT_EQ(round_trip(Release{9, 1}).seq, 9u);
@@ -109,19 +117,29 @@ TEST(Messages, EveryTypeRoundTrips) {
   EXPECT_TRUE(round_trip(SeekReply{1, 0, true, ""}).available);
 }
 
+std::string rejected(const std::string& bytes) {
+  auto r = decode(bytes.data(), bytes.size());
+  EXPECT_FALSE(r.message) << "accepted a malformed frame";
+  return r.error;
+}
+
 // Version 2 only added types: the frames of version 1's messages keep their bodies, and the
 // new types take the next codes.
 TEST(Messages, NewTypesAreAppended) {
   EXPECT_EQ(encode(Seek{}).substr(6, 2), std::string("\x0a\x00", 2));
   EXPECT_EQ(encode(SeekReply{}).substr(6, 2), std::string("\x0b\x00", 2));
-  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x05\x00\x08\x00\x04\0\0\0\0\0\0\0", 12))
-      << "version 5, End's body unchanged";
+  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x06\x00\x08\x00\x04\0\0\0\0\0\0\0", 12))
+      << "version 6, End's body unchanged";
 }
 
-std::string rejected(const std::string& bytes) {
-  auto r = decode(bytes.data(), bytes.size());
-  EXPECT_FALSE(r.message) << "accepted a malformed frame";
-  return r.error;
+// A peer of the previous version is refused, the message naming both versions and the fix.
+TEST(Messages, AnOlderPeerIsToldWhichSideToUpgrade) {
+  auto v5 = encode(Hello{});
+  v5[4] = 5;
+  const std::string error = rejected(v5);
+  EXPECT_NE(error.find("protocol version 5 (this side speaks 6); upgrade the older side"),
+            std::string::npos)
+      << error;
 }
 
 TEST(Messages, MalformedFramesAreRejectedWithAReason) {
@@ -172,8 +190,11 @@ TEST(Messages, FieldsOutOfRangeAreRejected) {
   EXPECT_NE(rejected(encode(Heartbeat{1, -1.0})).find("wait_s"), std::string::npos);
   Hello h;
   auto hb = encode(h);
-  hb[hb.size() - 15] = 7;  // late_join (then device_index, stall_timeout_s, an empty view)
+  hb[hb.size() - 16] = 7;  // late_join (then device_index, stall_timeout_s, an empty view, order)
   EXPECT_NE(rejected(hb).find("late_join"), std::string::npos);
+  hb = encode(h);
+  hb.back() = 3;  // order
+  EXPECT_NE(rejected(hb).find("unknown order value 3"), std::string::npos);
   h.stall_timeout_s = -1;
   EXPECT_NE(rejected(encode(h)).find("stall_timeout_s"), std::string::npos);
   std::string long_name(kMaxString + 1, 'n');
@@ -181,6 +202,17 @@ TEST(Messages, FieldsOutOfRangeAreRejected) {
   auto reply = encode(SeekReply{1, 2, true, ""});
   reply[reply.size() - 3] = 2;  // available
   EXPECT_NE(rejected(reply).find("seek reply"), std::string::npos);
+
+  // take: its count is bounded, and no longer than the rows the message holds.
+  auto take_count_at = [](const std::string& frame) { return frame.size() - 4; };
+  auto taking = encode(sample_descriptor());
+  const uint32_t too_many = kMaxTakeRows + 1;
+  std::memcpy(&taking[take_count_at(taking)], &too_many, 4);
+  EXPECT_NE(rejected(taking).find("exceeds 65536"), std::string::npos) << rejected(taking);
+  const uint32_t three = 3;
+  std::memcpy(&taking[take_count_at(taking)], &three, 4);
+  EXPECT_NE(rejected(taking + std::string(8, '\0')).find("longer than the message"),
+            std::string::npos);
 }
 
 TEST(Messages, DescriptorsAreCheckedAgainstThePool) {
@@ -202,6 +234,36 @@ TEST(Messages, DescriptorsAreCheckedAgainstThePool) {
   d = sample_descriptor();
   d.position.sample_start = 990;
   EXPECT_NE(validate_descriptor(d, 4, 1 << 20).find("beyond"), std::string::npos);
+}
+
+// A relaxed consumer's descriptor: the tensors describe the slot's whole chunk, `take` the rows
+// this consumer reads, one per sample of its position.
+TEST(Messages, RowsTakenAreCheckedAgainstTheChunk) {
+  auto d = sample_descriptor();
+  d.take = {0, 2, 5};
+  d.position.sample_count = 3;
+  d.position.epoch_samples = 0;
+  EXPECT_EQ(validate_descriptor(d, 4, 1 << 20), "") << "dimension 0 is the slot's chunk";
+  auto error_with = [&](std::vector<uint32_t> take) {
+    auto bad = d;
+    bad.take = std::move(take);
+    return validate_descriptor(bad, 4, 1 << 20);
+  };
+  EXPECT_NE(error_with({0, 5, 2}).find("not strictly ascending"), std::string::npos);
+  EXPECT_NE(error_with({0, 2, 2}).find("not strictly ascending"), std::string::npos);
+  EXPECT_NE(error_with({0, 2, 64}).find("take's row 64 beyond its dimension 0 of 64"),
+            std::string::npos)
+      << error_with({0, 2, 64});
+  EXPECT_NE(error_with({0, 2}).find("take lists 2 rows for a chunk of 3 samples"),
+            std::string::npos)
+      << error_with({0, 2});
+  auto shorter = d;
+  shorter.tensors[1].shape[0] = 5;  // every tensor's dimension 0 bounds the rows
+  EXPECT_NE(validate_descriptor(shorter, 4, 1 << 20).find("tensor #1: take's row 5"),
+            std::string::npos);
+  auto overlapping = d;
+  overlapping.tensors[0].strides[0] = 100;  // a row spans 192 elements
+  EXPECT_NE(validate_descriptor(overlapping, 4, 1 << 20).find("rows overlap"), std::string::npos);
 }
 
 }  // namespace
