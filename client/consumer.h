@@ -95,6 +95,10 @@ struct ConsumerOptions {
   // "size=160,crop=center"; empty: the server's own. A view the server cannot make is refused
   // with an Error naming the field.
   std::string view;
+  // The order it reads each epoch in (docs/stream.md, "Order"): kExact the stream's, kRelaxed
+  // its shard once in the server's choice of order (each chunk's rows copied on arrival, its
+  // batches copies: client/chunk_copy.h), kServer the server's default (serve --order).
+  protocol::Order order = protocol::Order::kServer;
   // Called with what it waits for, on the waiting thread, holding no lock (see Errors above).
   std::function<void(const std::string& what, double waited_s)> on_waiting;
 };

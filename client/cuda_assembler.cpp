@@ -123,18 +123,21 @@ CudaChunkCopier::CudaChunkCopier(const SlotMemory& memory)
 ChunkCopier::Copied CudaChunkCopier::copy(const protocol::ChunkDescriptor& d) {
   (void)cudaSetDevice(device_);  // the I/O thread stays there (EventFence says why)
   cudaStream_t s = stream_->get();
-  const size_t bytes = chunk_bytes(d);
+  CopyPlan plan = plan_copy(d);
   cuda_check(cudaStreamWaitEvent(s, memory_.slot_event(d.slot), 0),
              "waiting for the server's chunk " + std::to_string(d.seq));
   void* buffer = nullptr;
-  cuda_check(cudaMallocAsync(&buffer, std::max<size_t>(bytes, 1), s),
-             "allocating a " + std::to_string(bytes) +
-                 "-byte copy of a private chunk on the GPU (free GPU memory)");
+  cuda_check(cudaMallocAsync(&buffer, std::max<uint64_t>(plan.bytes, 1), s),
+             "allocating a " + std::to_string(plan.bytes) +
+                 "-byte copy of a chunk on the GPU (free GPU memory)");
   auto copy = std::make_shared<CudaChunkCopy>(device_, stream_, buffer);  // frees it on a throw
-  cuda_check(cudaMemcpyAsync(buffer, memory_.slot_data(d.slot), bytes, cudaMemcpyDeviceToDevice, s),
-             "copying a private chunk on the GPU");
+  const uint8_t* slot = memory_.slot_data(d.slot);
+  for (const auto& run : plan.runs)
+    cuda_check(cudaMemcpyAsync(static_cast<uint8_t*>(buffer) + run.to, slot + run.from, run.bytes,
+                               cudaMemcpyDeviceToDevice, s),
+               "copying a chunk's rows on the GPU");
   copy->done = record_fence(device_, s, "recording a chunk copy's event");
-  return {copy, {copy->done}};
+  return {copy, std::move(plan.desc), {copy->done}};
 }
 
 CudaAssembler::CudaAssembler(const Session& session)

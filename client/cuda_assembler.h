@@ -1,6 +1,7 @@
 // The client's CUDA code (CUDA builds only): the assemblers of client/assembler.h,
 // CudaAssembler for GPU pools and PinnedHostAssembler for host pools page-locked for copies to a
-// GPU, and CudaChunkCopier, which copies a GPU pool's private chunks (client/chunk_copy.h).
+// GPU, and CudaChunkCopier, which copies a GPU pool's private chunks and a relaxed consumer's
+// rows (client/chunk_copy.h).
 //
 // CudaAssembler: batches of GPU pools.
 // Views are device pointers into the server's arena, or into a private chunk's copy. Readiness
@@ -62,8 +63,9 @@ class PinnedHostAssembler : public HostAssembler {
   int device_;
 };
 
-// CudaChunkCopier: a GPU pool's private chunks copied device to device on arrival, on a stream
-// of its own, into stream-ordered allocations. The copy waits (on the device) for the server's
+// CudaChunkCopier: a GPU pool's private chunks, and the rows a relaxed consumer takes, copied
+// device to device on arrival (one copy per run of rows: plan_copy), on a stream of its own,
+// into stream-ordered allocations. The copy waits (on the device) for the server's
 // slot event; the slot's release and the copy's readers wait for an event recorded after it.
 // A copy is freed (cudaFreeAsync) once its readers' fences have passed (Session::free_copy).
 // Thread-safety: copy() on the session's I/O thread, which it leaves on the pool's device.

@@ -83,6 +83,7 @@ protocol::Welcome Session::handshake(const ConsumerOptions& options) {
   hello.late_join = options.late_join;
   hello.stall_timeout_s = options.stall_timeout_s > 0 ? options.stall_timeout_s : 0;
   hello.view = options.view;
+  hello.order = options.order;
   socket_.send(zmq::buffer(protocol::encode(hello)), zmq::send_flags::none);
 
   const double start = monotonic_seconds();
@@ -227,6 +228,7 @@ std::optional<ReceivedChunk> Session::pop(double timeout_s, double* waited) {
       throw PositionUnavailableError(message + " (batchcast server at " + endpoint_ + ")");
     }
     if (!queue_.empty()) break;
+    if (!copy_error_.empty()) throw Error(copy_error_);
     if (!server_error_.empty())
       throw Error("server failed: " + server_error_ + " (reported by the batchcast server at " +
                   endpoint_ + ")");
@@ -298,21 +300,35 @@ void Session::on_descriptor(protocol::ChunkDescriptor d) {
       spdlog::warn("dropped a descriptor from {}: {}", endpoint_, invalid);
       return let_go(d, false, false);
     }
-    if (leaving_) return let_go(d, false, false);
-    if (!protocol::is_private_seq(d.seq)) {
+    // After a failed copy of taken rows nothing is handed out: pop() raises why.
+    if (leaving_ || !copy_error_.empty()) return let_go(d, false, false);
+    if (!protocol::is_private_seq(d.seq) && d.take.empty()) {
       queue_.push_back({std::move(d), nullptr});
       ready_.notify_all();
       return;
     }
   }
-  // A private chunk: copied now and its slot released, however long it waits to be read.
-  // Outside the lock, so that pop(), seek() and releases do not wait for the copy.
+  // A private chunk, or the rows this consumer takes of a chunk: copied now and the slot
+  // released, however long it waits to be read (client/chunk_copy.h). Outside the lock, so that
+  // pop(), seek() and releases do not wait for the copy.
   ReceivedChunk received{std::move(d), nullptr};
   try {
     auto copied = copier_->copy(received.desc);
     received.copy = std::move(copied.copy);
+    received.desc = std::move(copied.desc);  // the same chunk number and slot
     release({received.desc.seq, received.desc.slot}, std::move(copied.release_after));
   } catch (const std::exception& e) {
+    if (!received.desc.take.empty()) {
+      // Its tensors are the slot's whole chunk, which is not what this consumer reads.
+      std::lock_guard lk(mu_);
+      copy_error_ = "could not copy the " + std::to_string(received.desc.take.size()) +
+                    " rows this consumer takes out of slot " + std::to_string(received.desc.slot) +
+                    " (" + e.what() +
+                    "); free memory (GPU memory for a pool on a GPU), or read in exact order";
+      let_go(received.desc, false, false);
+      ready_.notify_all();
+      return;
+    }
     if (!copy_failed_)
       spdlog::warn(
           "could not copy a private chunk out of its slot ({}); such chunks stay in their "

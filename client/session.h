@@ -4,11 +4,14 @@
 // timeout_s) and maps the pool (SlotMemory). Then an I/O thread owns the DEALER socket: it
 // receives descriptors, heartbeats, End and errors, and sends the credits, releases and
 // heartbeats other threads queue (woken through an eventfd). A private chunk (regenerated for
-// this consumer alone) is copied out of its slot as it arrives and its slot released at once,
-// whether or not anyone reads it yet (client/chunk_copy.h says why). A seek() drops what was
-// sent for the old cursor until the server answers it. It heartbeats every heartbeat_interval_s
-// and watches the server: by pid on the same host, by silence past the heartbeat timeout
-// otherwise; pop() then throws ServerGoneError instead of waiting forever.
+// this consumer alone), and the rows a relaxed consumer takes of a chunk (a descriptor's take),
+// are copied out of their slot as they arrive and the slot released at once, whether or not
+// anyone reads them yet (client/chunk_copy.h says why); the queue then holds the copy's
+// descriptor (the taken rows compacted). Rows that cannot be copied (out of memory) end the
+// session's data: pop() raises Error saying why once the chunks before them are read. A seek()
+// drops what was sent for the old cursor until the server answers it. It heartbeats every
+// heartbeat_interval_s and watches the server: by pid on the same host, by silence past the
+// heartbeat timeout otherwise; pop() then throws ServerGoneError instead of waiting forever.
 //
 // Releases of GPU slots may wait for device work still reading them: release() takes fences,
 // and the I/O thread sends the Release only once every fence has passed; free_copy() likewise
@@ -52,10 +55,11 @@ class ReleaseFence {
 class ChunkCopy;
 class ChunkCopier;
 
-// A descriptor popped from the session, with the copy of its rows if it is a private chunk.
+// A descriptor popped from the session, with the copy of its rows if it was copied on arrival
+// (a private chunk, or rows taken: `desc` then describes the copy).
 struct ReceivedChunk {
   protocol::ChunkDescriptor desc;
-  std::shared_ptr<ChunkCopy> copy;  // private chunks: their slot was released on arrival
+  std::shared_ptr<ChunkCopy> copy;  // its slot was released on arrival
 };
 
 class Session {
@@ -69,8 +73,9 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   // Blocks for the next descriptor. nullopt once End was received and the queue is empty.
-  // Throws Error (the server's message), ServerGoneError, TimeoutError (after timeout_s, unless
-  // timeout_s <= 0), or PositionUnavailableError (the server's answer to the last seek()).
+  // Throws Error (the server's message, or rows to take that could not be copied),
+  // ServerGoneError, TimeoutError (after timeout_s, unless timeout_s <= 0), or
+  // PositionUnavailableError (the server's answer to the last seek()).
   std::optional<ReceivedChunk> pop(double timeout_s, double* waited);
   void post(protocol::Message message);
   // Asks the server to move this consumer's cursor. Descriptors queued or in flight until the
@@ -138,6 +143,7 @@ class Session {
   bool leaving_ = false;  // goodbye() was posted: chunks that arrive are released at once
   std::string gone_reason_;
   std::string server_error_;
+  std::string copy_error_;   // rows to take could not be copied out: pop() raises it
   std::string waiting_for_;  // the server's last heartbeat: what holds our data back
   std::function<void(const std::string&, double)> on_waiting_;
   double last_heard_ = 0;
@@ -149,7 +155,7 @@ class Session {
 struct ChunkRef {
   std::shared_ptr<Session> session;
   protocol::ChunkDescriptor desc;
-  std::shared_ptr<ChunkCopy> copy;  // private chunks: their rows, copied on arrival
+  std::shared_ptr<ChunkCopy> copy;  // chunks copied on arrival (ReceivedChunk): their rows
   const uint8_t* base = nullptr;    // the rows' memory (host or device): the slot's, or the copy's
 
   ChunkRef(std::shared_ptr<Session> s, ReceivedChunk received);

@@ -400,8 +400,9 @@ std::string validate_descriptor(const ChunkDescriptor& d, uint32_t slot_count,
       return "tensor " + t.name + ": extends outside its slot";
     if (t.offset % dtype_size(t.dtype) != 0) return "tensor " + t.name + ": misaligned offset";
     if (!d.take.empty() && row_extent_bytes(t) > row_stride_bytes(t))
-      return "tensor " + t.name + ": its rows overlap (a row spans more than dimension 0's "
-             "stride), so rows cannot be taken apart";
+      return "tensor " + t.name +
+             ": its rows overlap (a row spans more than dimension 0's stride), so rows cannot be "
+             "taken apart";
   }
   return "";
 }

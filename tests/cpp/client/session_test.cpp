@@ -1,7 +1,8 @@
 // A consumer's session when the server's messages cross its own: the test plays the server on
 // a real ROUTER socket over a real pool, because a real server cannot be made to send a chunk
 // exactly while a consumer closes (a race of microseconds, which is how it bit: a trainer that
-// closed one loader and opened another kept two slots held for good, test_resume's stall).
+// closed one loader and opened another kept two slots held for good, test_resume's stall), and
+// because no server sends a relaxed consumer the rows it takes of a chunk yet.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -44,8 +45,11 @@ class ScriptedServer {
     (void)router_.recv(identity);
     (void)router_.recv(body);
     identity_ = identity.to_string();
-    return protocol::decode(body.data(), body.size()).message;
+    auto m = protocol::decode(body.data(), body.size()).message;
+    if (m && std::holds_alternative<protocol::Hello>(*m)) hello_ = std::get<protocol::Hello>(*m);
+    return m;
   }
+  const protocol::Hello& hello() const { return hello_; }
   // Skips messages until one of type T; false if none came within `timeout_s` of each other.
   template <typename T>
   bool receive_until(double timeout_s) {
@@ -85,6 +89,21 @@ class ScriptedServer {
     d.tensors = {{"#", DType::kInt64, {4}, {1}, 0}};
     send(d);
   }
+  // Publishes chunk `seq` of 8 labels (100 + row) in `slot` and sends a relaxed consumer's
+  // descriptor of it: the rows `take`, the first samples of its epoch 0.
+  void taken_rows(uint64_t seq, uint32_t slot, std::vector<uint32_t> take) {
+    for (int64_t row = 0; row < 8; ++row)
+      reinterpret_cast<int64_t*>(memory_.slot_data(slot))[row] = 100 + row;
+    memory_.pool().set_slot_seq(slot, seq);
+    protocol::ChunkDescriptor d;
+    d.seq = seq;
+    d.slot = slot;
+    d.position.sample_count = static_cast<uint32_t>(take.size());
+    d.position.epoch_samples = 8;
+    d.tensors = {{"#", DType::kInt64, {8}, {1}, 0}};
+    d.take = std::move(take);
+    send(d);
+  }
 
  private:
   std::string endpoint_;
@@ -92,6 +111,7 @@ class ScriptedServer {
   zmq::context_t context_{1};
   zmq::socket_t router_{context_, zmq::socket_type::router};
   std::string identity_;
+  protocol::Hello hello_;
 };
 
 // A consumer that connects and closes at once, holding nothing, on a thread of its own: the
@@ -140,6 +160,46 @@ TEST(Session, AClosingConsumerWaitsForTheServersEndNoLongerThanItsHeartbeatTimeo
   ASSERT_EQ(closed.wait_for(std::chrono::seconds(10)), std::future_status::ready)
       << "close() waited for a server that never answered";
   closed.get();
+}
+
+// A relaxed consumer says so in its Hello; the rows it takes of a chunk are copied out on arrival
+// and the slot released before anyone reads them, and its batch is those rows, in take's order.
+TEST(Session, RowsTakenOfAChunkAreCopiedOutAndTheSlotReleasedOnArrival) {
+  ScriptedServer server("take");
+  std::promise<void> read;
+  std::packaged_task<std::vector<int64_t>()> task([&server, go = read.get_future()]() mutable {
+    ConsumerOptions o;
+    o.endpoint = server.endpoint();
+    o.timeout_s = 10;
+    o.batch_size = 3;
+    o.order = protocol::Order::kRelaxed;
+    Consumer consumer(o);
+    go.wait();
+    auto batch = consumer.next();
+    if (!batch || !batch->copied || batch->tensors[0].shape[0] != 3) return std::vector<int64_t>{};
+    const auto* labels = static_cast<const int64_t*>(batch->tensors[0].data);
+    return std::vector<int64_t>(labels, labels + 3);
+  });
+  auto labels = task.get_future();
+  std::thread(std::move(task)).detach();
+  server.welcome(/*heartbeat_timeout_s=*/30);
+  EXPECT_EQ(server.hello().order, protocol::Order::kRelaxed);
+  const uint64_t seq = protocol::kRelaxedSeqBase + 9;
+  server.taken_rows(seq, 2, {1, 4, 6});
+  std::optional<protocol::Release> released;
+  while (!released) {
+    auto m = server.receive(10);
+    if (!m) break;
+    if (auto* r = std::get_if<protocol::Release>(&*m)) released = *r;
+  }
+  ASSERT_TRUE(released) << "the slot of rows taken stays held until they are read";
+  EXPECT_EQ(released->seq, seq);
+  EXPECT_EQ(released->slot, 2u);
+  read.set_value();
+  ASSERT_TRUE(server.receive_until<protocol::Goodbye>(10));
+  server.send(protocol::End{1});  // the answer the leaving consumer waits for
+  ASSERT_EQ(labels.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(labels.get(), (std::vector<int64_t>{101, 104, 106}));
 }
 
 }  // namespace

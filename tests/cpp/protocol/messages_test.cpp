@@ -31,8 +31,8 @@ T round_trip(const T& m) {
 }
 
 TEST(Messages, EveryTypeRoundTrips) {
-  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1, 2.5, "size=160,crop=center",
-          Order::kRelaxed};
+  Hello h{1234, "boot", "trainer-1", LateJoin::kNextEpoch, 1, 2.5, "size=160,crop=center"};
+  h.order = Order::kRelaxed;
   auto h2 = round_trip(h);
   EXPECT_EQ(h2.order, Order::kRelaxed);
   EXPECT_EQ(round_trip(Hello{}).order, Order::kServer);
