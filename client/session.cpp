@@ -318,12 +318,10 @@ void Session::on_descriptor(protocol::ChunkDescriptor d) {
     received.desc = std::move(copied.desc);  // the same chunk number and slot
     release({received.desc.seq, received.desc.slot}, std::move(copied.release_after));
   } catch (const std::exception& e) {
-    if (!received.desc.take.empty()) {
-      // Its tensors are the slot's whole chunk, which is not what this consumer reads.
+    if (!received.desc.take.empty()) {  // its tensors are the slot's chunk, not this reader's
       std::lock_guard lk(mu_);
-      copy_error_ = "could not copy the " + std::to_string(received.desc.take.size()) +
-                    " rows this consumer takes out of slot " + std::to_string(received.desc.slot) +
-                    " (" + e.what() +
+      copy_error_ = "could not copy the rows this consumer takes out of slot " +
+                    std::to_string(received.desc.slot) + " (" + e.what() +
                     "); free memory (GPU memory for a pool on a GPU), or read in exact order";
       let_go(received.desc, false, false);
       ready_.notify_all();
