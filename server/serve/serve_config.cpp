@@ -17,6 +17,8 @@ const std::map<std::string, DecoderKind> ServeConfig::kDecoders = {
     {"cpu", DecoderKind::kCpu}, {"nvjpeg", DecoderKind::kNvjpeg}, {"mixed", DecoderKind::kMixed}};
 const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
+const std::map<std::string, protocol::Order> ServeConfig::kOrders = {
+    {"exact", protocol::Order::kExact}, {"relaxed", protocol::Order::kRelaxed}};
 std::string ServeConfig::decoder_flag() const {
   return "--decoder " + name_of(decoder, kDecoders).value_or("?");
 }
@@ -32,6 +34,9 @@ void ServeConfig::validate() {
     throw Error("--rank " + std::to_string(rank) + " must be below --world-size " +
                 std::to_string(world_size) +
                 " (ranks count from 0): lower --rank or raise --world-size");
+  if (!name_of(order, kOrders))
+    throw Error("--order: the server's default order is exact or relaxed (a consumer leaves its "
+                "order to the server, never the server to itself)");
   const PipelineOptions& t = transform;
   if (t.scale[0] > t.scale[1] || t.ratio[0] > t.ratio[1])
     throw Error("--scale and --ratio are MIN,MAX ranges: give the smaller value first");
@@ -135,6 +140,7 @@ StreamHostOptions ServeConfig::server_options(const std::vector<SampleTensor>& s
   so.min_consumers = min_consumers;
   so.stall_policy = stall_policy;
   so.stall_timeout_s = stall_timeout;
+  so.default_order = order;
   so.regenerates = true;  // SampleProducer: a chunk is a function of (seed, epoch, index)
   return so;
 }

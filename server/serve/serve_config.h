@@ -70,6 +70,9 @@ struct ServeConfig {
   bool every_rank = false;
   StallPolicy stall_policy = StallPolicy::kDecouple;
   double stall_timeout = kDefaultStallTimeoutS;
+  // The order of consumers that leave it to the server (docs/stream.md, "Order"): exact or
+  // relaxed; a consumer's Hello may ask for either itself.
+  protocol::Order order = protocol::Order::kExact;
 
   std::string metrics_dir;  // empty: no metrics
   double metrics_interval = 1.0;
@@ -82,6 +85,7 @@ struct ServeConfig {
   static const std::map<std::string, DecoderKind> kDecoders;
   static const std::map<std::string, OnErrorPolicy> kOnError;
   static inline const std::map<std::string, StallPolicy>& kStallPolicies = kStallPolicyNames;
+  static const std::map<std::string, protocol::Order> kOrders;  // exact, relaxed: no "server"
 
   // Checks the options against each other; throws Error naming the options and the fix. With a
   // CUDA device, also checks the GPU exists (fails at once, before any dataset is scanned).

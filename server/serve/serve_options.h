@@ -110,6 +110,12 @@ void for_each_serve_setting(Visit&& visit) {
                     "long is logged with who holds what",
                     r::kPositive},
         &C::stall_timeout, real);
+  visit(ServeOption{"order", "Stream",
+                    "the order of trainers that leave it to the server: exact (the stream's seeded "
+                    "order) or relaxed (each epoch its shard once, in an order the server chooses "
+                    "so that one decode serves every trainer that still needs a sample; batches "
+                    "are copies); a trainer may ask for either (Loader(order=))"},
+        &C::order, &ServeConfig::kOrders);
   visit(ServeOption{"fail_linger", "Stream",
                     "after a stream failure, seconds to keep answering trainers with the error "
                     "before exiting 1",

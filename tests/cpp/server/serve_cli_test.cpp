@@ -45,6 +45,7 @@ ServeConfig unusual() {
   c.every_rank = true;
   c.stall_policy = StallPolicy::kWait;
   c.stall_timeout = 0.25;
+  c.order = protocol::Order::kRelaxed;
   c.metrics_dir = "/tmp/m";
   c.metrics_interval = 0.2;
   c.status_interval = 0;
@@ -170,6 +171,24 @@ TEST(RingSize, SlotsAreWhatTheBudgetHoldsWithinTheOldRingAndTheCap) {
   EXPECT_EQ(ring_slots_for(100 << 20, 1 << 20), 100u);
   EXPECT_EQ(ring_slots_for(100 << 20, 50 << 20), kMinRingSlots) << "never fewer than before";
   EXPECT_EQ(ring_slots_for(uint64_t{1} << 30, 1024), kMaxRingSlots);
+}
+
+// --order is a choice of exact and relaxed, and it is the order the stream host gives the
+// consumers that leave theirs to the server.
+TEST(ServeCliTest, OrderIsTheServersDefaultForItsConsumers) {
+  EXPECT_EQ(parse({"--order", "relaxed"}).order, protocol::Order::kRelaxed);
+  EXPECT_THROW(parse({"--order", "server"}), CLI::ParseError);
+  EXPECT_THROW(parse({"--order", "sideways"}), CLI::ParseError);
+  ServeConfig c;
+  c.synthetic = 100;
+  c.validate();
+  const std::vector<SampleTensor> tensors = {{"#0", DType::kUInt8, {16}}};
+  EXPECT_EQ(c.server_options(tensors, 100, 0).default_order, protocol::Order::kExact);
+  c.order = protocol::Order::kRelaxed;
+  c.validate();
+  EXPECT_EQ(c.server_options(tensors, 100, 0).default_order, protocol::Order::kRelaxed);
+  c.order = protocol::Order::kServer;
+  EXPECT_THROW(c.validate(), Error) << "the server's default cannot be the server's default";
 }
 
 TEST(ServeCliTest, ASettingWithoutAnOptionIsAnError) {
