@@ -69,10 +69,12 @@ class ConsumerOptions:
     pin_memory: bool
     stall_timeout: float
     view: str
+    order: str  # "server", "exact" or "relaxed"
     def __init__(self, *, endpoint: str = "", batch_size: int = 0, drop_last: bool = False,
                  timeout: float = 60.0, prefetch: int = 2, max_held: int = 2,
                  late_join: str = "replay", name: str = "", cuda_device: int = -1,
-                 pin_memory: bool = False, stall_timeout: float = 0.0, view: str = "") -> None: ...
+                 pin_memory: bool = False, stall_timeout: float = 0.0, view: str = "",
+                 order: str = "server") -> None: ...
 
 class Consumer:
     def __init__(self, options: ConsumerOptions) -> None: ...
@@ -173,6 +175,7 @@ class ServeConfig:
     every_rank: bool
     stall_policy: str
     stall_timeout: float
+    order: str
     fail_linger: float
     transform: PipelineOptions
     views: List[str]
@@ -187,10 +190,10 @@ class ServeConfig:
         1024, on_error: str = 'raise', endpoint: str = '', listen_all: bool = False, batch_size:
         int = 64, epochs: int = 1, shuffle: bool = True, min_consumers: int = 1, ring: int = 0,
         ring_memory: int = 0, rank: int = 0, world_size: int = 1, every_rank: bool = False,
-        stall_policy: str = 'decouple', stall_timeout: float = 3.0, fail_linger: float = 30.0,
-        transform: PipelineOptions = ..., views: List[str] = [], workers: int = ..., device: str
-        = 'cpu', decoder: str = 'cpu', metrics_dir: str = '', metrics_interval: float = 1.0,
-        status_interval: float = 5.0
+        stall_policy: str = 'decouple', stall_timeout: float = 3.0, order: str = 'exact',
+        fail_linger: float = 30.0, transform: PipelineOptions = ..., views: List[str] = [],
+        workers: int = ..., device: str = 'cpu', decoder: str = 'cpu', metrics_dir: str = '',
+        metrics_interval: float = 1.0, status_interval: float = 5.0
     ) -> None: ...
     @staticmethod
     def options() -> List[Dict[str, Any]]: ...

@@ -147,7 +147,7 @@ class SharedStream:
         self.paths = share_paths(self.effective_key)
         self._pipeline = pipeline
         self._fingerprint = prints
-        self._loader_args = loader_args  # Loader(...) arguments: timeout, pin_memory
+        self._loader_args = loader_args  # Loader(...) arguments: timeout, pin_memory, order
         self._augment_seed = augment_seed
         self._python_why = python_why
         self._loader: Optional[Loader] = None

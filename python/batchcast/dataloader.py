@@ -40,6 +40,10 @@ With ``share``, torch's arguments mean:
   what it missed as private chunks, nothing lost, and merges back when it catches up. None:
   the producer's default (3 s). A producer over an IterableDataset cannot regenerate: there the
   others wait for it, as torch's DataLoaders of one stream would.
+- ``share_order`` (share= only): the order this trainer reads each epoch in, ``"exact"`` (the
+  stream's, as the sampler says) or ``"relaxed"`` (every sample of its epoch exactly once, in an
+  order the producer chooses so that one decode serves every trainer that still needs a sample,
+  whatever their paces; docs/stream.md, "Order"). None: the producer's default (exact).
 - ``share_memory`` (share= only): the shared memory the stream's ring may take, all its views
   included, as bytes or a size text ("512MiB", "2G"); applied by the trainer that starts the
   producer (docs/memory.md). None: ``batchcast sweep --share-memory``'s inside a sweep, else
@@ -93,7 +97,7 @@ from ._share import SharedStream, native_plan, pipeline_of, share_paths
 from ._sizes import size_bytes
 from ._sweep_progress import SHARE_MEMORY_ENV
 from ._torchvision_plan import Fallback, NativePlan
-from .loader import Closeable
+from .loader import Closeable, order_name
 
 __all__ = ["DataLoader", "share_paths"]
 
@@ -122,6 +126,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         stall_timeout: Optional[float] = None,
         augment_seed: Optional[int] = None,
         share_memory: Union[None, int, str] = None,
+        share_order: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         self._stream: Optional[SharedStream] = None  # before torch's __init__: __del__ reads it
@@ -153,7 +158,12 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
             if share_memory is not None:
                 raise ValueError("share_memory= sizes a share=KEY stream's shared ring; without "
                                  "share= there is none: drop it or pass share=")
+            if share_order is not None:
+                raise ValueError("share_order= is the order a share=KEY trainer reads its "
+                                 "stream in; without share= torch's sampler orders the batches: "
+                                 "drop it or pass share=")
             return
+        order_name(share_order, "share_order")  # a bad value: before anything starts
         if batch_size is None or batch_sampler is not None:
             raise ValueError(
                 f"DataLoader(share={share!r}) streams chunks of one batch size: pass batch_size "
@@ -194,7 +204,8 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         prints["decoding"] = decoding_of(pipeline["native"])
         self._stream = SharedStream(
             share, pipeline, prints,
-            {"timeout": timeout, "pin_memory": pin_memory, "stall_timeout": stall_timeout},
+            {"timeout": timeout, "pin_memory": pin_memory, "stall_timeout": stall_timeout,
+             "order": share_order},
             augment_seed, python_why,
         )
         self._decoding = prints["decoding"]

@@ -30,7 +30,9 @@ before modifying them in place.
 A Loader that holds more than ``max_held`` zero-copy batches gets private copies from then on,
 so keeping batches in a list never stalls the server. Batches of chunks the server regenerates
 for this Loader alone (catching up after a mid-epoch join or a ``load_state_dict``) are private
-copies too: each such chunk is copied as it arrives and its slot given back at once.
+copies too: each such chunk is copied as it arrives and its slot given back at once, and so
+are a relaxed Loader's (``order="relaxed"``): the rows it takes of each chunk are copied out as
+they arrive.
 
 Structure: tensors named ``"#0", "#1", ...`` become a tuple (the native server sends
 ``(images, labels)``), a single ``"#"`` a bare tensor, any other names a dict.
@@ -50,6 +52,7 @@ from ._views import ViewLike, view_text
 __all__ = ["Loader", "LoaderStats"]
 
 _FRAMEWORKS = ("torch", "numpy", "dlpack")
+_ORDERS = ("exact", "relaxed")  # None: the server's default (serve --order)
 _CONSUMER_DEFAULTS = _batchcast.ConsumerOptions()  # the defaults of Loader's arguments
 
 
@@ -63,6 +66,16 @@ class LoaderStats:
     copies: int  # private copies (spanning chunks, beyond max_held, or of private chunks)
     wait_s: float  # seconds spent waiting for data
     dropped_messages: int  # malformed messages from the server, dropped
+
+
+def order_name(order: Optional[str], argument: str) -> str:
+    """ConsumerOptions.order for a Loader's ``order`` (a DataLoader's ``share_order``): None is
+    the server's default; anything but exact or relaxed a ValueError naming ``argument``."""
+    if order is None:
+        return "server"
+    if order not in _ORDERS:
+        raise ValueError(f"{argument}: {order!r} is not one of {', '.join(_ORDERS)}")
+    return order
 
 
 def _structure(names: Sequence[str]) -> Tuple[str, Optional[List[int]]]:
@@ -140,6 +153,13 @@ class Loader(Closeable):
             slots (identical bytes); a view the server does not serve yet is added, and its
             first epoch regenerated for this Loader. None: the server's own. A view the
             pipeline cannot make raises batchcast.BatchcastError naming the field.
+        order: the order each epoch is read in (docs/stream.md, "Order"): ``"exact"``, the
+            stream's seeded order (``sampler.set_epoch`` semantics, equal batch sizes seeing
+            identical bytes), or ``"relaxed"``: every sample of the epoch (of this rank's shard)
+            exactly once, in an order the server chooses from what every relaxed Loader still
+            needs, so that one decode serves all of them however their paces differ (batches
+            are private copies). None: the server's ``--order`` (exact by default). Anything
+            else raises ValueError.
         rank: with a server of every rank (``serve --every-rank``, one node-wide server for
             DDP jobs), read this rank's shard (its stream at ``rank_endpoint(endpoint, rank)``).
     """
@@ -160,6 +180,7 @@ class Loader(Closeable):
         rank: Optional[int] = None,
         stall_timeout: Optional[float] = None,
         view: ViewLike = None,
+        order: Optional[str] = None,
     ) -> None:
         if rank is not None:  # a server of every rank (serve --every-rank): this rank's stream
             endpoint = _batchcast.rank_endpoint(endpoint or _batchcast.default_endpoint(), rank)
@@ -188,6 +209,7 @@ class Loader(Closeable):
                 pin_memory=bool(to_device and to_device.pin_copies),
                 stall_timeout=float(stall_timeout or 0.0),
                 view=view_text(view),
+                order=order_name(order, "order"),
             )
         except _batchcast.BatchcastError as e:  # a value out of its set (late_join): the user's
             raise ValueError(str(e)) from None

@@ -232,6 +232,11 @@ py::dict stats_dict(const ConsumerStats& s) {
 const std::map<std::string, protocol::LateJoin> kLateJoinNames = {
     {"replay", protocol::LateJoin::kReplay}, {"next_epoch", protocol::LateJoin::kNextEpoch}};
 
+// Python's names of a consumer's order ("server": the server's default, serve --order).
+const std::map<std::string, protocol::Order> kOrderNames = {{"server", protocol::Order::kServer},
+                                                            {"exact", protocol::Order::kExact},
+                                                            {"relaxed", protocol::Order::kRelaxed}};
+
 // The consumer's options as a typed class (client/consumer.h has each field's meaning); the
 // C++ names' unit suffixes are left out, as in ServeConfig. on_waiting is the binding's own.
 void bind_consumer_options(py::module_& m) {
@@ -258,6 +263,9 @@ void bind_consumer_options(py::module_& m) {
       .field("stall_timeout", &ConsumerOptions::stall_timeout_s,
              "seconds it may hold the stream back; 0: the server's stall_timeout")
       .field("view", &ConsumerOptions::view, "the view text it reads; '': the server's own")
+      .named("order", &ConsumerOptions::order, kOrderNames,
+             "'exact', 'relaxed' (each epoch its shard once, in the server's choice of order), or "
+             "'server': the server's default (serve --order)")
       .finish();
 }
 
