@@ -43,7 +43,8 @@ With ``share``, torch's arguments mean:
 - ``share_order`` (share= only): the order this trainer reads each epoch in, ``"exact"`` (the
   stream's, as the sampler says) or ``"relaxed"`` (every sample of its epoch exactly once, in an
   order the producer chooses so that one decode serves every trainer that still needs a sample,
-  whatever their paces; docs/stream.md, "Order"). None: the producer's default (exact).
+  whatever their paces; docs/stream.md, "Order"). None: ``batchcast sweep --order``'s inside a
+  sweep (``BATCHCAST_SHARE_ORDER``, relaxed by default), else the producer's default (exact).
 - ``share_memory`` (share= only): the shared memory the stream's ring may take, all its views
   included, as bytes or a size text ("512MiB", "2G"); applied by the trainer that starts the
   producer (docs/memory.md). None: ``batchcast sweep --share-memory``'s inside a sweep, else
@@ -95,7 +96,7 @@ from ._fingerprint import (decoding_of, fingerprint, gpu_refusal, joins_as_view,
                            view_fields)
 from ._share import SharedStream, native_plan, pipeline_of, share_paths
 from ._sizes import size_bytes
-from ._sweep_progress import SHARE_MEMORY_ENV
+from ._sweep_progress import ORDER_ENV, SHARE_MEMORY_ENV
 from ._torchvision_plan import Fallback, NativePlan
 from .loader import Closeable, order_name
 
@@ -163,7 +164,10 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                                  "stream in; without share= torch's sampler orders the batches: "
                                  "drop it or pass share=")
             return
-        order_name(share_order, "share_order")  # a bad value: before anything starts
+        given_as = "share_order"
+        if share_order is None:  # a sweep's --order, for the trials' loaders that give none
+            share_order, given_as = os.environ.get(ORDER_ENV) or None, ORDER_ENV
+        order_name(share_order, given_as)  # a bad value: before anything starts
         if batch_size is None or batch_sampler is not None:
             raise ValueError(
                 f"DataLoader(share={share!r}) streams chunks of one batch size: pass batch_size "

@@ -58,6 +58,13 @@ def test_a_bad_order_is_refused_naming_the_choices():
         batchcast.DataLoader(Numbers(), batch_size=4, share="unused", share_order="sideways")
     with pytest.raises(ValueError, match="share_order= is the order a share=KEY trainer"):
         batchcast.DataLoader(Numbers(), batch_size=4, share_order="relaxed")
+    with pytest.raises(ValueError,
+                       match="^BATCHCAST_SHARE_ORDER: 'any' is not one of exact, relaxed$"):
+        os.environ["BATCHCAST_SHARE_ORDER"] = "any"
+        try:
+            batchcast.DataLoader(Numbers(), batch_size=4, share="unused")
+        finally:
+            del os.environ["BATCHCAST_SHARE_ORDER"]
     with pytest.raises(_batchcast.BatchcastError, match=r"--order: sideways not in \{exact,"):
         _batchcast.ServeConfig(order="sideways")  # serve --order: no "server"
     with pytest.raises(_batchcast.BatchcastError, match=r"order='any' not in \{exact,relaxed,"):
@@ -79,14 +86,24 @@ def test_loaders_of_each_order_read_every_sample_once_an_epoch(endpoint):
         assert server.wait(20) == 0
 
 
-def test_a_share_trainer_reads_in_its_share_order():
+@pytest.mark.parametrize("share_order,env,read", [
+    ("relaxed", None, "relaxed"),
+    (None, "relaxed", "relaxed"),  # batchcast sweep --order, for loaders that give none
+    ("exact", "relaxed", "exact"),
+    (None, None, "server"),
+])
+def test_a_share_trainer_reads_in_its_share_order(share_order, env, read, monkeypatch):
+    if env is None:
+        monkeypatch.delenv("BATCHCAST_SHARE_ORDER", raising=False)
+    else:
+        monkeypatch.setenv("BATCHCAST_SHARE_ORDER", env)
     key = f"test-{uuid.uuid4().hex[:8]}"
     watch_endpoint(share_paths(key)["endpoint"])
     loader = batchcast.DataLoader(Numbers(), batch_size=4, shuffle=True, timeout=30, share=key,
-                                  share_order="relaxed")
+                                  share_order=share_order)
     try:
         assert epoch_labels(loader, numbers) == list(range(40))
-        assert loader._stream._loader._options.order == "relaxed"
+        assert loader._stream._loader._options.order == read
     finally:
         loader.close()
         for name in ("lock", "state", "log"):
