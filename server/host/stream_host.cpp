@@ -179,7 +179,7 @@ void StreamHost::wake() {
 std::optional<FillLease> StreamHost::acquire() {
   std::unique_lock lk(mu_);
   while (true) {
-    if (stopping_ || state_->failed()) return std::nullopt;
+    if (stopping_ || state_->failed() || state_->finished()) return std::nullopt;
     if (auto fill = state_->try_acquire(monotonic_seconds())) return lease(*fill);
     // Re-check periodically: under stall_policy=skip a consumer becomes skippable with time.
     slot_freed_.wait_for(lk, std::chrono::milliseconds(50));
@@ -277,6 +277,11 @@ void StreamHost::stream_failed(const std::string& message) {
 bool StreamHost::failed() const {
   std::lock_guard lk(mu_);
   return state_->failed();
+}
+
+bool StreamHost::finished() const {
+  std::lock_guard lk(mu_);
+  return state_->finished();
 }
 
 bool StreamHost::wait_finished(double timeout_s) {

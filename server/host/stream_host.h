@@ -138,7 +138,8 @@ class StreamHost {
   StreamHost(const StreamHost&) = delete;
   StreamHost& operator=(const StreamHost&) = delete;
 
-  // Blocks until a slot may take the next chunk; nullopt once stop() or fail() was called.
+  // Blocks until a slot may take the next chunk; nullopt once stop() or fail() was called, or
+  // the stream finished without it (finished(): its relaxed readers read every epoch).
   std::optional<FillLease> acquire();
   // Blocks until a consumer catching up needs a chunk regenerated, or relaxed readers a chunk of
   // the samples they need (FillLease::samples), and a slot may take it, or
@@ -160,6 +161,9 @@ class StreamHost {
   // left). Waits up to timeout_s (negative: forever) or until stop().
   bool wait_finished(double timeout_s);
   bool failed() const;  // fail() was called, or an invalid chunk failed the stream
+  // finish() was called, or the stream finished itself: every consumer read in relaxed order
+  // and has read its last epoch (StreamState::finished).
+  bool finished() const;
   // Stops the loop and wakes every waiter (SIGINT/SIGTERM/SIGHUP path). Idempotent.
   void stop();
 

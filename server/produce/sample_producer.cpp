@@ -261,8 +261,10 @@ bool SampleProducer::run() {
     for (uint64_t c = 0; ok && c < chunks; ++c) {
       if (core_.skip_unwanted(position_of(e, c))) continue;  // every consumer left it (break)
       auto lease = core_.acquire();
+      if (!lease && core_.finished()) break;  // only relaxed readers read, and they are done
       ok = lease && !failed && submit(*lease, position_of(e, c), order);
     }
+    if (core_.finished()) break;
   }
   if (ok && !failed) core_.finish();
   if (regenerating.joinable()) regenerating.join();

@@ -11,6 +11,10 @@ std::optional<StreamState::Fill> StreamState::try_acquire(double now) {
   if (!failure_.empty() || finished_) return std::nullopt;
   // Only relaxed readers read: they are served chunks of what they need (try_acquire_relaxed),
   // and the stream's order waits for an exact reader. Nobody waits for it: not blocked time.
+  if (started_ && relaxed_ever_ && !exact_ever_ && !relaxed_reading() && end_epoch()) {
+    finish();  // every reader read its last epoch in its own order: the stream's is not needed
+    return std::nullopt;
+  }
   if (started_ && relaxed_reading() && !exact_reader()) {
     if (blocked_since_) counters_.producer_blocked_s += now - *blocked_since_;
     if (ahead_since_) counters_.producer_blocked_s += now - *ahead_since_;

@@ -278,6 +278,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   w.consumer_id = added.id;
   w.epoch_samples = rules_.epoch_samples;
   send_(identity, w);
+  (added.relaxed ? relaxed_ever_ : exact_ever_) = true;
   if (added.relaxed) {
     relaxed_.add(added.id);
     spdlog::info("consumer {} attached ({}pid {}{}{}, relaxed order)", added.id,

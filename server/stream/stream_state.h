@@ -252,6 +252,9 @@ class StreamState {
   // uses it for that chunk (server/produce/decode_split.h).
   std::optional<uint64_t> waited_chunk() const;
   bool failed() const { return !failure_.empty(); }
+  // finish() was called, or only relaxed readers ever read and every one has read its last
+  // epoch: nothing else will read the stream's order (try_acquire then finishes it).
+  bool finished() const { return finished_; }
   const std::string& failure() const { return failure_; }  // empty unless failed()
   // finish() was called, min_consumers attached, and every consumer was sent End (or left).
   bool all_ended() const;
@@ -425,6 +428,8 @@ class StreamState {
   RelaxedReaders relaxed_;
   uint64_t next_relaxed_seq_ = protocol::kRelaxedSeqBase;
   bool said_exact_only_ = false;  // a relaxed reader served exact here: said once
+  bool exact_ever_ = false;       // an exact reader attached once
+  bool relaxed_ever_ = false;     // a relaxed reader attached once
   bool started_ = false;  // min_consumers reached
   bool finished_ = false;
   uint64_t end_seq_ = 0;

@@ -35,15 +35,12 @@ READER = textwrap.dedent("""
     endpoint, order, pause, batch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     loader = batchcast.Loader(endpoint, batch_size=batch, timeout=60,
                               order=None if order == "server" else order)
-    epochs = 0
-    while True:
+    for epoch in range(int(sys.argv[5])):
         labels = []
         for x, y in loader:
             assert torch.equal(x, synthetic_rows(y, SAMPLE_BYTES)), "payload differs from label"
             labels += y.tolist()
             time.sleep(pause)
-        if not labels:
-            break
         print(json.dumps(labels), flush=True)
 """)
 
@@ -58,8 +55,8 @@ def test_relaxed_readers_of_different_speeds_get_each_epoch_once(endpoint, batch
                                                                  run_py):
     with serve(endpoint, samples=SAMPLES, batch=8, epochs=3, min_consumers=2,
                order="relaxed") as server:
-        fast = run_py(READER, endpoint, "server", "0", "8")
-        slow = run_py(READER, endpoint, "relaxed", "0.02", "5")
+        fast = run_py(READER, endpoint, "server", "0", "8", "3")
+        slow = run_py(READER, endpoint, "relaxed", "0.02", "5", "3")
         for proc in (fast, slow):
             epochs = epochs_of(proc)
             assert len(epochs) == 3
@@ -70,15 +67,15 @@ def test_relaxed_readers_of_different_speeds_get_each_epoch_once(endpoint, batch
 
 def test_exact_and_relaxed_readers_share_one_stream(endpoint, batchcast_bin, run_py):
     with serve(endpoint, samples=SAMPLES, batch=8, epochs=2, min_consumers=2) as server:
-        exact = run_py(READER, endpoint, "exact", "0", "8")
-        relaxed = run_py(READER, endpoint, "relaxed", "0.01", "8")
+        exact = run_py(READER, endpoint, "exact", "0", "8", "2")
+        relaxed = run_py(READER, endpoint, "relaxed", "0.01", "8", "2")
         exact_epochs, relaxed_epochs = epochs_of(exact), epochs_of(relaxed)
         assert server.wait(30) == 0
     for labels in exact_epochs + relaxed_epochs:
         assert sorted(labels) == list(range(SAMPLES))
     # The exact reader reads the seeded order: a second exact reader of a fresh server agrees.
     with serve(endpoint, samples=SAMPLES, batch=8, epochs=2) as server:
-        again = epochs_of(run_py(READER, endpoint, "exact", "0", "8"))
+        again = epochs_of(run_py(READER, endpoint, "exact", "0", "8", "2"))
         assert server.wait(30) == 0
     assert again == exact_epochs
 
