@@ -45,6 +45,7 @@ class RelaxedSim {
   RelaxedSim(uint64_t per_epoch, uint64_t epochs, uint32_t slots, uint32_t capacity,
              uint32_t world_size = 1)
       : per_epoch_(per_epoch),
+        epochs_(epochs),
         plan_(per_epoch * kChunk * world_size, {7, true, 0, world_size}),
         capacity_(capacity),
         s_(make_rules(per_epoch, epochs, slots, world_size)) {}
@@ -102,7 +103,14 @@ class RelaxedSim {
 
   void produce() {
     for (uint32_t i = 0; i < capacity_; ++i) {
-      if (auto f = s_.fill()) {
+      // As SampleProducer: the stream's order for the server's epochs, then finish().
+      if (stream_chunks_ == epochs_ * per_epoch_ && !finished_) {
+        s_.state.finish();
+        finished_ = true;
+      }
+      auto f = finished_ ? std::nullopt : s_.fill();
+      if (f) {
+        ++stream_chunks_;
         const uint64_t e = f->seq / per_epoch_, c = f->seq % per_epoch_;
         const auto order = plan_.epoch_order(e);
         std::vector<uint64_t> rows(order.begin() + c * kChunk, order.begin() + (c + 1) * kChunk);
@@ -217,7 +225,9 @@ class RelaxedSim {
     ++r.epochs_done;
   }
 
-  uint64_t per_epoch_;
+  uint64_t per_epoch_, epochs_;
+  uint64_t stream_chunks_ = 0;
+  bool finished_ = false;
   StreamPlan plan_;
   uint32_t capacity_;
   Stream s_;
