@@ -27,9 +27,10 @@ RelaxedReaders::RelaxedReaders(uint64_t dataset_size, Shard shard, uint64_t seed
     throw Error("relaxed order serves datasets of fewer than 2^32 samples");
 }
 
-void RelaxedReaders::add(uint64_t reader) {
+void RelaxedReaders::add(uint64_t reader, uint32_t view) {
   Reader r;
   r.id = reader;
+  r.view = view;
   r.epoch = first_epoch_;
   start_epoch(reader, r);
   readers_[reader] = std::move(r);
@@ -81,13 +82,15 @@ void RelaxedReaders::hold(uint64_t entry, const std::vector<uint64_t>& samples, 
   }
 }
 
-bool RelaxedReaders::on_its_way(uint64_t reader, uint64_t s) const {
+bool RelaxedReaders::may_take(const Reader& r, const Entry& e) const {
+  return r.view < e.views && std::find(e.takers.begin(), e.takers.end(), r.id) == e.takers.end();
+}
+
+bool RelaxedReaders::on_its_way(const Reader& r, uint64_t s) const {
   auto it = in_ring_.find(s);
   if (it == in_ring_.end()) return false;
-  for (uint64_t entry : it->second) {
-    const auto& takers = ring_.at(entry).takers;
-    if (std::find(takers.begin(), takers.end(), reader) == takers.end()) return true;
-  }
+  for (uint64_t entry : it->second)
+    if (may_take(r, ring_.at(entry))) return true;
   return false;
 }
 
@@ -118,12 +121,13 @@ void RelaxedReaders::gone(uint64_t seq) {
 
 std::vector<uint32_t> RelaxedReaders::rows_needed(const Reader& r, const Entry& e) const {
   std::vector<uint32_t> rows;
+  if (!may_take(r, e)) return rows;
   for (uint32_t i = 0; i < e.samples.size(); ++i)
     if (e.samples[i] < dataset_size_ && needs(r, e.samples[i])) rows.push_back(i);
   return rows;
 }
 
-std::optional<RelaxedReaders::Offer> RelaxedReaders::offer(uint64_t reader, uint32_t view) {
+std::optional<RelaxedReaders::Offer> RelaxedReaders::offer(uint64_t reader) {
   auto rit = readers_.find(reader);
   if (rit == readers_.end() || rit->second.done) return std::nullopt;
   Reader& r = rit->second;
@@ -134,11 +138,8 @@ std::optional<RelaxedReaders::Offer> RelaxedReaders::offer(uint64_t reader, uint
       advance = false;
       continue;
     }
-    const bool took = std::find(e.takers.begin(), e.takers.end(), reader) != e.takers.end();
-    if (view < e.views && !took) {
-      auto rows = rows_needed(r, e);
-      if (!rows.empty()) return Offer{e.seq, std::move(rows)};
-    }
+    auto rows = rows_needed(r, e);
+    if (!rows.empty()) return Offer{e.seq, std::move(rows)};
     if (advance) r.scan = it->first + 1;  // needs only shrink within an epoch
   }
   return std::nullopt;
@@ -189,11 +190,8 @@ bool RelaxedReaders::wanted(uint64_t seq) const {
 
 uint64_t RelaxedReaders::supply(const Reader& r) const {
   uint64_t n = 0;
-  for (auto it = ring_.lower_bound(r.scan); it != ring_.end(); ++it) {
-    const auto& takers = it->second.takers;
-    if (std::find(takers.begin(), takers.end(), r.id) == takers.end())
-      n += rows_needed(r, it->second).size();
-  }
+  for (auto it = ring_.lower_bound(r.scan); it != ring_.end(); ++it)
+    n += rows_needed(r, it->second).size();
   return n;
 }
 
@@ -216,7 +214,7 @@ std::vector<uint64_t> RelaxedReaders::choose(
     const size_t want = size_t{chunk_size} * kCandidatesPerRow;
     for (size_t i = driver.cursor; i < driver.order.size() && candidates.size() < want; ++i) {
       const uint64_t s = driver.order[i];
-      if (!needs(driver, s) || on_its_way(driver_id, s)) continue;
+      if (!needs(driver, s) || on_its_way(driver, s)) continue;
       uint32_t others = 0;
       for (uint64_t id : hungry)
         if (id != driver_id && needs(readers_.at(id), s)) ++others;

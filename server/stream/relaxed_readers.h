@@ -42,7 +42,7 @@ class RelaxedReaders {
                  uint64_t end_epoch);
   bool available() const { return static_cast<bool>(shard_); }
 
-  void add(uint64_t reader);  // starts at the first epoch
+  void add(uint64_t reader, uint32_t view);  // starts at the first epoch; reads view `view`
   void remove(uint64_t reader);
   // It starts epoch `epoch` over (a resumed trainer): its whole shard is needed again.
   void restart(uint64_t reader, uint64_t epoch);
@@ -63,9 +63,9 @@ class RelaxedReaders {
     uint64_t seq = 0;
     std::vector<uint32_t> rows;  // ascending
   };
-  // The oldest retained chunk of a view it reads (below `views` filled) with rows it needs, of
-  // those it took no rows of yet.
-  std::optional<Offer> offer(uint64_t reader, uint32_t view);
+  // The oldest retained chunk filled in its view with rows it needs, of those it took no rows of
+  // yet.
+  std::optional<Offer> offer(uint64_t reader);
   // The position the descriptor of `offer` carries (its epoch, the samples it had before).
   protocol::ChunkPosition position(uint64_t reader, const Offer& offer) const;
   // It was sent `offer`: those rows are had (its epoch ends with its last one).
@@ -87,6 +87,7 @@ class RelaxedReaders {
  private:
   struct Reader {
     uint64_t id = 0;
+    uint32_t view = 0;
     uint64_t epoch = 0;
     std::vector<uint64_t> need;  // a bit per dataset index
     uint64_t needed = 0;         // bits set
@@ -112,14 +113,16 @@ class RelaxedReaders {
   bool needs(const Reader& r, uint64_t sample) const {
     return (r.need[sample >> 6] >> (sample & 63)) & 1;
   }
-  // Rows of `e` that `r` needs (a sample twice in a chunk counts once).
+  // Rows of `e` that `r` needs and may take (filled in its view, none taken yet).
   std::vector<uint32_t> rows_needed(const Reader& r, const Entry& e) const;
   // Needed rows in the ring from its scan on, filling chunks included.
   uint64_t supply(const Reader& r) const;
   // Entry `entry`'s samples enter (true) or leave the ring.
   void hold(uint64_t entry, const std::vector<uint64_t>& samples, bool enter);
-  // Sample `s` is in a chunk of the ring that `reader` took no rows of.
-  bool on_its_way(uint64_t reader, uint64_t s) const;
+  // Sample `s` is in a chunk of the ring that `r` may still take rows of.
+  bool on_its_way(const Reader& r, uint64_t s) const;
+  // `r` may take rows of `e`: filled in its view (or still filling, for it), none taken yet.
+  bool may_take(const Reader& r, const Entry& e) const;
 
   uint64_t dataset_size_;
   Shard shard_;

@@ -74,7 +74,7 @@ bool StreamState::deliver_relaxed(ConsumerRecord& c) {
     return true;
   }
   if (c.credits == 0) return true;
-  auto offer = relaxed_.offer(c.id, c.view);
+  auto offer = relaxed_.offer(c.id);
   if (!offer) return true;
   auto slot = ring_.find_published(offer->seq);
   if (!slot) {  // a book out of step with the ring is a server bug: never send a stale slot

@@ -280,7 +280,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   send_(identity, w);
   (added.relaxed ? relaxed_ever_ : exact_ever_) = true;
   if (added.relaxed) {
-    relaxed_.add(added.id);
+    relaxed_.add(added.id, added.view);
     spdlog::info("consumer {} attached ({}pid {}{}{}, relaxed order)", added.id,
                  added.name.empty() ? "" : added.name + ", ", added.pid,
                  added.local ? "" : ", remote",

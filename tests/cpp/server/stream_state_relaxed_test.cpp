@@ -331,6 +331,37 @@ TEST(RelaxedTest, ExactAndRelaxedShareOneStream) {
   EXPECT_LE(sim.decoded(), sim.samples("exact") * 11 / 10);
 }
 
+// A reader of a view added after the stream's chunks were made (in view 0 only) is not left
+// waiting for them: the samples it needs are decoded for it, in its view.
+TEST(RelaxedTest, AReaderOfALaterViewIsDecodedFor) {
+  Stream s(make_rules(3, 1, 11));
+  for (uint64_t i = 0; i < 3; ++i) {  // made before anyone attached: view 0 only
+    auto f = s.fill();
+    ASSERT_TRUE(f);
+    protocol::ChunkPosition p;
+    p.index_in_epoch = i;
+    p.sample_start = i * kChunk;
+    p.sample_count = kChunk;
+    p.epoch_end = i == 2;
+    s.state.publish(f->seq, f->slot, p, {{"#", DType::kUInt8, {kChunk}, {1}, 0}},
+                    {4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3});
+  }
+  s.hello("b", protocol::LateJoin::kReplay, true, "size=8");
+  s.credit("b", 4);
+  s.tick();
+  EXPECT_TRUE(s.take<ChunkDescriptor>("b").empty()) << "sent chunks of another view";
+  auto f = s.state.try_acquire_private(s.now);
+  ASSERT_TRUE(f) << "nothing decoded for the reader of the later view";
+  const auto n = static_cast<int64_t>(f->samples.size());
+  protocol::ChunkPosition p;
+  p.sample_count = static_cast<uint32_t>(n);
+  s.state.publish(f->seq, f->slot, p, {{"#", DType::kUInt8, {n}, {1}, 0}}, f->samples);
+  s.tick();
+  auto sent = s.take<ChunkDescriptor>("b");
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].tensors[0].shape[1], 8) << "not its view's tensors";
+}
+
 // A resumed trainer seeks to the start of its saved epoch and reads it whole; a seek inside an
 // epoch is refused, since its order within the epoch was the server's.
 TEST(RelaxedTest, AResumedReaderStartsItsEpochOver) {
