@@ -9,20 +9,18 @@
 namespace batchcast {
 
 namespace {
-// A reader is hungry while fewer rows it needs are in the ring or being filled than its credits
-// and this many chunks more: the producer's lead, so that its workers never wait for a request.
-constexpr uint32_t kLeadChunks = 2;
 // choose() looks at this many candidates per row of the chunk for the rows others need too.
 constexpr uint32_t kCandidatesPerRow = 4;
 }  // namespace
 
 RelaxedReaders::RelaxedReaders(uint64_t dataset_size, Shard shard, uint64_t seed,
-                               uint64_t first_epoch, uint64_t end_epoch)
+                               uint64_t first_epoch, uint64_t end_epoch, uint32_t lead_chunks)
     : dataset_size_(dataset_size),
       shard_(std::move(shard)),
       seed_(seed),
       first_epoch_(first_epoch),
-      end_epoch_(end_epoch) {
+      end_epoch_(end_epoch),
+      lead_chunks_(lead_chunks) {
   if (shard_ && dataset_size_ >= (uint64_t{1} << 32))
     throw Error("relaxed order serves datasets of fewer than 2^32 samples");
 }
@@ -199,7 +197,7 @@ std::vector<uint64_t> RelaxedReaders::choose(
     uint32_t chunk_size, const std::function<uint32_t(uint64_t reader)>& credits) {
   std::vector<uint64_t> hungry;
   for (const auto& [id, r] : readers_)
-    if (!r.done && supply(r) < uint64_t{credits(id) + kLeadChunks} * chunk_size)
+    if (!r.done && supply(r) < uint64_t{credits(id) + lead_chunks_} * chunk_size)
       hungry.push_back(id);
   // The scarce one drives: the hungry reader that needs the fewest samples and has some not on
   // their way already.

@@ -12,7 +12,8 @@
 // for it again.
 //
 // What to decode next (choose()): a reader is hungry when the rows it needs in the ring and in
-// chunks being filled are fewer than it may take (its credits and a lead of two chunks). The
+// chunks being filled are fewer than it may take (its credits and the producer's lead: chunks
+// in hand for its workers and, on a GPU, its uploads and the JPEG engine). The
 // chunk is drawn for the hungry reader that needs the fewest samples (its epoch's tail: the
 // scarce one), in its own random order, the samples that other hungry readers also need first.
 // So a reader alone at the head reads its shard in a random order; one behind, which needs
@@ -38,8 +39,9 @@ class RelaxedReaders {
   // The dataset indices epoch `epoch` visits on this server (its shard).
   using Shard = std::function<std::vector<uint64_t>(uint64_t epoch)>;
   // Empty `shard`: nobody can read relaxed here (the producer cannot decode chosen samples).
+  // `lead_chunks`: chunks a hungry reader may have on their way beyond its credits.
   RelaxedReaders(uint64_t dataset_size, Shard shard, uint64_t seed, uint64_t first_epoch,
-                 uint64_t end_epoch);
+                 uint64_t end_epoch, uint32_t lead_chunks);
   bool available() const { return static_cast<bool>(shard_); }
 
   void add(uint64_t reader, uint32_t view);  // starts at the first epoch; reads view `view`
@@ -127,6 +129,7 @@ class RelaxedReaders {
   uint64_t dataset_size_;
   Shard shard_;
   uint64_t seed_, first_epoch_, end_epoch_;
+  uint32_t lead_chunks_;
   std::map<uint64_t, Reader> readers_;
   std::map<uint64_t, Entry> ring_;      // by entry number: oldest first
   std::map<uint64_t, uint64_t> entry_;  // seq -> entry number

@@ -25,7 +25,9 @@ StreamState::StreamState(StreamRules rules, Send send, Alive alive, ResolveView 
       ring_(rules_.slot_count),
       relaxed_(rules_.dataset_size,
                rules_.regenerates ? rules_.epoch_shard : RelaxedReaders::Shard{}, rules_.seed,
-               rules_.welcome.first_epoch, end_epoch()) {
+               rules_.welcome.first_epoch, end_epoch(),
+               // The stream's lead, or on a fixed ring half of it: what the producer has in hand.
+               rules_.lead_chunks ? rules_.lead_chunks : std::max(2u, rules_.slot_count / 2)) {
   counters_.ring_slots = rules_.slot_count;
 }
 
