@@ -21,7 +21,7 @@
 // Not a rule "the engine is idle": the engine is idle whenever the CPU keeps up, which is exactly
 // when the engine should stay off. Private chunks (regenerated for a consumer catching up) are
 // never the stream's head, so the CPU decodes them. Under relaxed order the chunk waited for is
-// the oldest one being filled for relaxed readers while one of them has taken all it was sent.
+// the oldest one being filled for relaxed readers while one of them has credit and nothing to take.
 //
 // Thread-safety: cpu_decodes() and the counters from any thread; `waited` must be callable
 // concurrently (StreamHost::waited_chunk is lock-free). Ownership: `waited` must stay callable as

@@ -43,6 +43,7 @@ struct ConsumerRecord {
   double stall_timeout_s = 0;  // its own stall bound (Hello); 0: the server's
   uint32_t view = 0;           // the view it reads (StreamState::add_view); 0: the first
   bool relaxed = false;        // reads in relaxed order (StreamState's RelaxedReaders)
+  bool starved = false;        // relaxed: at its last delivery it had credit and nothing to take
   // Seconds it has held the stream back (the producer waited for a slot, another consumer had
   // been sent every published chunk, and this one pinned published chunks it was not sent
   // yet), less the seconds it has not since: a consumer that holds the stream back most of

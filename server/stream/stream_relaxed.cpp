@@ -26,8 +26,7 @@ bool StreamState::relaxed_reading() const {
 std::optional<uint64_t> StreamState::waited_relaxed_chunk() const {
   const bool waits = std::any_of(consumers_.all().begin(), consumers_.all().end(), [&](auto& e) {
     const ConsumerRecord& c = e.second;
-    return c.relaxed && !c.end_sent && !c.closing && c.credits > 0 &&
-           c.credits == c.credit_window;
+    return c.relaxed && !c.end_sent && !c.closing && c.starved;
   });
   if (!waits) return std::nullopt;
   std::optional<uint64_t> oldest;
@@ -73,9 +72,13 @@ bool StreamState::deliver_relaxed(ConsumerRecord& c) {
     c.end_sent = send_(c.identity, protocol::End{rules_.epochs});
     return true;
   }
+  c.starved = false;
   if (c.credits == 0) return true;
   auto offer = relaxed_.offer(c.id);
-  if (!offer) return true;
+  if (!offer) {
+    c.starved = true;  // it waits for what is decoded next (waited_relaxed_chunk)
+    return true;
+  }
   auto slot = ring_.find_published(offer->seq);
   if (!slot) {  // a book out of step with the ring is a server bug: never send a stale slot
     relaxed_.gone(offer->seq);

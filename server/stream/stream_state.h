@@ -213,8 +213,8 @@ class StreamState {
   // One step of delivery to a consumer with a private stream (or a pending seek): true when
   // nothing more can be sent to it now, false to look at it again.
   bool deliver_private(ConsumerRecord& c);
-  // The oldest chunk being filled for relaxed readers, while one of them has taken every chunk
-  // it was sent (it waits): what waited_chunk() names when no stream chunk is waited for.
+  // The oldest chunk being filled for relaxed readers while one of them had credit and nothing to
+  // take at its last delivery (it waits): what waited_chunk() names when no stream chunk is.
   std::optional<uint64_t> waited_relaxed_chunk() const;
   // A relaxed chunk is filled: kept for the relaxed readers that need rows of it.
   void publish_relaxed(uint64_t seq, uint32_t slot, const protocol::ChunkPosition& position,

@@ -362,6 +362,18 @@ TEST(RelaxedTest, AReaderOfALaterViewIsDecodedFor) {
   EXPECT_EQ(sent[0].tensors[0].shape[1], 8) << "not its view's tensors";
 }
 
+// The mixed decoder's rule (decode_split.h): the chunk being filled for a relaxed reader that
+// has credit and nothing to take is the one waited for.
+TEST(RelaxedTest, TheChunkAStarvedReaderWaitsForIsTheWaitedChunk) {
+  Stream s(make_rules(5, 2, 16));
+  s.join("a", 2);
+  s.tick();
+  auto f = s.state.try_acquire_private(s.now);
+  ASSERT_TRUE(f);
+  s.tick();
+  EXPECT_EQ(s.state.waited_chunk(), std::optional<uint64_t>(f->seq));
+}
+
 // A resumed trainer seeks to the start of its saved epoch and reads it whole; a seek inside an
 // epoch is refused, since its order within the epoch was the server's.
 TEST(RelaxedTest, AResumedReaderStartsItsEpochOver) {
