@@ -96,7 +96,7 @@ void RelaxedReaders::filling(uint64_t seq, std::vector<uint64_t> samples, uint32
   hold(next_entry_, samples, true);
   counts_.samples_chosen += samples.size();
   entry_[seq] = next_entry_;
-  ring_[next_entry_++] = {seq, std::move(samples), views, false};
+  ring_[next_entry_++] = {seq, std::move(samples), views, false, {}};
 }
 
 void RelaxedReaders::retained(uint64_t seq, std::vector<uint64_t> samples, uint32_t views) {
@@ -106,7 +106,7 @@ void RelaxedReaders::retained(uint64_t seq, std::vector<uint64_t> samples, uint3
   }
   hold(next_entry_, samples, true);
   entry_[seq] = next_entry_;
-  ring_[next_entry_++] = {seq, std::move(samples), views, true};
+  ring_[next_entry_++] = {seq, std::move(samples), views, true, {}};
 }
 
 void RelaxedReaders::gone(uint64_t seq) {
@@ -186,18 +186,18 @@ bool RelaxedReaders::wanted(uint64_t seq) const {
   return false;
 }
 
-uint64_t RelaxedReaders::supply(const Reader& r) const {
+bool RelaxedReaders::short_of(const Reader& r, uint64_t want) const {
   uint64_t n = 0;
-  for (auto it = ring_.lower_bound(r.scan); it != ring_.end(); ++it)
+  for (auto it = ring_.lower_bound(r.scan); it != ring_.end() && n < want; ++it)
     n += rows_needed(r, it->second).size();
-  return n;
+  return n < want;
 }
 
 std::vector<uint64_t> RelaxedReaders::choose(
     uint32_t chunk_size, const std::function<uint32_t(uint64_t reader)>& credits) {
   std::vector<uint64_t> hungry;
   for (const auto& [id, r] : readers_)
-    if (!r.done && supply(r) < uint64_t{credits(id) + lead_chunks_} * chunk_size)
+    if (!r.done && short_of(r, uint64_t{credits(id) + lead_chunks_} * chunk_size))
       hungry.push_back(id);
   // The scarce one drives: the hungry reader that needs the fewest samples and has some not on
   // their way already.

@@ -117,8 +117,9 @@ class RelaxedReaders {
   }
   // Rows of `e` that `r` needs and may take (filled in its view, none taken yet).
   std::vector<uint32_t> rows_needed(const Reader& r, const Entry& e) const;
-  // Needed rows in the ring from its scan on, filling chunks included.
-  uint64_t supply(const Reader& r) const;
+  // Fewer than `want` rows it needs are in the ring from its scan on, filling chunks included
+  // (counted only until there are enough: this runs for every reader at every acquire).
+  bool short_of(const Reader& r, uint64_t want) const;
   // Entry `entry`'s samples enter (true) or leave the ring.
   void hold(uint64_t entry, const std::vector<uint64_t>& samples, bool enter);
   // Sample `s` is in a chunk of the ring that `r` may still take rows of.

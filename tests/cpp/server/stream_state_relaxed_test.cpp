@@ -50,7 +50,11 @@ class RelaxedSim {
         capacity_(capacity),
         s_(make_rules(per_epoch, epochs, slots, world_size)) {}
 
-  void add(ReaderPlan p) { readers_.push_back({std::move(p)}); }
+  void add(ReaderPlan p) {
+    Reader r;
+    r.plan = std::move(p);
+    readers_.push_back(std::move(r));
+  }
 
   // Runs until every reader ended, left or died (or `max_steps`); false if it did not.
   bool run(int max_steps = 200000) {
