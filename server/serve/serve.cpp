@@ -317,12 +317,16 @@ int ServeRun::wait() {
   auto s = core.stats();
   spdlog::info(
       "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died"
-      "; {} chunks regenerated (consumers catching up or decoupled: {} decoupling(s)); {} "
-      "chunks decoded for relaxed readers ({} samples; they took {} samples from every chunk); "
-      "{} samples decoded in all; the producer found the ring full for {:.1f} s",
+      "; {} chunks regenerated (consumers catching up or decoupled: {} decoupling(s)){}; {} "
+      "samples decoded in all; the producer found the ring full for {:.1f} s",
       s.chunks_published, s.samples_published, producer_->skipped_samples(), s.consumers_ever,
-      s.consumers_died, s.chunks_regenerated, s.decouplings, s.chunks_relaxed, s.samples_relaxed,
-      s.samples_taken_relaxed, s.samples_decoded(), s.producer_blocked_s);
+      s.consumers_died, s.chunks_regenerated, s.decouplings,
+      s.samples_taken_relaxed ? fmt::format("; {} chunks decoded for relaxed readers ({} samples; "
+                                            "they took {} samples from every chunk)",
+                                            s.chunks_relaxed, s.samples_relaxed,
+                                            s.samples_taken_relaxed)
+                              : "",
+      s.samples_decoded(), s.producer_blocked_s);
   return failed ? 1 : 0;  // a stop during the linger does not make a failure a success
 }
 
