@@ -3,7 +3,10 @@
 // shared; each SampleRng is a small value owned by one caller.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace batchcast {
 
@@ -32,5 +35,11 @@ class SampleRng {
  private:
   uint64_t state_;
 };
+
+// Fisher-Yates over `items`, driven by `rng` alone (the same rng, the same order).
+template <typename T>
+void shuffle(std::vector<T>& items, SampleRng& rng) {
+  for (std::size_t i = items.size(); i > 1; --i) std::swap(items[i - 1], items[rng.below(i)]);
+}
 
 }  // namespace batchcast

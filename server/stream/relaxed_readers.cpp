@@ -30,7 +30,7 @@ void RelaxedReaders::add(uint64_t reader, uint32_t view) {
   r.id = reader;
   r.view = view;
   r.epoch = first_epoch_;
-  start_epoch(reader, r);
+  start_epoch(r);
   readers_[reader] = std::move(r);
 }
 
@@ -40,7 +40,7 @@ void RelaxedReaders::restart(uint64_t reader, uint64_t epoch) {
   Reader& r = readers_.at(reader);
   r.epoch = epoch;
   r.done = false;
-  start_epoch(reader, r);
+  start_epoch(r);
 }
 
 bool RelaxedReaders::done(uint64_t reader) const {
@@ -48,7 +48,7 @@ bool RelaxedReaders::done(uint64_t reader) const {
   return it != readers_.end() && it->second.done;
 }
 
-void RelaxedReaders::start_epoch(uint64_t id, Reader& r) {
+void RelaxedReaders::start_epoch(Reader& r) {
   r.need.assign((dataset_size_ + 63) / 64, 0);
   r.needed = r.had = r.chunks = 0;
   r.order.clear();
@@ -64,8 +64,8 @@ void RelaxedReaders::start_epoch(uint64_t id, Reader& r) {
     r.order.push_back(static_cast<uint32_t>(s));
   }
   r.needed = r.epoch_samples = r.order.size();
-  SampleRng rng(seed_, r.epoch, hash_combine(id, 0x7e1a8edull));
-  for (size_t i = r.order.size(); i > 1; --i) std::swap(r.order[i - 1], r.order[rng.below(i)]);
+  SampleRng rng(seed_, r.epoch, hash_combine(r.id, 0x7e1a8edull));
+  shuffle(r.order, rng);
 }
 
 void RelaxedReaders::hold(uint64_t entry, const std::vector<uint64_t>& samples, bool enter) {
@@ -92,21 +92,23 @@ bool RelaxedReaders::on_its_way(const Reader& r, uint64_t s) const {
   return false;
 }
 
-void RelaxedReaders::filling(uint64_t seq, std::vector<uint64_t> samples, uint32_t views) {
+void RelaxedReaders::add_entry(uint64_t seq, std::vector<uint64_t> samples, uint32_t views,
+                               bool published) {
   hold(next_entry_, samples, true);
-  counts_.samples_chosen += samples.size();
   entry_[seq] = next_entry_;
-  ring_[next_entry_++] = {seq, std::move(samples), views, false, {}};
+  ring_[next_entry_++] = {seq, std::move(samples), views, published, {}};
+}
+
+void RelaxedReaders::filling(uint64_t seq, std::vector<uint64_t> samples, uint32_t views) {
+  add_entry(seq, std::move(samples), views, false);
+}
+
+void RelaxedReaders::filled(uint64_t seq) {
+  if (auto it = entry_.find(seq); it != entry_.end()) ring_.at(it->second).published = true;
 }
 
 void RelaxedReaders::retained(uint64_t seq, std::vector<uint64_t> samples, uint32_t views) {
-  if (auto it = entry_.find(seq); it != entry_.end()) {
-    ring_.at(it->second).published = true;
-    return;
-  }
-  hold(next_entry_, samples, true);
-  entry_[seq] = next_entry_;
-  ring_[next_entry_++] = {seq, std::move(samples), views, true, {}};
+  add_entry(seq, std::move(samples), views, true);
 }
 
 void RelaxedReaders::gone(uint64_t seq) {
@@ -170,10 +172,10 @@ void RelaxedReaders::take(uint64_t reader, const Offer& offer) {
   r.had += n;
   r.total += n;
   ++r.chunks;
-  counts_.samples_taken += n;
+  samples_taken_ += n;
   if (r.needed == 0) {
     ++r.epoch;
-    start_epoch(reader, r);
+    start_epoch(r);
   }
 }
 

@@ -54,10 +54,11 @@ class RelaxedReaders {
   bool done(uint64_t reader) const;
 
   // A chunk relaxed readers may take rows of: the dataset index of each row, and how many views
-  // it is filled in (a reader of a later view cannot take it). filling(): being filled (a chunk
-  // decoded for relaxed readers); retained(): published (after filling(), whose samples and
-  // views stand, or at once: a stream chunk); gone(): its slot reused.
+  // it is filled in (a reader of a later view cannot take it). filling(): a chunk decoded for
+  // relaxed readers is being filled; filled(): it is published; retained(): a stream chunk is
+  // published; gone(): its slot was reused.
   void filling(uint64_t seq, std::vector<uint64_t> samples, uint32_t views);
+  void filled(uint64_t seq);
   void retained(uint64_t seq, std::vector<uint64_t> samples, uint32_t views);
   void gone(uint64_t seq);
 
@@ -80,11 +81,7 @@ class RelaxedReaders {
   std::vector<uint64_t> choose(uint32_t chunk_size,
                                const std::function<uint32_t(uint64_t reader)>& credits);
 
-  struct Counts {
-    uint64_t samples_taken = 0;   // rows sent to relaxed readers
-    uint64_t samples_chosen = 0;  // samples of chunks decoded for them
-  };
-  const Counts& counts() const { return counts_; }
+  uint64_t samples_taken() const { return samples_taken_; }  // rows sent to relaxed readers
 
  private:
   struct Reader {
@@ -111,7 +108,9 @@ class RelaxedReaders {
     // decode (one augmentation draw) of a sample twice, in this epoch or the next.
     std::vector<uint64_t> takers;
   };
-  void start_epoch(uint64_t id, Reader& r);
+  void start_epoch(Reader& r);
+  // A chunk enters the ring (filling or published).
+  void add_entry(uint64_t seq, std::vector<uint64_t> samples, uint32_t views, bool published);
   bool needs(const Reader& r, uint64_t sample) const {
     return (r.need[sample >> 6] >> (sample & 63)) & 1;
   }
@@ -136,7 +135,7 @@ class RelaxedReaders {
   std::map<uint64_t, uint64_t> entry_;  // seq -> entry number
   uint64_t next_entry_ = 0;
   std::map<uint64_t, std::vector<uint64_t>> in_ring_;  // sample -> entries holding it
-  Counts counts_;
+  uint64_t samples_taken_ = 0;
 };
 
 }  // namespace batchcast

@@ -25,7 +25,7 @@ std::vector<uint64_t> StreamPlan::epoch_order(uint64_t epoch) const {
   std::iota(order.begin(), order.end(), 0);
   if (options_.shuffle) {  // Fisher-Yates driven by (seed, epoch) only
     SampleRng rng(options_.seed, epoch, 0x5eedull);
-    for (uint64_t i = dataset_size_ - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
+    shuffle(order, rng);
   }
   if (options_.world_size == 1) return order;
   uint64_t total = epoch_samples() * options_.world_size;

@@ -63,7 +63,7 @@ void StreamState::publish_relaxed(uint64_t seq, uint32_t slot,
   ring_.finish_fill(slot);
   counters_.chunks_relaxed++;
   counters_.samples_relaxed += position.sample_count;
-  relaxed_.retained(seq, {}, 0);
+  relaxed_.filled(seq);
   descriptors_[seq] = std::move(d);
 }
 

@@ -153,7 +153,7 @@ StreamStats StreamState::stats() const {
                            static_cast<uint32_t>(ring_.held_by(id)),
                            private_.find(id) && private_.find(id)->rejoin, c.held_back_s,
                            c.relaxed});
-  s.samples_taken_relaxed = relaxed_.counts().samples_taken;
+  s.samples_taken_relaxed = relaxed_.samples_taken();
   s.samples_regenerated = regenerated_samples_;
   s.consumers.insert(s.consumers.end(), departed_.begin(), departed_.end());
   return s;

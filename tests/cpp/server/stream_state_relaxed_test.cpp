@@ -40,6 +40,15 @@ StreamRules make_rules(uint64_t per_epoch, uint64_t epochs, uint32_t slots,
   return r;
 }
 
+// Fills a chunk decoded for relaxed readers (its samples' rows of one uint8 each) and publishes it.
+void publish_relaxed(Stream& s, const StreamState::Fill& f) {
+  const auto n = static_cast<int64_t>(f.samples.size());
+  protocol::ChunkPosition p;
+  p.epoch = f.seq;
+  p.sample_count = static_cast<uint32_t>(n);
+  s.state.publish(f.seq, f.slot, p, {{"#", DType::kUInt8, {n}, {1}, 0}}, f.samples);
+}
+
 class RelaxedSim {
  public:
   RelaxedSim(uint64_t per_epoch, uint64_t epochs, uint32_t slots, uint32_t capacity,
@@ -130,12 +139,8 @@ class RelaxedSim {
         decoded_ += kChunk;
       } else if (auto g = s_.state.try_acquire_private(s_.now)) {
         EXPECT_TRUE(protocol::is_relaxed_seq(g->seq));
-        const auto n = static_cast<int64_t>(g->samples.size());
-        protocol::ChunkPosition p;
-        p.epoch = g->seq;
-        p.sample_count = static_cast<uint32_t>(n);
         samples_[g->seq] = g->samples;
-        s_.state.publish(g->seq, g->slot, p, {{"#", DType::kUInt8, {n}, {1}, 0}}, g->samples);
+        publish_relaxed(s_, *g);
         decoded_ += g->samples.size();
       } else {
         return;
@@ -356,10 +361,7 @@ TEST(RelaxedTest, AReaderOfALaterViewIsDecodedFor) {
   EXPECT_TRUE(s.take<ChunkDescriptor>("b").empty()) << "sent chunks of another view";
   auto f = s.state.try_acquire_private(s.now);
   ASSERT_TRUE(f) << "nothing decoded for the reader of the later view";
-  const auto n = static_cast<int64_t>(f->samples.size());
-  protocol::ChunkPosition p;
-  p.sample_count = static_cast<uint32_t>(n);
-  s.state.publish(f->seq, f->slot, p, {{"#", DType::kUInt8, {n}, {1}, 0}}, f->samples);
+  publish_relaxed(s, *f);
   s.tick();
   auto sent = s.take<ChunkDescriptor>("b");
   ASSERT_EQ(sent.size(), 1u);
@@ -395,10 +397,7 @@ TEST(RelaxedTest, AResumedReaderStartsItsEpochOver) {
   s.tick();
   auto f = s.state.try_acquire_private(s.now);
   ASSERT_TRUE(f && !f->samples.empty());
-  const auto n = static_cast<int64_t>(f->samples.size());
-  protocol::ChunkPosition p;
-  p.sample_count = static_cast<uint32_t>(n);
-  s.state.publish(f->seq, f->slot, p, {{"#", DType::kUInt8, {n}, {1}, 0}}, f->samples);
+  publish_relaxed(s, *f);
   s.tick();
   auto sent = s.take<ChunkDescriptor>("a");
   ASSERT_FALSE(sent.empty());
