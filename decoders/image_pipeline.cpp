@@ -279,34 +279,18 @@ void process_views_bytes(const ImagePipeline* const* views, void* const* outs, s
   // are decoded whole, once, image_decode.h; JPEG decodes only the crops, below).
   const int64_t max_pixels = first->options().max_image_pixels;
   const SampleHeader header = check_sample(data, size, name, max_pixels);
-  const bool jpeg = header.format == ImageFormat::kJpeg;
-  int width = static_cast<int>(header.width);
-  int height = static_cast<int>(header.height);
-  RgbView whole;
-  if (!jpeg) {
-    whole = decode_image(header.format, data, size, name, max_pixels);
-    width = whole.width;  // the decoder's, should the header have claimed another size
-    height = whole.height;
+  if (header.format != ImageFormat::kJpeg) {
+    const RgbView whole = decode_image(header.format, data, size, name, max_pixels);
+    return process_views_decoded(views, outs, count, whole, name, epoch, index);
   }
 
   // 2. Each view's source rectangle, output geometry and flip.
+  const int width = static_cast<int>(header.width);
+  const int height = static_cast<int>(header.height);
   std::vector<SampleGeometry> geometries(count);
   for (size_t v = 0; v < count; ++v)
-    if (outs[v]) geometries[v] = views[v]->geometry(width, height, jpeg, epoch, index, name);
+    if (outs[v]) geometries[v] = views[v]->geometry(width, height, true, epoch, index, name);
 
-  if (!jpeg) {
-    for (size_t v = 0; v < count; ++v) {
-      if (!outs[v]) continue;
-      const PixelRect& crop = geometries[v].crop;
-      RgbView source = whole;
-      source.pixels +=
-          static_cast<size_t>(crop.top) * whole.stride + static_cast<size_t>(crop.left) * 3;
-      source.width = crop.width;
-      source.height = crop.height;
-      views[v]->finish(source, geometries[v], outs[v]);
-    }
-    return;
-  }
   // 3. JPEG: one cropped decode per DCT scaling factor the views chose, of the union of their
   // rectangles at that factor. A cropped decode's pixels equal the full decode's, so each
   // view's rectangle cut from the union is what its own decode gives: a view's bytes never
@@ -343,6 +327,21 @@ void process_views_bytes(const ImagePipeline* const* views, void* const* outs, s
       views[w]->finish(source, geometries[w], outs[w]);
       done[w] = true;
     }
+  }
+}
+
+void process_views_decoded(const ImagePipeline* const* views, void* const* outs, size_t count,
+                           const RgbView& image, const std::string& name, uint64_t epoch,
+                           uint64_t index) {
+  for (size_t v = 0; v < count; ++v) {
+    if (!outs[v]) continue;
+    const SampleGeometry g = views[v]->geometry(image.width, image.height, false, epoch, index, name);
+    RgbView source = image;
+    source.pixels +=
+        static_cast<size_t>(g.crop.top) * image.stride + static_cast<size_t>(g.crop.left) * 3;
+    source.width = g.crop.width;
+    source.height = g.crop.height;
+    views[v]->finish(source, g, outs[v]);
   }
 }
 

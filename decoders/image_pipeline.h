@@ -147,6 +147,14 @@ void process_views_bytes(const ImagePipeline* const* views, void* const* outs, s
                          const uint8_t* data, size_t size, const std::string& name, uint64_t epoch,
                          uint64_t index);
 
+// Views of an image already decoded to RGB (the decoded cache's, shrink_decode.h; a decoded file
+// of another format than JPEG): what process_views_bytes writes for a file that decodes to
+// `image`, its crops drawn on image's size. Thread-safe as process(); `name` is the path errors
+// report.
+void process_views_decoded(const ImagePipeline* const* views, void* const* outs, size_t count,
+                           const RgbView& image, const std::string& name, uint64_t epoch,
+                           uint64_t index);
+
 // Reads the whole file at `path` into `buffer`; returns its size. Throws SampleError(path, reason)
 // for a missing, unreadable, empty, non-regular file or a directory.
 size_t read_image_file(const std::string& path, ScratchBuffer& buffer);

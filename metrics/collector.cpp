@@ -265,6 +265,7 @@ class MetricsCollector::Impl {
     ring_fill_.add(fill);
     ring_size_ = s.ring_size;
     if (s.samples_decoded) samples_decoded_ = s.samples_decoded;
+    if (s.cache) cache_ = s.cache;
     server_csv_->write_row({cell(t), cell(blocked), cell(blocked_pct, 1),
                             std::to_string(s.ring_used), std::to_string(s.ring_size),
                             cell(fill, 1)});
@@ -332,6 +333,12 @@ class MetricsCollector::Impl {
         {"peak_rss_mb", peak_rss_sum_.max()},
         {"producer_blocked_s", last_blocked_},
         {"samples_decoded", samples_decoded_ ? json(*samples_decoded_) : json(nullptr)},
+        {"cache", cache_ ? json{{"hits", cache_->hits},
+                                {"misses", cache_->misses},
+                                {"images", cache_->images},
+                                {"bytes", cache_->bytes},
+                                {"capacity_bytes", cache_->capacity}}
+                         : json(nullptr)},
         {"ring_size", ring_size_},
         {"mean_ring_fill_percent", ring_fill_.mean()},
         {"processes", procs},
@@ -399,6 +406,7 @@ class MetricsCollector::Impl {
   double blocked_base_ = 0, last_blocked_ = 0;
   int64_t ring_size_ = 0;
   std::optional<uint64_t> samples_decoded_;
+  std::optional<MetricsSnapshot::Cache> cache_;
   Stat ring_fill_, peak_rss_sum_;
   double sampler_cpu_s_ = 0;
   std::string write_error_;

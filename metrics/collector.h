@@ -50,6 +50,15 @@ struct MetricsSnapshot {
   // Samples the producer decoded up to now (the stream's, regenerated and relaxed readers'
   // chunks), beside what the consumers consumed; none where the owner does not know.
   std::optional<uint64_t> samples_decoded;
+  // The decoded cache's counters up to now (server/produce/decoded_cache.h); none without a cache.
+  struct Cache {
+    uint64_t hits = 0;      // samples made from a cached image
+    uint64_t misses = 0;    // samples decoded from their file
+    uint64_t images = 0;    // images cached
+    uint64_t bytes = 0;     // bytes they take
+    uint64_t capacity = 0;  // the cache's budget in bytes
+  };
+  std::optional<Cache> cache;
   struct Process {
     std::string role;      // "server", "consumer" or "trainer" (others are counted in "all" only)
     std::string id;        // the owner's name for it (consumer id); may be empty

@@ -180,6 +180,9 @@ class ServeConfig:
     transform: PipelineOptions
     views: List[str]
     workers: int
+    cache: str
+    cache_side: int
+    cache_memory: int
     device: str
     decoder: str
     metrics_dir: str
@@ -192,8 +195,9 @@ class ServeConfig:
         ring_memory: int = 0, rank: int = 0, world_size: int = 1, every_rank: bool = False,
         stall_policy: str = 'decouple', stall_timeout: float = 3.0, order: str = 'exact',
         fail_linger: float = 30.0, transform: PipelineOptions = ..., views: List[str] = [],
-        workers: int = ..., device: str = 'cpu', decoder: str = 'cpu', metrics_dir: str = '',
-        metrics_interval: float = 1.0, status_interval: float = 5.0
+        workers: int = ..., cache: str = 'off', cache_side: int = 0, cache_memory: int = 0,
+        device: str = 'cpu', decoder: str = 'cpu', metrics_dir: str = '', metrics_interval:
+        float = 1.0, status_interval: float = 5.0
     ) -> None: ...
     @staticmethod
     def options() -> List[Dict[str, Any]]: ...
@@ -285,6 +289,8 @@ class ImagePipeline:
     def process_into(self, path: str, epoch: int, index: int, out: numpy.ndarray) -> None: ...
     def process_bytes(self, data: bytes, name: str = "<bytes>", epoch: int = 0,
                       index: int = 0) -> numpy.ndarray: ...
+
+def decode_shrunk(path: str, side: int, max_image_pixels: int = 178956970) -> numpy.ndarray: ...
 
 class ProcessTracker:
     def __init__(self, dir: str, role: str = "trainer", id: str = "", interval: float = 1.0,

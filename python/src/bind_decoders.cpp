@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "decoders/dataset.h"
 #include "decoders/image_pipeline.h"
 #include "decoders/make_dataset.h"
+#include "decoders/shrink_decode.h"
 #include "decoders/view.h"
 #include "python/src/bindings.h"
 #include "python/src/settings_class.h"
@@ -214,6 +216,27 @@ void bind_decoders(py::module_& m) {
             return out;
           },
           py::arg("data"), py::arg("name") = "<bytes>", py::arg("epoch") = 0, py::arg("index") = 0);
+
+  m.def(
+      "decode_shrunk",
+      [](const std::string& path, int side, int64_t max_image_pixels) {
+        ScratchBuffer file;
+        RgbView image;
+        {
+          py::gil_scoped_release release;
+          const size_t size = read_image_file(path, file);
+          image = decode_shrunk(file.data(), size, path, max_image_pixels, side);
+        }
+        py::array_t<uint8_t> out({image.height, image.width, 3});
+        for (int y = 0; y < image.height; ++y)
+          std::memcpy(out.mutable_data(y), image.pixels + y * image.stride,
+                      static_cast<size_t>(image.width) * 3);
+        return out;
+      },
+      py::arg("path"), py::arg("side"),
+      py::arg("max_image_pixels") = PipelineOptions{}.max_image_pixels,
+      "The decoded cache's image of `path` (serve --cache decoded): decoded whole, its shorter "
+      "side shrunk to at most `side`; uint8 (height, width, 3).");
 }
 
 }  // namespace batchcast::python

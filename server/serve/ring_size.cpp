@@ -32,6 +32,13 @@ uint64_t default_ring_memory(const HostMemory& host) {
   return budget;
 }
 
+uint64_t default_cache_memory(const HostMemory& host) {
+  uint64_t budget = 0;
+  if (host.available) budget = host.available / 2;
+  if (host.shm_free) budget = budget ? std::min(budget, host.shm_free / 2) : host.shm_free / 2;
+  return budget ? budget : uint64_t{1} << 30;
+}
+
 uint32_t ring_slots_for(uint64_t budget, uint64_t bytes_per_slot, uint64_t epoch_chunks) {
   uint64_t slots = bytes_per_slot ? budget / bytes_per_slot : kMaxRingSlots;
   slots = std::clamp<uint64_t>(slots, kMinRingSlots, kMaxRingSlots);

@@ -1,3 +1,5 @@
+// The host memory budgets of a server: the ring's and the decoded cache's.
+//
 // How many slots a host pool gets when `--ring` is not given: as many as a memory budget holds,
 // so that readers of different speeds drift apart inside the ring (a slow or paused trainer
 // costs the others nothing until the window is used up) instead of being decoupled at once.
@@ -41,6 +43,11 @@ HostMemory read_host_memory();
 
 // min(kMaxRingMemory, available / 16, shm_free / 4), ignoring fields that are 0.
 uint64_t default_ring_memory(const HostMemory& host);
+
+// The decoded cache's budget when `--cache-memory` is not given (server/produce/decoded_cache.h):
+// half of what is available and of the free space of /dev/shm (its pages are reserved there as
+// it fills, after the ring took its own), ignoring fields that are 0; 1 GiB if neither is known.
+uint64_t default_cache_memory(const HostMemory& host);
 
 // budget / bytes_per_slot (a slot index's bytes over every view), clamped to [kMinRingSlots,
 // kMaxRingSlots], then to at most epoch_chunks + kRingLeadChunks (epoch_chunks 0: no bound).

@@ -18,11 +18,13 @@
 #include "metrics/collector.h"
 #include "server/host/stream_host.h"
 #include "server/produce/chunk_stage.h"
+#include "server/produce/decoded_cache.h"
 #include "server/produce/image_source.h"
 #include "server/produce/sample_producer.h"
 #include "server/produce/slot_layout.h"
 #include "server/produce/view_set.h"
 #include "server/produce/synthetic_source.h"
+#include "server/serve/ring_size.h"
 #include "server/serve/signal_watcher.h"
 #include "server/stream/stream_plan.h"
 #ifdef BATCHCAST_HAVE_CUDA
@@ -35,6 +37,29 @@
 namespace batchcast {
 namespace {
 
+// The decoded cache of `--cache decoded` over `samples` images, made from the views known at the
+// start (the transform and every --view), said in the log with how much of the dataset it holds.
+std::unique_ptr<DecodedCache> make_cache(const ServeConfig& c, const ViewSet& views,
+                                         uint64_t samples) {
+  int side = static_cast<int>(c.cache_side);
+  if (!side)
+    for (uint32_t v = 0; v < views.count(); ++v)
+      side = std::max(side, eval_resize_size(views.pipeline(v).options().image_size));
+  const uint64_t capacity = c.cache_memory ? c.cache_memory : default_cache_memory(read_host_memory());
+  // A 4:3 photo at the cached size: what ImageNet's images mostly are.
+  const uint64_t typical = DecodedCache::image_bytes(side * 4 / 3, side);
+  const uint64_t fit = capacity / typical;
+  spdlog::info(
+      "decoded cache: images at most {} px on their shorter side, in at most {:.1f} GiB{}: about "
+      "{} images of {:.0f} KiB (4:3), {}",
+      side, capacity / 1073741824.0, c.cache_memory ? "" : " (half of the free memory)", fit,
+      typical / 1024.0,
+      fit >= samples ? fmt::format("all {} samples fit", samples)
+                     : fmt::format("{} of the {} samples; the others are decoded every epoch",
+                                   fit, samples));
+  return std::make_unique<DecodedCache>(samples, side, capacity);
+}
+
 std::unique_ptr<SampleSource> make_source(const ServeConfig& c, const ViewSet* views) {
   if (!views) return std::make_unique<SyntheticSource>(c.synthetic, c.sample_bytes);
   auto dataset = c.data.empty() ? Dataset::file_list(c.file_list) : Dataset::image_folder(c.data);
@@ -42,7 +67,21 @@ std::unique_ptr<SampleSource> make_source(const ServeConfig& c, const ViewSet* v
                dataset.classes().empty()
                    ? ""
                    : ", " + std::to_string(dataset.classes().size()) + " classes");
-  return std::make_unique<ImageSource>(std::move(dataset), *views);
+  std::unique_ptr<DecodedCache> cache;
+  if (c.cache == CacheKind::kDecoded) cache = make_cache(c, *views, dataset.size());
+  return std::make_unique<ImageSource>(std::move(dataset), *views, std::move(cache));
+}
+
+// What the decoded cache did, after `separator`, for the status and done lines ("" without one).
+std::string cache_text(const SampleSource& source, const char* separator) {
+  const auto* images = dynamic_cast<const ImageSource*>(&source);
+  const DecodedCache* cache = images ? images->cache() : nullptr;
+  if (!cache) return "";
+  const DecodedCache::Stats s = cache->stats();
+  return fmt::format("{}decoded cache: {} images, {:.0f}/{:.0f} MiB{}, {} hits, {} misses",
+                     separator, s.images,
+                     s.bytes / 1048576.0, s.capacity / 1048576.0, s.full ? " (full)" : "", s.hits,
+                     s.misses);
 }
 
 }  // namespace
@@ -57,7 +96,7 @@ std::unique_ptr<SampleSource> make_source(const ServeConfig& c, const ViewSet* v
 // owner's: under mu_.
 class MetricsSource {
  public:
-  explicit MetricsSource(StreamHost& core) : core_(&core) {}
+  MetricsSource(StreamHost& core, const SampleSource& source) : core_(&core), source_(&source) {}
   MetricsSnapshot operator()() {
     std::lock_guard lk(mu_);
     if (core_) last_ = read(*core_);
@@ -77,6 +116,10 @@ class MetricsSource {
     snap.ring_used = s.ring_occupied;
     snap.ring_size = s.ring_slots;
     snap.samples_decoded = s.samples_decoded();
+    if (const auto* images = dynamic_cast<const ImageSource*>(source_); images && images->cache()) {
+      const DecodedCache::Stats c = images->cache()->stats();
+      snap.cache = MetricsSnapshot::Cache{c.hits, c.misses, c.images, c.bytes, c.capacity};
+    }
     MetricsSnapshot::Process server{"server", "server", ::getpid(), 0, 0};
     server.since_start = true;  // start-up (dataset scan, pool) is the server's CPU too
     snap.processes.push_back(server);
@@ -100,6 +143,7 @@ class MetricsSource {
 
   std::mutex mu_;
   StreamHost* core_;
+  const SampleSource* source_;
   std::map<pid_t, std::string> names_;
   MetricsSnapshot last_;
 };
@@ -131,11 +175,12 @@ std::string slowest_and_regenerated(const StreamStats& s) {
   return out;
 }
 
-void log_status(const StreamStats& s, const StreamStats& last, double seconds) {
+void log_status(const StreamStats& s, const StreamStats& last, double seconds,
+                const std::string& cache) {
   spdlog::info(
-      "{:.0f} samples/s | {} consumer(s) | ring {}/{} | {} samples published{}{}",
+      "{:.0f} samples/s | {} consumer(s) | ring {}/{} | {} samples published{}{}{}",
       (s.samples_published - last.samples_published) / seconds, s.consumers_now, s.ring_occupied,
-      s.ring_slots, s.samples_published, slowest_and_regenerated(s),
+      s.ring_slots, s.samples_published, slowest_and_regenerated(s), cache,
       s.messages_dropped ? fmt::format(" | {} bad messages dropped", s.messages_dropped) : "");
 }
 
@@ -165,10 +210,6 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   if (!c.synthetic)
     views_ = std::make_unique<ViewSet>(c.transform_view(), c.staging(), c.decoder_flag(),
                                        c.batch_size);
-  source_ = make_source(c, views_.get());
-  plan_ = std::make_unique<StreamPlan>(
-      source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
-  SampleProducerOptions po = c.producer_options();
   // The views served from the start share the ring's budget with view 0 (ring_size.h).
   uint64_t views_bytes = views_ ? views_->layout(0).bytes : 0;
   for (const auto& text : c.views) {
@@ -177,6 +218,10 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
     if (!answer.error.empty()) throw Error("--view " + answer.error);
     if (views_->count() > known) views_bytes += answer.slot_bytes;
   }
+  source_ = make_source(c, views_.get());  // after the views: the cache's side is the largest's
+  plan_ = std::make_unique<StreamPlan>(
+      source_->size(), StreamPlanOptions{c.transform.seed, c.shuffle, c.rank, c.world_size});
+  SampleProducerOptions po = c.producer_options();
   StreamHostOptions so = c.server_options(views_ ? views_->slot_tensors(0) : source_->tensors(),
                                           plan_->epoch_samples(), views_bytes);
   so.dataset_size = source_->size();
@@ -238,7 +283,7 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
 #endif
   po.stage = stage_.get();
   if (!c.metrics_dir.empty()) {
-    metrics_source_ = std::make_shared<MetricsSource>(*core_);
+    metrics_source_ = std::make_shared<MetricsSource>(*core_, *source_);
     CollectorOptions co;
     co.dir = c.metrics_dir;
     co.interval_s = c.metrics_interval;
@@ -288,7 +333,7 @@ int ServeRun::wait() {
     double now = monotonic_seconds();
     if (config_.status_interval > 0 && now - last_t >= config_.status_interval) {
       auto s = core.stats();
-      log_status(s, last, now - last_t);
+      log_status(s, last, now - last_t, cache_text(*source_, " | "));
       last = s;
       last_t = now;
     }
@@ -318,7 +363,7 @@ int ServeRun::wait() {
   spdlog::info(
       "done: {} chunks, {} samples published, {} bad samples skipped, {} consumers served, {} died"
       "; {} chunks regenerated (consumers catching up or decoupled: {} decoupling(s)){}; {} "
-      "samples decoded in all; the producer found the ring full for {:.1f} s",
+      "samples decoded in all{}; the producer found the ring full for {:.1f} s",
       s.chunks_published, s.samples_published, producer_->skipped_samples(), s.consumers_ever,
       s.consumers_died, s.chunks_regenerated, s.decouplings,
       s.samples_taken_relaxed ? fmt::format("; {} chunks decoded for relaxed readers ({} samples; "
@@ -326,7 +371,7 @@ int ServeRun::wait() {
                                             s.chunks_relaxed, s.samples_relaxed,
                                             s.samples_taken_relaxed)
                               : "",
-      s.samples_decoded(), s.producer_blocked_s);
+      s.samples_decoded(), cache_text(*source_, "; "), s.producer_blocked_s);
   return failed ? 1 : 0;  // a stop during the linger does not make a failure a success
 }
 

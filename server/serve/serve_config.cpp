@@ -19,6 +19,8 @@ const std::map<std::string, OnErrorPolicy> ServeConfig::kOnError = {
     {"raise", OnErrorPolicy::kRaise}, {"skip", OnErrorPolicy::kSkip}};
 const std::map<std::string, protocol::Order> ServeConfig::kOrders = {
     {"exact", protocol::Order::kExact}, {"relaxed", protocol::Order::kRelaxed}};
+const std::map<std::string, CacheKind> ServeConfig::kCaches = {{"off", CacheKind::kOff},
+                                                              {"decoded", CacheKind::kDecoded}};
 std::string ServeConfig::decoder_flag() const {
   return "--decoder " + name_of(decoder, kDecoders).value_or("?");
 }
@@ -37,6 +39,8 @@ void ServeConfig::validate() {
   if (!name_of(order, kOrders))
     throw Error("--order: the server's default order is exact or relaxed (a consumer leaves its "
                 "order to the server, never the server to itself)");
+  if (cache == CacheKind::kDecoded && synthetic)
+    throw Error("--cache decoded keeps decoded images; --synthetic has none: drop --cache");
   const PipelineOptions& t = transform;
   if (t.scale[0] > t.scale[1] || t.ratio[0] > t.ratio[1])
     throw Error("--scale and --ratio are MIN,MAX ranges: give the smaller value first");
@@ -97,7 +101,9 @@ ViewSet::Staging ServeConfig::staging() const {
 std::vector<ServeConfig> ServeConfig::rank_configs() const {
   std::vector<ServeConfig> out;
   const std::string base = endpoint.empty() ? protocol::default_endpoint() : endpoint;
-  const uint64_t rank_ring_memory = default_ring_memory(read_host_memory()) / world_size;
+  const HostMemory host = read_host_memory();
+  const uint64_t rank_ring_memory = default_ring_memory(host) / world_size;
+  const uint64_t rank_cache_memory = default_cache_memory(host) / world_size;
   for (uint32_t r = 0; r < world_size; ++r) {
     ServeConfig c = *this;
     c.every_rank = false;
@@ -105,6 +111,7 @@ std::vector<ServeConfig> ServeConfig::rank_configs() const {
     c.endpoint = protocol::rank_endpoint(base, r);
     c.workers = std::max(1u, workers / world_size);
     if (!ring && !ring_memory) c.ring_memory = rank_ring_memory;
+    if (cache == CacheKind::kDecoded && !cache_memory) c.cache_memory = rank_cache_memory;
     if (!metrics_dir.empty()) c.metrics_dir = metrics_dir + "/rank" + std::to_string(r);
     if (!cuda_devices_.empty())
       c.device = "cuda:" + std::to_string(cuda_devices_[r % cuda_devices_.size()]);

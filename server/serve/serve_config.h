@@ -29,6 +29,7 @@
 namespace batchcast {
 
 enum class DecoderKind { kCpu, kNvjpeg, kMixed };
+enum class CacheKind { kOff, kDecoded };
 
 struct ServeConfig {
   // What to serve: exactly one of an image folder, a file list or N synthetic samples.
@@ -74,6 +75,14 @@ struct ServeConfig {
   // relaxed; a consumer's Hello may ask for either itself.
   protocol::Order order = protocol::Order::kExact;
 
+  // The decoded cache (docs/views.md, "Decoded cache"; server/produce/decoded_cache.h): off, or
+  // decoded (each image kept decoded after its first decode, its shorter side at most cache_side;
+  // 0: the largest view's default eval resize, int(image_size * 256 / 224)), in at most
+  // cache_memory bytes (0: default_cache_memory() of this host, split between ranks).
+  CacheKind cache = CacheKind::kOff;
+  uint32_t cache_side = 0;
+  uint64_t cache_memory = 0;
+
   std::string metrics_dir;  // empty: no metrics
   double metrics_interval = 1.0;
   double status_interval = 5.0;  // 0: no status lines
@@ -86,6 +95,7 @@ struct ServeConfig {
   static const std::map<std::string, OnErrorPolicy> kOnError;
   static inline const std::map<std::string, StallPolicy>& kStallPolicies = kStallPolicyNames;
   static const std::map<std::string, protocol::Order> kOrders;  // exact, relaxed: no "server"
+  static const std::map<std::string, CacheKind> kCaches;
 
   // Checks the options against each other; throws Error naming the options and the fix. With a
   // CUDA device, also checks the GPU exists (fails at once, before any dataset is scanned).

@@ -127,6 +127,23 @@ void for_each_serve_setting(Visit&& visit) {
                     r::kAny, Check::kViewText, nullptr, "--view"},
         &C::views, texts);
   visit(ServeOption{"workers", "Pipeline", "decoding threads", r::kPositive}, &C::workers, u32);
+  visit(ServeOption{"cache", "Pipeline",
+                    "off, or decoded: keep each image decoded (shrunk to --cache-side) after its "
+                    "first decode, and make every later epoch's views from it without reading or "
+                    "decoding the file (docs/views.md, Decoded cache)"},
+        &C::cache, &ServeConfig::kCaches);
+  visit(ServeOption{"cache_side", "Pipeline",
+                    "the cached images' shorter side in pixels, never enlarged (0: the largest "
+                    "view's eval resize, 256 for 224-px views); a larger view is decoded from the "
+                    "files",
+                    r::kNonNegative},
+        &C::cache_side, u32);
+  visit(ServeOption{"cache_memory", "Pipeline",
+                    "memory the decoded cache may take, e.g. 8GiB (default: half of the available "
+                    "memory and of the free /dev/shm); the images that do not fit are decoded each "
+                    "epoch",
+                    r::kAny, Check::kByteSize},
+        &C::cache_memory, u64);
   visit(ServeOption{"device", "GPU",
                     "where the pool lives: cpu, GPU K as cuda:K, or a GPU or MIG instance by its "
                     "UUID (nvidia-smi -L); several GPUs (cuda:0,cuda:1, or all) each get every "
