@@ -334,6 +334,7 @@ class SharedStream:
         carried = self._pipeline if native is None else {
             "native": native, "decoding": {"num_workers": self._pipeline["decoding"]["num_workers"]},
             "memory": self._pipeline.get("memory", 0),
+            "cache": self._pipeline.get("cache", "off"),
         }
         try:
             payload = pickle.dumps(carried, protocol=pickle.HIGHEST_PROTOCOL)

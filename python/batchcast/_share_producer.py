@@ -104,6 +104,7 @@ def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = ""
         config.min_consumers = 1
         config.workers = max(1, pipeline["decoding"]["num_workers"])
         config.ring_memory = pipeline.get("memory", 0)  # DataLoader(share_memory=); 0: default
+        config.cache = pipeline.get("cache", "off")  # DataLoader(share_cache=)
         config.status_interval = 60
         config.metrics_dir = metrics_dir
         print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "

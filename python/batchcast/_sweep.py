@@ -3,6 +3,7 @@ GPUs, every ``DataLoader(share=KEY)`` of its trials reading one stream per (key,
 
     batchcast sweep [--gpus 0,1] [--per-gpu K | --slots N] [--collocation auto|mps|time-slicing]
                     [--out DIR] [--trials FILE] [--resume] [--order relaxed|exact]
+                    [--cache decoded|off]
                     [--share-dataloaders] [--track]
                     [--optuna STUDY --storage URL --n-trials N] -- COMMAND ARGS...
 
@@ -16,7 +17,9 @@ are scoped to the sweep (``_share_scope.scoped_key``); with ``--share-dataloader
 script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
 stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH). Those
 loaders read in relaxed order unless they say otherwise (``--order exact``: the stream's seeded
-order; ``BATCHCAST_SHARE_ORDER``): each trial at its own pace from one decode.
+order; ``BATCHCAST_SHARE_ORDER``): each trial at its own pace from one decode. Their streams keep
+each image decoded after its first decode (``--cache off``: decode every epoch;
+``BATCHCAST_SHARE_CACHE``), within half of the free memory: docs/views.md, "Decoded cache".
 Output: ``OUT/trials/<id>.log``, ``OUT/summary.json``, ``OUT/sweep.png`` (``_sweep_plot``), a
 live table; ``--track`` runs each trial under ``batchcast track`` (an MLflow run each).
 ``--optuna`` asks an Optuna study for each trial's values instead of a grid (``_sweep_optuna``).
@@ -43,7 +46,7 @@ from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_optuna import OptunaTrials
 from ._sweep_packing import MemoryPacking
 from ._sweep_plot import plot
-from ._sweep_progress import ORDER_ENV, SHARE_MEMORY_ENV
+from ._sweep_progress import CACHE_ENV, ORDER_ENV, SHARE_MEMORY_ENV
 from ._sweep_runner import Runner
 from ._sweep_table import LiveTable
 from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
@@ -120,6 +123,7 @@ def sweep(
     slots: Optional[int] = None,
     collocation: str = "auto",
     order: str = "relaxed",
+    cache: str = "decoded",
     out: Optional[str] = None,
     resume: bool = False,
     share_dataloaders: bool = False,
@@ -142,6 +146,9 @@ def sweep(
     if order not in ("exact", "relaxed"):
         raise SweepInputError(f"--order {order}: choose relaxed (each trial at its own pace "
                               "from one decode) or exact (the stream's seeded order)")
+    if cache not in ("decoded", "off"):
+        raise SweepInputError(f"--cache {cache}: choose decoded (each image decoded once for "
+                              "the sweep) or off (decoded every epoch)")
     if collocation not in ("auto", "mps", "time-slicing"):
         raise SweepInputError(f"--collocation {collocation}: choose auto, mps or time-slicing")
     if resume and out is None:
@@ -184,6 +191,7 @@ def sweep(
     if memory:
         env[SHARE_MEMORY_ENV] = str(memory)
     env[ORDER_ENV] = order
+    env[CACHE_ENV] = cache
     if share_dataloaders:
         site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep_site")
         env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
@@ -195,7 +203,7 @@ def sweep(
                    f"({sum(r['state'] == 'queued' for r in records)} to run)")
         table.say(f"batchcast sweep: {planned} in {len(slot_gpus)} slots; output in {out}")
         table.say(f"batchcast sweep: {colloc.line()}")
-        summary["sweep"].update(out=out, order=order, share_dataloaders=share_dataloaders,
+        summary["sweep"].update(out=out, order=order, cache=cache, share_dataloaders=share_dataloaders,
                                 mlflow=os.path.join(out, "track", "mlruns") if track else None,
                                 collocation=colloc.mode,
                                 collocation_why=colloc.why or None, slots=len(slot_gpus),
@@ -248,6 +256,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="the order the trials' shared loaders read in when they do not say: "
                         "relaxed (each at its own pace from one decode) or exact (the stream's "
                         "seeded order; docs/stream.md, Order)")
+    p.add_argument("--cache", default="decoded", choices=("decoded", "off"),
+                   help="decoded: the trials' streams keep each image decoded after its first "
+                        "decode, within half of the free memory; off: decode every epoch "
+                        "(docs/views.md, Decoded cache)")
     p.add_argument("--out", help="output folder (default runs/sweep-<time>)")
     p.add_argument("--resume", action="store_true",
                    help="run the trials of --out's sweep that did not finish")
@@ -272,7 +284,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("no command: batchcast sweep [options] -- COMMAND ARGS...")
     try:
         summary = sweep(command, trials=o.trials, gpus=o.gpus, per_gpu=o.per_gpu,
-                        slots=o.slots, collocation=o.collocation, order=o.order, out=o.out,
+                        slots=o.slots, collocation=o.collocation, order=o.order, cache=o.cache,
+                        out=o.out,
                         resume=o.resume, share_dataloaders=o.share_dataloaders,
                         track=o.track, optuna=o.optuna, storage=o.storage,
                         n_trials=o.n_trials, direction=o.direction,

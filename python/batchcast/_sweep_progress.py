@@ -2,7 +2,8 @@
 
 ``SCOPE_ENV`` (``BATCHCAST_SHARE_SCOPE``): the sweep's id, which scopes the trials' share keys
 (``_share_scope.scoped_key``); ``PROGRESS_ENV``: the trial's progress file; ``SHARE_MEMORY_ENV``
-and ``ORDER_ENV``: the share_memory and share_order of its shared loaders that give none.
+``ORDER_ENV`` and ``CACHE_ENV``: the share_memory, share_order and share_cache of its shared loaders
+that give none.
 
 What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
 when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),
@@ -24,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
-__all__ = ["ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV", "read_progress",
+__all__ = ["CACHE_ENV", "ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV", "read_progress",
            "report_progress"]
 
 SCOPE_ENV = "BATCHCAST_SHARE_SCOPE"
@@ -34,6 +35,7 @@ SHARE_MEMORY_ENV = "BATCHCAST_SHARE_MEMORY"
 # The share_order of the trials' DataLoader(share=) that do not give one (batchcast sweep
 # --order; docs/stream.md, Order).
 ORDER_ENV = "BATCHCAST_SHARE_ORDER"
+CACHE_ENV = "BATCHCAST_SHARE_CACHE"
 _EVERY_S = 1.0
 
 _lock = threading.Lock()

@@ -45,6 +45,12 @@ With ``share``, torch's arguments mean:
   order the producer chooses so that one decode serves every trainer that still needs a sample,
   whatever their paces; docs/stream.md, "Order"). None: ``batchcast sweep --order``'s inside a
   sweep (``BATCHCAST_SHARE_ORDER``, relaxed by default), else the producer's default (exact).
+- ``share_cache`` (share= only): ``"decoded"`` (or True) keeps each image decoded, its shorter
+  side shrunk to 256 px for 224-px views, after its first decode, and makes every later epoch
+  from it without reading or decoding the file; ``"off"`` (or False) decodes every epoch
+  (docs/views.md, "Decoded cache"). Applied by the trainer that starts the producer, within half
+  of the free memory; natively decoded pipelines only. None: ``batchcast sweep --cache``'s inside
+  a sweep (``BATCHCAST_SHARE_CACHE``, decoded by default), else off.
 - ``share_memory`` (share= only): the shared memory the stream's ring may take, all its views
   included, as bytes or a size text ("512MiB", "2G"); applied by the trainer that starts the
   producer (docs/memory.md). None: ``batchcast sweep --share-memory``'s inside a sweep, else
@@ -96,11 +102,23 @@ from ._fingerprint import (decoding_of, fingerprint, gpu_refusal, joins_as_view,
                            view_fields)
 from ._share import SharedStream, native_plan, pipeline_of, share_paths
 from ._sizes import size_bytes
-from ._sweep_progress import ORDER_ENV, SHARE_MEMORY_ENV
+from ._sweep_progress import CACHE_ENV, ORDER_ENV, SHARE_MEMORY_ENV
 from ._torchvision_plan import Fallback, NativePlan
 from .loader import Closeable, order_name
 
 __all__ = ["DataLoader", "share_paths"]
+
+
+def cache_name(cache: Union[None, bool, str], given_as: str) -> str:
+    """``share_cache``'s value as the server's ``--cache`` name; a ValueError naming the choices
+    for anything else."""
+    if cache is None or cache is False:
+        return "off"
+    if cache is True:
+        return "decoded"
+    if cache in ("off", "decoded"):
+        return str(cache)
+    raise ValueError(f"{given_as}: {cache!r} is not one of decoded, off (or True, False, None)")
 
 
 class DataLoader(torch.utils.data.DataLoader, Closeable):
@@ -128,6 +146,7 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         augment_seed: Optional[int] = None,
         share_memory: Union[None, int, str] = None,
         share_order: Optional[str] = None,
+        share_cache: Union[None, bool, str] = None,
         **kwargs: Any,
     ) -> None:
         self._stream: Optional[SharedStream] = None  # before torch's __init__: __del__ reads it
@@ -163,6 +182,9 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 raise ValueError("share_order= is the order a share=KEY trainer reads its "
                                  "stream in; without share= torch's sampler orders the batches: "
                                  "drop it or pass share=")
+            if share_cache is not None:
+                raise ValueError("share_cache= keeps a share=KEY stream's decoded images; "
+                                 "without share= there is no stream: drop it or pass share=")
             return
         given_as = "share_order"
         if share_order is None:  # a sweep's --order, for the trials' loaders that give none
@@ -186,6 +208,10 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         if share_memory is None:  # a sweep's --share-memory, for the trials that start a stream
             share_memory = os.environ.get(SHARE_MEMORY_ENV) or None
         pipeline["memory"] = size_bytes(share_memory, "share_memory")
+        given_as = "share_cache"
+        if share_cache is None:  # a sweep's --cache, for the trials that start a stream
+            share_cache, given_as = os.environ.get(CACHE_ENV) or None, CACHE_ENV
+        pipeline["cache"] = cache_name(share_cache, given_as)
         if augment_seed is not None and chosen_seed is None:
             pipeline["seed"] = augment_seed  # a stream it starts: its view is the stream's own
         user_args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler,
@@ -202,6 +228,11 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
                 "one stream for every trainer: drop augment_seed, or use a pipeline that "
                 "batchcast recognises (batchcast.torchvision_plan logs the step that is not)"
             )
+        if python_why and pipeline["cache"] != "off":
+            logging.getLogger("batchcast").warning(
+                "DataLoader(share=%r): %s=%r keeps natively decoded images only; this pipeline "
+                "runs in Python (%s): every epoch decodes", share, given_as, share_cache,
+                python_why)
         self._augment_seed = augment_seed
         prints = fingerprint(self, chosen_seed)
         self._view_fields = view_fields(dataset)
