@@ -82,15 +82,16 @@ std::optional<uint64_t> DecodedCache::allocate(uint64_t bytes) {
   return offset;
 }
 
-bool DecodedCache::insert(uint64_t index, const RgbView& image) {
+std::optional<RgbView> DecodedCache::insert(uint64_t index, const RgbView& image) {
   Entry& e = entries_[index];
   uint8_t empty = kEmpty;
-  if (!e.state.compare_exchange_strong(empty, kFilling, std::memory_order_acq_rel)) return false;
+  if (!e.state.compare_exchange_strong(empty, kFilling, std::memory_order_acq_rel))
+    return std::nullopt;
   const uint64_t bytes = image_bytes(image.width, image.height);
   const std::optional<uint64_t> offset = allocate(bytes);
   if (!offset) {
     e.state.store(kEmpty, std::memory_order_release);
-    return false;
+    return std::nullopt;
   }
   const size_t row = static_cast<size_t>(image.width) * 3;
   for (int y = 0; y < image.height; ++y)
@@ -101,7 +102,7 @@ bool DecodedCache::insert(uint64_t index, const RgbView& image) {
   e.state.store(kFilled, std::memory_order_release);
   images_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  return true;
+  return RgbView{base_ + *offset, image.width, image.height, row};
 }
 
 DecodedCache::Stats DecodedCache::stats() const {

@@ -50,9 +50,10 @@ class DecodedCache {
   int side() const { return side_; }
   // Sample `index`'s cached image, valid as long as the cache; counts a hit, or a miss when none.
   std::optional<RgbView> find(uint64_t index);
-  // Keeps a copy of `image` as sample `index`'s; false when the sample is cached (or being
-  // cached by another worker) already or the image does not fit (then the cache is full).
-  bool insert(uint64_t index, const RgbView& image);
+  // Keeps a copy of `image` as sample `index`'s and returns it (valid as long as the cache);
+  // nullopt when the sample is cached (or being cached by another worker) already or the image
+  // does not fit (then the cache is full).
+  std::optional<RgbView> insert(uint64_t index, const RgbView& image);
   // Whether decoding a miss for the cache is still worth it: false once the cache is full.
   bool admitting() const { return !full_.load(std::memory_order_relaxed); }
   Stats stats() const;

@@ -44,7 +44,7 @@ void ImageSource::fill_views(uint64_t index, uint64_t epoch,
       const size_t size = read_image_file(entry.path, file);
       image = decode_shrunk(file.data(), size, entry.path,
                             pipelines[0]->options().max_image_pixels, cache_->side());
-      cache_->insert(index, *image);  // false: another worker's, or full; the bytes are the same
+      cache_->insert(index, *image);  // not kept: another worker keeps it, or full; same bytes
     }
     if (image) {
       process_views_decoded(pipelines.data(), from_cache.data(), outs.size(), *image, entry.path,

@@ -10,6 +10,7 @@
 #include "decoders/image_decode.h"
 #include "decoders/jpeg_decode.h"
 #include "decoders/sample_check.h"
+#include "decoders/shrink_decode.h"
 
 namespace batchcast {
 namespace {
@@ -128,20 +129,54 @@ void NvjpegStage::begin(const FillLease& lease, uint32_t /*samples*/) {
   for (uint32_t v = 0; v < known; ++v) views_[v]->arenas->wait_for_slot(slot);
 }
 
+std::optional<RgbView> NvjpegStage::cached_image(const FillLease& lease, uint64_t index,
+                                                  PreparedSample& s) {
+  DecodedCache* cache = source_.cache();
+  if (!cache) return std::nullopt;
+  for (size_t k = 0; k < lease.views.size(); ++k)
+    if (lease.views[k] && !source_.cached_view(static_cast<uint32_t>(k))) return std::nullopt;
+  if (std::optional<RgbView> image = cache->find(index)) return image;
+  // Mixed: the misses the CPU takes fill the cache, the engine's are decoded as without one.
+  if (!cache->admitting() || (split_ && !split_->cpu_decodes(lease.seq))) return std::nullopt;
+  s.size = read_image_file(s.path, s.bytes);
+  const RgbView image = decode_shrunk(s.bytes.data(), s.size, s.path,
+                                      source_.pipeline().options().max_image_pixels, cache->side());
+  if (std::optional<RgbView> kept = cache->insert(index, image)) return kept;
+  const size_t row = static_cast<size_t>(image.width) * 3;  // another worker's, or a full cache
+  uint8_t* out = s.bytes.get(row * image.height);  // `image` lives in another thread_local buffer
+  for (int y = 0; y < image.height; ++y)
+    std::memcpy(out + y * row, image.pixels + y * image.stride, row);
+  return RgbView{out, image.width, image.height, row};
+}
+
 void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) {
   const uint32_t slot = lease.slot;
   const size_t at = static_cast<size_t>(slot) * chunk_size_ + position;
   PreparedSample& s = samples_[at];
   const DatasetEntry& entry = source_.dataset()[index];
   s.path = entry.path;
+  reinterpret_cast<int64_t*>(labels_.data())[at] = entry.label;
+  const size_t views = lease.views.size();  // each published by begin() before this chunk's fills
+  if (const std::optional<RgbView> image = cached_image(lease, index, s)) {
+    // The GPU crops every view from the cached image, as from a CPU-decoded file.
+    s.square = false;
+    s.decoded_on_cpu = true;
+    s.pixels = image->pixels;
+    s.width = image->width;
+    s.height = image->height;
+    s.size = static_cast<size_t>(image->width) * 3 * image->height;
+    for (size_t k = 0; k < views; ++k)
+      if (lease.views[k])
+        views_[k]->geometry[at] =
+            views_[k]->pipeline->geometry(s.width, s.height, false, epoch, index, entry.path);
+    return;
+  }
   s.size = read_image_file(entry.path, s.bytes);
   const uint8_t* data = s.bytes.data();
-  reinterpret_cast<int64_t*>(labels_.data())[at] = entry.label;
   // Checked before the split: under --decoder mixed a file is refused or accepted the same way
   // whichever side decodes it.
   const int64_t max_pixels = source_.pipeline().options().max_image_pixels;
   const SampleHeader header = check_sample(data, s.size, entry.path, max_pixels);
-  const size_t views = lease.views.size();  // each published by begin() before this chunk's fills
   s.square = split_ && split_->cpu_decodes(lease.seq);
   if (s.square) {  // the CPU pipeline makes every filled view's square; the GPU only normalises
     std::array<const ImagePipeline*, SampleSource::kMaxViews> pipelines{};
@@ -171,6 +206,7 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
     for (int y = 0; y < rgb.height; ++y)
       std::memcpy(out + y * row, rgb.pixels + y * rgb.stride, row);
     s.size = row * rgb.height;
+    s.pixels = out;
   }
   // Each filled view draws its own crop and flip with its own pipeline (seed included). JPEG
   // geometry carries the DCT-domain factor the GPU kernel's box filter imitates; the other formats
@@ -193,7 +229,7 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last,
     if (s.square) continue;  // mixed: the CPU's, uploaded by upload_squares()
     s.offset = offset;
     if (s.decoded_on_cpu) {
-      cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.bytes.data(), s.size,
+      cuda_check(cudaMemcpyAsync(decoded_.data() + offset, s.pixels, s.size,
                                  cudaMemcpyHostToDevice, stream),
                  "uploading the CPU-decoded pixels of " + s.path);
     } else {

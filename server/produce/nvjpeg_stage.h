@@ -22,6 +22,14 @@
 // are bit-identical to the CPU decoder's. A chunk may hold both kinds: nvJPEG decodes its other
 // samples (upload_decoded_chunk), then the squares go up in one copy per view (upload_squares).
 //
+// Decoded cache (ImageSource::cache(), `--cache decoded`): a sample the cache holds is not read;
+// its cached image goes up like a CPU-decoded file and the same kernel crops every view from it,
+// each view's geometry drawn on the cached image's size (as the CPU pipeline draws it there).
+// Misses fill the cache on the CPU workers (decoders/shrink_decode.h): all of them under
+// `--decoder nvjpeg`, so its first epoch decodes at the workers' pace; under mixed those the
+// split gives the CPU, the engine decoding the rest as without a cache until a later epoch's
+// CPU, freed by the hits, caches them.
+//
 // Views (docs/views.md): view v of the pool has its own ArenaSet and is the source's view v (its
 // own ImagePipeline: size, crop policy, flip, normalisation, seed). Each image is read, checked
 // and decoded once for all views; fill() draws each view's geometry with that view's pipeline, and
@@ -97,7 +105,10 @@ class NvjpegStage : public ChunkStage {
   struct PreparedSample {
     ScratchBuffer bytes;
     size_t size = 0;
-    bool decoded_on_cpu = false;  // `bytes` holds width*height*3 RGB (CMYK JPEGs, other formats)
+    // `pixels` holds width*height*3 RGB: CPU-decoded (CMYK JPEGs, other formats; in `bytes`) or
+    // the decoded cache's image.
+    bool decoded_on_cpu = false;
+    const uint8_t* pixels = nullptr;
     bool square = false;  // mixed: the CPU made each filled view's square (ViewStage::crops)
     int width = 0;
     int height = 0;
@@ -121,6 +132,11 @@ class NvjpegStage : public ChunkStage {
     DeviceBuffer device_crops;                   // chunk_size squares, reused in stream order
   };
   void add_view(uint32_t view);  // from begin() (or the constructor)
+  // With a decoded cache whose side every view the lease fills fits: sample `index`'s cached
+  // image, or a miss decoded and shrunk on this worker into the cache (or into s.bytes when
+  // another worker caches it or the cache is full) while the cache admits images and, under
+  // mixed, the split gives the sample to the CPU. nullopt: decode the file as without a cache.
+  std::optional<RgbView> cached_image(const FillLease& lease, uint64_t index, PreparedSample& s);
 
   // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer),
   // recording each one's offset there; a sample no decoder can read is skipped or thrown.

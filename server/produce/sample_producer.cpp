@@ -99,6 +99,11 @@ std::vector<std::vector<uint8_t*>> sample_outs(const ChunkJob& job, uint32_t pos
 
 }  // namespace
 
+bool SampleProducer::first_report(uint64_t index) {
+  std::lock_guard lk(reported_mu_);
+  return reported_.size() < kMaxReported && reported_.insert(index).second;
+}
+
 bool SampleProducer::run() {
   TaskQueue queue;
   std::atomic<bool> failed{false};
@@ -107,8 +112,8 @@ bool SampleProducer::run() {
     const auto& order = *job.order;
     uint64_t p = job.position.sample_start + task.position;
     for (uint64_t attempt = 0; attempt < order.size(); ++attempt) {
+      const uint64_t index = order[(p + attempt) % order.size()];
       try {
-        uint64_t index = order[(p + attempt) % order.size()];
         if (options_.stage)
           options_.stage->fill(job.lease, task.position, index, job.position.epoch);
         else
@@ -116,7 +121,11 @@ bool SampleProducer::run() {
         return;
       } catch (const SampleError& e) {
         if (options_.on_error == OnErrorPolicy::kRaise) throw;
-        if (skipped_++ < 20) spdlog::warn("skipped bad sample {} (on_error=skip)", e.what());
+        ++skipped_;
+        if (first_report(index))
+          spdlog::warn("skipped bad sample {} (on_error=skip; counted each time it is read, "
+                       "reported once)",
+                       e.what());
       }
     }
     throw Error("every sample of epoch " + std::to_string(job.position.epoch) +

@@ -21,7 +21,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "server/host/stream_host.h"
@@ -65,6 +67,12 @@ class SampleProducer {
   std::vector<SampleTensor> slot_tensors_;  // as they sit in a slot (differ only with a stage)
   SlotLayout slot_layout_;
   std::atomic<uint64_t> skipped_{0};
+  // on_error=skip: a bad sample is logged the first time it is read (the first kMaxReported
+  // samples), and counted every time.
+  static constexpr size_t kMaxReported = 20;
+  bool first_report(uint64_t index);  // true: log it
+  std::mutex reported_mu_;
+  std::unordered_set<uint64_t> reported_;
 };
 
 }  // namespace batchcast

@@ -86,7 +86,7 @@ TEST(DecodedCache, WorkersRacingForOneSampleCacheItOnce) {
       for (uint64_t i = 0; i < kSamples; ++i) {
         const int width = 10 + static_cast<int>(i % 13);
         const auto p = pixels_of(i, width, 9);
-        won += cache.insert(i, view_of(p, width, 9));
+        won += cache.insert(i, view_of(p, width, 9)).has_value();
         if (auto found = cache.find(i)) EXPECT_TRUE(same(*found, p)) << "sample " << i;
       }
     });
