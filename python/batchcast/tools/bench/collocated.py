@@ -6,6 +6,8 @@ side by side in one invocation. Peers (batchcast.tools.bench.sources):
   batchcast-cpu     one `batchcast serve` (CPU decoder) for all N trainers;
   batchcast-nvjpeg  one `batchcast serve --decoder nvjpeg` for all N trainers;
   batchcast-mixed   one `batchcast serve --decoder mixed` (CPU workers first, nvJPEG the rest);
+  batchcast-*-cached  the same with the decoded cache (`--cache decoded`), measured after
+                    --cache-epochs epochs filled it;
   dali              per trainer an NVIDIA DALI pipeline (mixed decode), where importable.
 Trainers train as people do today: bf16 autocast + channels_last (--fp32: plain float32).
 Per run: aggregate samples/s over one shared window, its share of the synthetic ceiling, the
@@ -114,6 +116,10 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--order", choices=["exact", "relaxed"], default="exact",
                    help="the order the batchcast peers' trainers read in (docs/stream.md, Order): "
                         "relaxed lets each read at its own pace from one decode")
+    p.add_argument("--cache-epochs", type=int, default=1,
+                   help="epochs each trainer of a -cached peer reads before the window (its "
+                        "server keeps the decoded images: --cache decoded), so that the window "
+                        "measures the epochs after")
     args = p.parse_args(argv)
     defaults = {"batch_size": 128, "classes": 10, "per_class": 100, "warmup": 5, "settle": 2.0,
                 "seconds": 10.0, "sweep_peers": "batchcast-nvjpeg,dataloader"}
@@ -210,7 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     energy = probes.Energy(args.gpus if args.device.startswith("cuda") else 1)
     meta = dict(probes.machine(), **{k: getattr(args, k) for k in (
         "batch_size", "chunk_size", "fp32", "device", "warmup", "settle", "seconds", "data",
-        "data_cores", "gpus", "order")})
+        "data_cores", "gpus", "order", "cache_epochs")})
     results: Dict[str, Any] = {"meta": meta, "regimes": []}
     for trainers in regimes(args):
         results["regimes"].append(run_regime(args, energy, peers, trainers))

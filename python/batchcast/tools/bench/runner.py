@@ -15,7 +15,9 @@ share); the server gets `cores` workers for all N.
 Trainer i trains its own (model, image size). The batchcast peers serve every size from one
 server, decoded once: the server's size is the first trainer's and each other size is a view
 (``--view size=S``, docs/views.md) that its trainers read with ``Loader(view="size=S")``; with
-the nvJPEG and mixed decoders too (one GPU decode, one crop/resize per size).
+the nvJPEG and mixed decoders too (one GPU decode, one crop/resize per size). The ``-cached``
+peers' servers keep the decoded images (``--cache decoded``, docs/views.md): their trainers warm
+up through ``--cache-epochs`` epochs first, so the window measures the epochs after.
 
 Thread-safety: one run at a time per process (it owns the child processes it starts).
 Ownership: every process a run starts is ended before ``measure`` returns, failed or not; logs
@@ -41,12 +43,14 @@ from ...server import Server, launch
 from . import probes
 
 PEERS = ("synthetic", "dataloader", "gpu-decode", "batchcast-cpu", "batchcast-nvjpeg",
-         "batchcast-mixed", "dali", "batchcast-cpu-pergpu", "batchcast-nvjpeg-pergpu")
+         "batchcast-mixed", "dali", "batchcast-cpu-pergpu", "batchcast-nvjpeg-pergpu",
+         "batchcast-cpu-cached", "batchcast-nvjpeg-cached", "batchcast-mixed-cached")
 GPU_PEERS = ("gpu-decode", "batchcast-nvjpeg", "batchcast-mixed", "dali", "batchcast-cpu-pergpu",
-             "batchcast-nvjpeg-pergpu")
+             "batchcast-nvjpeg-pergpu", "batchcast-nvjpeg-cached", "batchcast-mixed-cached")
 # The --decoder of each batchcast peer's server.
 DECODERS = {"batchcast-nvjpeg": "nvjpeg", "batchcast-nvjpeg-pergpu": "nvjpeg",
-            "batchcast-mixed": "mixed"}
+            "batchcast-mixed": "mixed", "batchcast-nvjpeg-cached": "nvjpeg",
+            "batchcast-mixed-cached": "mixed"}
 
 
 class RunError(RuntimeError):
@@ -120,7 +124,8 @@ def _start_server(cfg: argparse.Namespace, peer: str, sizes: List[int], n: int, 
         status_interval=5,
         # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
         device=device, decoder=DECODERS.get(peer, "cpu"),
-        views=[f"size={size}" for size in sizes[1:]], order=cfg.order)
+        views=[f"size={size}" for size in sizes[1:]], order=cfg.order,
+        cache="decoded" if peer.endswith("-cached") else "off")
     open(log, "w").close()  # this run's log alone
     # No readiness wait: the trainers wait for it (and the watchdog sees it exit early).
     return launch(config, log=log, cpus=data_cpus, ready_timeout=None)
@@ -129,10 +134,14 @@ def _start_server(cfg: argparse.Namespace, peer: str, sizes: List[int], n: int, 
 def _trainer_cmd(cfg: argparse.Namespace, peer: str, model: str, size: int, view: Optional[str],
                  workers: int, endpoint: str, device: str, data_cpus: Optional[List[int]],
                  trainer_cpus: Optional[List[int]]) -> List[str]:
+    warmup = cfg.warmup
+    if peer.endswith("-cached"):  # measured from the epoch after `cache_epochs` filled the cache
+        epoch_steps = -(-len(_batchcast.Dataset.image_folder(cfg.data)) // cfg.batch_size)
+        warmup += cfg.cache_epochs * epoch_steps
     cmd = [sys.executable, "-m", "batchcast.tools.bench.trainer", "--peer", peer, "--data", cfg.data,
            "--batch-size", str(cfg.batch_size), "--image-size", str(size),
            "--workers", str(workers), "--model", model, "--classes", str(cfg.classes),
-           "--device", device, "--warmup", str(cfg.warmup), "--endpoint", endpoint]
+           "--device", device, "--warmup", str(warmup), "--endpoint", endpoint]
     if cfg.fp32:
         cmd.append("--fp32")
     if view is not None:

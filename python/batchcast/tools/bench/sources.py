@@ -179,7 +179,9 @@ def batchcast_loader(args: argparse.Namespace, device: torch.device) -> Iterator
 SOURCES = {"synthetic": synthetic, "dataloader": dataloader, "gpu-decode": gpu_decode,
            "batchcast-cpu": batchcast_loader, "batchcast-nvjpeg": batchcast_loader,
            "batchcast-mixed": batchcast_loader, "dali": dali,
-           "batchcast-cpu-pergpu": batchcast_loader, "batchcast-nvjpeg-pergpu": batchcast_loader}
+           "batchcast-cpu-pergpu": batchcast_loader, "batchcast-nvjpeg-pergpu": batchcast_loader,
+           "batchcast-cpu-cached": batchcast_loader, "batchcast-nvjpeg-cached": batchcast_loader,
+           "batchcast-mixed-cached": batchcast_loader}
 
 
 def open_source(peer: str, args: argparse.Namespace, device: torch.device) -> Iterator[Batch]:
