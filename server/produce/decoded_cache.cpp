@@ -75,11 +75,18 @@ std::optional<uint64_t> DecodedCache::allocate(uint64_t bytes) {
       full_ = true;
       return std::nullopt;
     }
+    if (reserved_hook_) reserved_hook_(base_ + reserved_, block);
     reserved_ += block;
   }
   const uint64_t offset = used_;
   used_ += bytes;
   return offset;
+}
+
+void DecodedCache::on_reserve(Reserved reserved) {
+  std::lock_guard lk(allocate_mu_);
+  reserved_hook_ = std::move(reserved);
+  if (reserved_hook_ && reserved_) reserved_hook_(base_, reserved_);
 }
 
 std::optional<RgbView> DecodedCache::insert(uint64_t index, const RgbView& image) {

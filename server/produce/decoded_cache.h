@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -48,6 +49,12 @@ class DecodedCache {
   DecodedCache& operator=(const DecodedCache&) = delete;
 
   int side() const { return side_; }
+  // Calls `reserved(block, bytes)` for every block of the segment reserved from now on, under
+  // the cache's allocation lock (a GPU pool pins them, so that uploads from the cache are
+  // asynchronous copies), and for the blocks reserved before; an empty function stops that.
+  // Thread-safe.
+  using Reserved = std::function<void(uint8_t* block, uint64_t bytes)>;
+  void on_reserve(Reserved reserved);
   // Sample `index`'s cached image, valid as long as the cache; counts a hit, or a miss when none.
   std::optional<RgbView> find(uint64_t index);
   // Keeps a copy of `image` as sample `index`'s and returns it (valid as long as the cache);
@@ -77,9 +84,10 @@ class DecodedCache {
   int fd_ = -1;
   uint8_t* base_ = nullptr;
   std::unique_ptr<Entry[]> entries_;
-  std::mutex allocate_mu_;  // used_, reserved_
+  std::mutex allocate_mu_;  // used_, reserved_, reserved_hook_
   uint64_t used_ = 0;
   uint64_t reserved_ = 0;   // bytes of the segment fallocate'd so far
+  Reserved reserved_hook_;
   std::atomic<uint64_t> hits_{0}, misses_{0}, images_{0}, bytes_{0};
   std::atomic<bool> full_{false};
 };

@@ -65,6 +65,8 @@ NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t
   stream_ = CudaStream::create();
   device_jobs_ = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
   if (waited_chunk) split_.emplace(std::move(waited_chunk));
+  if (DecodedCache* cache = source_.cache())
+    cache->on_reserve([this](uint8_t* block, uint64_t bytes) { pin_cache_block(block, bytes); });
   add_view(0);
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
                split_ ? "CPU workers first, nvJPEG for what consumers wait for," : "nvJPEG decoder",
@@ -73,9 +75,27 @@ NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t
 
 NvjpegStage::~NvjpegStage() {
   if (stream_.get()) (void)cudaStreamSynchronize(stream_.get());
+  if (DecodedCache* cache = source_.cache()) {
+    cache->on_reserve(nullptr);
+    CudaDeviceGuard guard(device_);
+    for (uint8_t* block : pinned_cache_) (void)cudaHostUnregister(block);
+  }
   if (split_)
     spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder",
                  split_->cpu_samples(), split_->engine_samples());
+}
+
+void NvjpegStage::pin_cache_block(uint8_t* block, uint64_t bytes) {
+  CudaDeviceGuard guard(device_);
+  const cudaError_t e = cudaHostRegister(block, bytes, cudaHostRegisterPortable);
+  if (e == cudaSuccess) {
+    pinned_cache_.push_back(block);
+  } else if (pinned_cache_.empty()) {
+    (void)cudaGetLastError();
+    spdlog::warn("decoded cache: cannot pin its memory for the GPU ({}): cached images go up "
+                 "through pageable copies, slower",
+                 cudaGetErrorString(e));
+  }
 }
 
 void NvjpegStage::add_view(uint32_t view) {
@@ -136,8 +156,7 @@ std::optional<RgbView> NvjpegStage::cached_image(const FillLease& lease, uint64_
   for (size_t k = 0; k < lease.views.size(); ++k)
     if (lease.views[k] && !source_.cached_view(static_cast<uint32_t>(k))) return std::nullopt;
   if (std::optional<RgbView> image = cache->find(index)) return image;
-  // Mixed: the misses the CPU takes fill the cache, the engine's are decoded as without one.
-  if (!cache->admitting() || (split_ && !split_->cpu_decodes(lease.seq))) return std::nullopt;
+  if (!cache->admitting()) return std::nullopt;
   s.size = read_image_file(s.path, s.bytes);
   const RgbView image = decode_shrunk(s.bytes.data(), s.size, s.path,
                                       source_.pipeline().options().max_image_pixels, cache->side());

@@ -25,10 +25,10 @@
 // Decoded cache (ImageSource::cache(), `--cache decoded`): a sample the cache holds is not read;
 // its cached image goes up like a CPU-decoded file and the same kernel crops every view from it,
 // each view's geometry drawn on the cached image's size (as the CPU pipeline draws it there).
-// Misses fill the cache on the CPU workers (decoders/shrink_decode.h): all of them under
-// `--decoder nvjpeg`, so its first epoch decodes at the workers' pace; under mixed those the
-// split gives the CPU, the engine decoding the rest as without a cache until a later epoch's
-// CPU, freed by the hits, caches them.
+// While the cache admits images, misses fill it on the CPU workers (decoders/shrink_decode.h),
+// under nvjpeg and mixed alike: the first epoch decodes at the workers' pace and every later one
+// reads no file; once it is full, the rest are decoded as without a cache. The cache's memory is
+// pinned as it is reserved (pin_cache_block).
 //
 // Views (docs/views.md): view v of the pool has its own ArenaSet and is the source's view v (its
 // own ImagePipeline: size, crop policy, flip, normalisation, seed). Each image is read, checked
@@ -134,9 +134,14 @@ class NvjpegStage : public ChunkStage {
   void add_view(uint32_t view);  // from begin() (or the constructor)
   // With a decoded cache whose side every view the lease fills fits: sample `index`'s cached
   // image, or a miss decoded and shrunk on this worker into the cache (or into s.bytes when
-  // another worker caches it or the cache is full) while the cache admits images and, under
-  // mixed, the split gives the sample to the CPU. nullopt: decode the file as without a cache.
+  // another worker caches it or the cache is full) while the cache admits images. nullopt:
+  // decode the file as without a cache.
   std::optional<RgbView> cached_image(const FillLease& lease, uint64_t index, PreparedSample& s);
+  // The decoded cache's reserved blocks are pinned (page-locked for the GPU) as they are
+  // reserved, so that a cached image goes up in an asynchronous copy: the upload thread queues a
+  // chunk's copies and kernels at once instead of waiting on each copy (under time-slicing, each
+  // wait is a turn of the GPU). Unpinned in the destructor. Under the cache's allocation lock.
+  void pin_cache_block(uint8_t* block, uint64_t bytes);
 
   // Decodes samples [first, last) of `slot` into decoded_ (one group that fits the buffer),
   // recording each one's offset there; a sample no decoder can read is skipped or thrown.
@@ -172,6 +177,7 @@ class NvjpegStage : public ChunkStage {
   DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
   std::atomic<uint64_t> skipped_{0};
   std::optional<DecodeSplit> split_;  // mixed only: counts each side's samples, logged at the end
+  std::vector<uint8_t*> pinned_cache_;  // by pin_cache_block(), under the cache's lock
 };
 
 }  // namespace batchcast

@@ -95,5 +95,22 @@ TEST(DecodedCache, WorkersRacingForOneSampleCacheItOnce) {
   EXPECT_EQ(cache.stats().images, kSamples);
 }
 
+TEST(DecodedCache, EveryReservedBlockIsHandedToTheHookOnce) {
+  DecodedCache cache(4, 256, uint64_t{200} << 20);
+  const auto big = pixels_of(0, 4000, 3000);  // 36 MB: two images span a 64 MiB block
+  ASSERT_TRUE(cache.insert(0, view_of(big, 4000, 3000)));
+  uint64_t handed = 0;
+  cache.on_reserve([&](uint8_t*, uint64_t bytes) { handed += bytes; });
+  EXPECT_GE(handed, DecodedCache::image_bytes(4000, 3000)) << "the blocks reserved before";
+  ASSERT_TRUE(cache.insert(1, view_of(big, 4000, 3000)));
+  ASSERT_TRUE(cache.insert(2, view_of(big, 4000, 3000)));
+  EXPECT_GE(handed, 3 * DecodedCache::image_bytes(4000, 3000));
+  EXPECT_LE(handed, 3 * DecodedCache::image_bytes(4000, 3000) + (uint64_t{64} << 20));
+  cache.on_reserve(nullptr);
+  const uint64_t before = handed;
+  ASSERT_TRUE(cache.insert(3, view_of(big, 4000, 3000)));
+  EXPECT_EQ(handed, before);
+}
+
 }  // namespace
 }  // namespace batchcast
