@@ -64,18 +64,20 @@ std::optional<RgbView> DecodedCache::find(uint64_t index) {
 
 std::optional<uint64_t> DecodedCache::allocate(uint64_t bytes) {
   std::lock_guard lk(allocate_mu_);
-  if (full_.load(std::memory_order_relaxed) || used_ + bytes > capacity_) {
-    full_ = true;
-    return std::nullopt;
-  }
-  while (used_ + bytes > reserved_) {
-    const uint64_t block = std::min(kReserveBlock, capacity_ - reserved_);
+  if (full_.load(std::memory_order_relaxed)) return std::nullopt;
+  if (used_ + bytes > reserved_) {
+    // A new block, which the image starts: an image never spans two blocks (a GPU pool pins each
+    // block on its own, and one copy cannot read two pinned ranges). The rest of the last block
+    // stays unused.
+    uint64_t block = std::min(std::max(kReserveBlock, bytes), capacity_ - reserved_);
     // tmpfs allocates the pages now: a full /dev/shm fails here, not as SIGBUS on a write.
-    if (::posix_fallocate(fd_, static_cast<off_t>(reserved_), static_cast<off_t>(block)) != 0) {
+    if (block < bytes ||
+        ::posix_fallocate(fd_, static_cast<off_t>(reserved_), static_cast<off_t>(block)) != 0) {
       full_ = true;
       return std::nullopt;
     }
     if (reserved_hook_) reserved_hook_(base_ + reserved_, block);
+    used_ = reserved_;
     reserved_ += block;
   }
   const uint64_t offset = used_;

@@ -3,11 +3,12 @@
 // (decoders/shrink_decode.h); every later epoch makes each view from it without reading or
 // decoding the file (ImageSource).
 //
-// A budget, never an out-of-memory: the images are packed one after another into one shared-memory
-// segment of at most `capacity` bytes, whose pages are reserved (fallocate) block by block as it
-// fills, so a /dev/shm that runs out stops the cache from growing (the samples that do not fit are
-// decoded each epoch) instead of raising SIGBUS. Nothing is ever evicted: the first images decoded
-// stay, and once one does not fit no more are admitted.
+// A budget, never an out-of-memory: the images are packed one after another into one
+// shared-memory segment of at most `capacity` bytes, whose pages are reserved (fallocate) block by
+// block as it fills (64 MiB blocks, or one image's bytes where larger; an image never spans two),
+// so a /dev/shm that runs out stops the cache from growing (the samples that do not fit are
+// decoded each epoch) instead of raising SIGBUS. Nothing is ever evicted: the first images
+// decoded stay, and once one does not fit no more are admitted.
 //
 // Ownership and lifetime: the server's ImageSource owns it. The segment is created mode 0600 and
 // unlinked at once, so it lives exactly as long as this object's mapping, and nothing of it is

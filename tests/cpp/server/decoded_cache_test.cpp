@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -95,21 +96,26 @@ TEST(DecodedCache, WorkersRacingForOneSampleCacheItOnce) {
   EXPECT_EQ(cache.stats().images, kSamples);
 }
 
-TEST(DecodedCache, EveryReservedBlockIsHandedToTheHookOnce) {
-  DecodedCache cache(4, 256, uint64_t{200} << 20);
-  const auto big = pixels_of(0, 4000, 3000);  // 36 MB: two images span a 64 MiB block
+TEST(DecodedCache, EveryReservedBlockGoesToTheHookAndNoImageSpansTwo) {
+  DecodedCache cache(5, 256, uint64_t{400} << 20);
+  const uint64_t one = DecodedCache::image_bytes(4000, 3000);  // 36 MB: two overflow a block
+  const auto big = pixels_of(0, 4000, 3000);
   ASSERT_TRUE(cache.insert(0, view_of(big, 4000, 3000)));
-  uint64_t handed = 0;
-  cache.on_reserve([&](uint8_t*, uint64_t bytes) { handed += bytes; });
-  EXPECT_GE(handed, DecodedCache::image_bytes(4000, 3000)) << "the blocks reserved before";
-  ASSERT_TRUE(cache.insert(1, view_of(big, 4000, 3000)));
-  ASSERT_TRUE(cache.insert(2, view_of(big, 4000, 3000)));
-  EXPECT_GE(handed, 3 * DecodedCache::image_bytes(4000, 3000));
-  EXPECT_LE(handed, 3 * DecodedCache::image_bytes(4000, 3000) + (uint64_t{64} << 20));
+  std::vector<std::pair<uint8_t*, uint64_t>> blocks;
+  cache.on_reserve([&](uint8_t* block, uint64_t bytes) { blocks.emplace_back(block, bytes); });
+  ASSERT_EQ(blocks.size(), 1u) << "the blocks reserved before, at once";
+  for (uint64_t i = 1; i < 4; ++i) ASSERT_TRUE(cache.insert(i, view_of(big, 4000, 3000)));
+  EXPECT_EQ(blocks.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) {
+    const uint8_t* image = cache.find(i)->pixels;
+    int within = 0;
+    for (const auto& [block, bytes] : blocks)
+      within += image >= block && image + one <= block + bytes;
+    EXPECT_EQ(within, 1) << "image " << i << " lies in exactly one block";
+  }
   cache.on_reserve(nullptr);
-  const uint64_t before = handed;
-  ASSERT_TRUE(cache.insert(3, view_of(big, 4000, 3000)));
-  EXPECT_EQ(handed, before);
+  ASSERT_TRUE(cache.insert(4, view_of(big, 4000, 3000)));
+  EXPECT_EQ(blocks.size(), 4u) << "no hook after it is removed";
 }
 
 }  // namespace
