@@ -116,6 +116,9 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--order", choices=["exact", "relaxed"], default="exact",
                    help="the order the batchcast peers' trainers read in (docs/stream.md, Order): "
                         "relaxed lets each read at its own pace from one decode")
+    p.add_argument("--ring", type=int, default=0,
+                   help="slots of the batchcast servers' pools (0: the server's default, 8 on a "
+                        "GPU)")
     p.add_argument("--cache-epochs", type=int, default=1,
                    help="epochs each trainer of a -cached peer reads before the window (its "
                         "server keeps the decoded images: --cache decoded), so that the window "
@@ -216,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     energy = probes.Energy(args.gpus if args.device.startswith("cuda") else 1)
     meta = dict(probes.machine(), **{k: getattr(args, k) for k in (
         "batch_size", "chunk_size", "fp32", "device", "warmup", "settle", "seconds", "data",
-        "data_cores", "gpus", "order", "cache_epochs")})
+        "data_cores", "gpus", "order", "cache_epochs", "ring")})
     results: Dict[str, Any] = {"meta": meta, "regimes": []}
     for trainers in regimes(args):
         results["regimes"].append(run_regime(args, energy, peers, trainers))

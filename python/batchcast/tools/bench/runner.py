@@ -125,7 +125,7 @@ def _start_server(cfg: argparse.Namespace, peer: str, sizes: List[int], n: int, 
         # On a GPU the pool lives in device memory: trainers get zero-copy CUDA tensors.
         device=device, decoder=DECODERS.get(peer, "cpu"),
         views=[f"size={size}" for size in sizes[1:]], order=cfg.order,
-        cache="decoded" if peer.endswith("-cached") else "off")
+        cache="decoded" if peer.endswith("-cached") else "off", ring=cfg.ring)
     open(log, "w").close()  # this run's log alone
     # No readiness wait: the trainers wait for it (and the watchdog sees it exit early).
     return launch(config, log=log, cpus=data_cpus, ready_timeout=None)
