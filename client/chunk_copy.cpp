@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "protocol/descriptor_checks.h"
+
 #ifdef BATCHCAST_HAVE_CUDA
 #include "client/cuda_assembler.h"
 #endif

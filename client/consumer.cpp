@@ -87,6 +87,7 @@ void Consumer::close() {
 }
 
 const protocol::Welcome& Consumer::welcome() const { return session_->welcome(); }
+protocol::Order Consumer::order() const { return session_->welcome().order; }
 int Consumer::cuda_device() const { return session_->memory().cuda_device(); }
 
 std::optional<uint64_t> Consumer::batches_per_epoch() const {
@@ -110,10 +111,12 @@ std::shared_ptr<ChunkRef> Consumer::pop_chunk() {
   return std::make_shared<ChunkRef>(session_, std::move(*d));
 }
 
-void Consumer::seek(uint64_t epoch, uint64_t sample) { pending_seek_ = {epoch, sample}; }
+void Consumer::seek(uint64_t epoch, uint64_t sample, std::vector<uint64_t> had) {
+  pending_seek_ = PendingSeek{{epoch, sample}, std::move(had)};
+}
 
 std::pair<uint64_t, uint64_t> Consumer::position() const {
-  if (pending_seek_) return {pending_seek_->epoch, pending_seek_->sample};
+  if (pending_seek_) return {pending_seek_->target.epoch, pending_seek_->target.sample};
   return rebatcher_.position();
 }
 
@@ -121,9 +124,13 @@ std::shared_ptr<Batch> Consumer::next() {
   if (!session_) throw Error("consumer is closed");
   if (pending_seek_) {
     assembler_->discard();
+    samples_.clear();
     chunk_.reset();
-    rebatcher_.seek(pending_seek_->epoch, pending_seek_->sample);
-    session_->seek(*pending_seek_);
+    const protocol::Seek target = pending_seek_->target;
+    rebatcher_.seek(target.epoch, target.sample);
+    for (auto& part : protocol::had_parts(target.epoch, pending_seek_->had))
+      session_->post(std::move(part));  // ahead of the Seek they resume after
+    session_->seek(target);
     pending_seek_.reset();
   }
   while (true) {
@@ -136,13 +143,19 @@ std::shared_ptr<Batch> Consumer::next() {
         else
           rebatcher_.end_of_stream();
         break;
-      case Rebatcher::Step::kPiece:
+      case Rebatcher::Step::kPiece: {
         assembler_->add({chunk_, step.start, step.count});
+        const auto& rows = chunk_->desc.samples;
+        if (!rows.empty())
+          samples_.insert(samples_.end(), rows.begin() + step.start,
+                          rows.begin() + step.start + step.count);
         break;
+      }
       case Rebatcher::Step::kBatch:
         return take_batch(step.batch);
       case Rebatcher::Step::kEpochEnd:
         assembler_->discard();  // drop_last's short batch, if any
+        samples_.clear();
         return nullptr;
     }
   }
@@ -153,6 +166,8 @@ std::shared_ptr<Batch> Consumer::take_batch(const BatchSpan& span) {
   batch->epoch = span.epoch;
   batch->sample_start = span.sample_start;
   batch->size = span.size;
+  batch->samples = std::move(samples_);
+  samples_.clear();
   const Assembler::View view = assembler_->viewable();
   if (view == Assembler::View::kSlot && session_->held.load() < options_.max_held) {
     session_->held++;

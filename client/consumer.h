@@ -128,6 +128,9 @@ class Batch {
   uint64_t epoch = 0;
   uint64_t sample_start = 0;  // position of its first sample inside the epoch
   uint32_t size = 0;
+  // Relaxed order: the dataset index of each of its samples (what a resume keeps of the epoch's
+  // samples had); empty in exact order, where the position says which samples it holds.
+  std::vector<uint32_t> samples;
   bool copied = false;  // private memory, no view of a shared slot (counted in stats().copies)
   // A host view of page-locked memory (ConsumerOptions::pin_memory): copy it to the GPU
   // asynchronously after use_on_stream(stream), on that stream.
@@ -183,12 +186,18 @@ class Consumer {
   // holds are regenerated where its producer can; else next() throws PositionUnavailableError
   // and the consumer goes on at the stream's newest chunk unless it seeks again
   // (docs/stream.md, "Positions").
-  void seek(uint64_t epoch, uint64_t sample = 0);
+  // Relaxed order (order() kRelaxed): a position inside an epoch resumes it after the samples
+  // had there, `had` (a bit per dataset index, as many as `sample`: Batch::samples of the
+  // batches yielded): the rest of its shard follows. The server refuses a set that is not that
+  // many samples of this consumer's shard (PositionUnavailableError, naming the fault).
+  void seek(uint64_t epoch, uint64_t sample = 0, std::vector<uint64_t> had = {});
   // (epoch, sample in epoch) of the next sample next() will yield, as Rebatcher::position()
   // says; the pending seek's target once seek() was called. Resuming a consumer at this
   // position (seek) continues exactly where this one stopped.
   std::pair<uint64_t, uint64_t> position() const;
   uint32_t batch_size() const { return rebatcher_.batch_size(); }
+  // The order the server serves this consumer in (kExact or kRelaxed; options.order asks).
+  protocol::Order order() const;
   // Batches per whole epoch; nullopt while the server does not know the epoch's length.
   std::optional<uint64_t> batches_per_epoch() const;
   ConsumerStats stats() const;
@@ -207,7 +216,12 @@ class Consumer {
   Rebatcher rebatcher_;
   std::unique_ptr<Assembler> assembler_;
   std::shared_ptr<ChunkRef> chunk_;  // the chunk the rebatcher cuts (the last one received)
-  std::optional<protocol::Seek> pending_seek_;  // applied by the next next()
+  struct PendingSeek {
+    protocol::Seek target;
+    std::vector<uint64_t> had;
+  };
+  std::optional<PendingSeek> pending_seek_;  // applied by the next next()
+  std::vector<uint32_t> samples_;            // Batch::samples of the batch being cut
   ConsumerStats stats_;
 };
 

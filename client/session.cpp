@@ -9,6 +9,7 @@
 #include "client/chunk_copy.h"
 #include "common/error.h"
 #include "common/process.h"
+#include "protocol/descriptor_checks.h"
 #include "protocol/endpoint.h"
 
 namespace batchcast {

@@ -1,5 +1,6 @@
 #include "protocol/messages.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -129,6 +130,7 @@ void write_body(Writer& w, const Welcome& m) {
   }
   w.put(m.heartbeat_interval_s);
   w.put(m.heartbeat_timeout_s);
+  w.put(static_cast<uint8_t>(m.order));
 }
 void read_body(Reader& r, Welcome& m) {
   m.consumer_id = r.get<uint64_t>();
@@ -164,6 +166,11 @@ void read_body(Reader& r, Welcome& m) {
   if (!(m.heartbeat_interval_s > 0 && m.heartbeat_interval_s < 3600 && m.heartbeat_timeout_s > 0 &&
         m.heartbeat_timeout_s < 36000))
     r.fail("heartbeat interval/timeout out of range");
+  auto order = r.get<uint8_t>();
+  if (order != static_cast<uint8_t>(Order::kExact) &&
+      order != static_cast<uint8_t>(Order::kRelaxed))
+    r.fail("a welcome's order must be exact or relaxed, not " + std::to_string(order));
+  m.order = static_cast<Order>(order);
   if (m.slot_count == 0 || m.slot_bytes == 0) r.fail("empty pool");
   const bool on_gpu = m.device == DeviceKind::kCuda;
   if (r.ok() && on_gpu == m.cuda_arenas.empty())
@@ -195,6 +202,8 @@ void write_body(Writer& w, const ChunkDescriptor& m) {
   }
   w.put(static_cast<uint32_t>(m.take.size()));
   for (auto row : m.take) w.put(row);
+  w.put(static_cast<uint32_t>(m.samples.size()));
+  for (auto sample : m.samples) w.put(sample);
 }
 void read_body(Reader& r, ChunkDescriptor& m) {
   m.seq = r.get<uint64_t>();
@@ -235,6 +244,16 @@ void read_body(Reader& r, ChunkDescriptor& m) {
   if (!r.ok()) return;
   m.take.resize(rows);
   for (auto& row : m.take) row = r.get<uint32_t>();
+  auto samples = r.get<uint32_t>();
+  if (samples != rows) {
+    r.fail("samples lists " + std::to_string(samples) + " dataset indices for " +
+           std::to_string(rows) + " rows taken");
+    return;
+  }
+  if (r.ok() && samples > r.left() / sizeof(uint32_t)) r.fail("samples longer than the message");
+  if (!r.ok()) return;
+  m.samples.resize(samples);
+  for (auto& sample : m.samples) sample = r.get<uint32_t>();
 }
 
 void write_body(Writer& w, const Credit& m) { w.put(m.chunks); }
@@ -288,6 +307,29 @@ void read_body(Reader& r, SeekReply& m) {
   if (available > 1) r.fail("unknown seek reply value " + std::to_string(available));
   m.available = available == 1;
   m.message = r.get_string();
+}
+
+void write_body(Writer& w, const HadSamples& m) {
+  w.put(m.epoch);
+  w.put(m.first_word);
+  w.put(static_cast<uint32_t>(m.words.size()));
+  for (auto word : m.words) w.put(word);
+}
+void read_body(Reader& r, HadSamples& m) {
+  m.epoch = r.get<uint64_t>();
+  m.first_word = r.get<uint64_t>();
+  auto n = r.get<uint32_t>();
+  if (n > kMaxHadWords) {
+    r.fail("samples had in " + std::to_string(n) + " words, more than a frame's " +
+           std::to_string(kMaxHadWords));
+  } else if (r.ok() && n > r.left() / sizeof(uint64_t)) {
+    r.fail("samples had longer than the message");
+  } else if (m.first_word > (std::numeric_limits<uint64_t>::max() >> 6) - n) {
+    r.fail("samples had beyond 2^64");  // dataset indices of its words would wrap
+  }
+  if (!r.ok()) return;
+  m.words.resize(n);
+  for (auto& word : m.words) word = r.get<uint64_t>();
 }
 
 template <size_t I = 0>
@@ -353,68 +395,19 @@ DecodeResult decode(const void* data, size_t size) {
   return result;
 }
 
-std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t) {
-  // The view spans [offset, offset + (sum over dims of (shape-1)*stride + 1) * itemsize).
-  // Every dimension is checked before an empty one returns 0 (a negative dimension after a zero
-  // one was accepted), and `last` is bounded at each step so the sum cannot wrap 128 bits.
-  for (size_t i = 0; i < t.shape.size(); ++i)
-    if (t.shape[i] < 0 || t.strides[i] < 0) return std::nullopt;
-  unsigned __int128 last = 0;
-  for (size_t i = 0; i < t.shape.size(); ++i) {
-    if (t.shape[i] == 0) return 0;
-    last += static_cast<unsigned __int128>(t.shape[i] - 1) * static_cast<uint64_t>(t.strides[i]);
-    if (last > std::numeric_limits<uint64_t>::max()) return std::nullopt;
+std::vector<HadSamples> had_parts(uint64_t epoch, const std::vector<uint64_t>& bits) {
+  std::vector<HadSamples> parts;
+  for (size_t first = 0; first < bits.size();) {
+    if (bits[first] == 0) {
+      ++first;
+      continue;
+    }
+    size_t end = std::min(bits.size(), first + kMaxHadWords);
+    while (bits[end - 1] == 0) --end;
+    parts.push_back({epoch, first, {bits.begin() + first, bits.begin() + end}});
+    first = end;
   }
-  unsigned __int128 bytes = (last + 1) * dtype_size(t.dtype);
-  if (bytes > std::numeric_limits<uint64_t>::max()) return std::nullopt;
-  return static_cast<uint64_t>(bytes);
-}
-
-std::string validate_descriptor(const ChunkDescriptor& d, uint32_t slot_count,
-                                uint64_t slot_bytes) {
-  if (d.slot >= slot_count)
-    return "slot " + std::to_string(d.slot) + " outside the pool of " + std::to_string(slot_count);
-  const ChunkPosition& p = d.position;
-  if (p.sample_count == 0) return "empty chunk";
-  if (p.epoch_samples != 0 && (p.sample_count > p.epoch_samples ||
-                               p.sample_start > p.epoch_samples - p.sample_count))  // no wrap
-    return "chunk samples beyond the epoch's end";
-  if (!d.take.empty()) {
-    if (d.take.size() != p.sample_count)
-      return "take lists " + std::to_string(d.take.size()) + " rows for a chunk of " +
-             std::to_string(p.sample_count) + " samples";
-    for (size_t i = 1; i < d.take.size(); ++i)
-      if (d.take[i] <= d.take[i - 1]) return "take's rows are not strictly ascending";
-  }
-  for (const auto& t : d.tensors) {
-    if (t.shape.size() != t.strides.size() || t.shape.empty())
-      return "tensor " + t.name + ": bad rank";
-    if (d.take.empty() && t.shape[0] != static_cast<int64_t>(p.sample_count))
-      return "tensor " + t.name + ": dimension 0 is not the chunk's sample count";
-    if (!d.take.empty() && d.take.back() >= t.shape[0])
-      return "tensor " + t.name + ": take's row " + std::to_string(d.take.back()) +
-             " beyond its dimension 0 of " + std::to_string(t.shape[0]);
-    auto extent = tensor_extent_bytes(t);
-    if (!extent) return "tensor " + t.name + ": negative or overflowing shape/strides";
-    if (t.offset > slot_bytes || *extent > slot_bytes - t.offset)
-      return "tensor " + t.name + ": extends outside its slot";
-    if (t.offset % dtype_size(t.dtype) != 0) return "tensor " + t.name + ": misaligned offset";
-    if (!d.take.empty() && row_extent_bytes(t) > row_stride_bytes(t))
-      return "tensor " + t.name +
-             ": its rows overlap (a row spans more than dimension 0's stride), so rows cannot be "
-             "taken apart";
-  }
-  return "";
-}
-
-uint64_t row_stride_bytes(const TensorSpec& t) {
-  return static_cast<uint64_t>(t.strides[0]) * dtype_size(t.dtype);
-}
-
-uint64_t row_extent_bytes(const TensorSpec& t) {
-  TensorSpec row = t;
-  row.shape[0] = 1;
-  return tensor_extent_bytes(row).value_or(0);
+  return parts;
 }
 
 }  // namespace batchcast::protocol

@@ -6,9 +6,9 @@
 // little-endian order; strings are u16 length + bytes. decode() checks the header, the exact
 // size, every enum and every bound it can check alone (string lengths, tensor and dim counts,
 // extents that would overflow); checks that need context (slot ids, offsets inside the pool,
-// which slots a consumer holds) are done by the receiver with validate_descriptor() and the
-// server's SlotRing. A malformed message is a value (DecodeResult::error), never an exception,
-// so callers can drop and count it.
+// which slots a consumer holds) are done by the receiver with validate_descriptor()
+// (protocol/descriptor_checks.h) and the server's SlotRing. A malformed message is a value
+// (DecodeResult::error), never an exception, so callers can drop and count it.
 //
 // Only descriptors cross the wire: pixels stay in the shared pool.
 // Thread-safety: plain values and pure functions.
@@ -31,11 +31,16 @@ constexpr uint32_t kMagic = 0x53414342;  // "BCAS"
 // 4: Hello carries the consumer's stall bound, a server's Heartbeat what the consumer waits for.
 // 5: Hello carries the view the consumer reads; a refused Hello is answered with an ErrorMessage.
 // 6: Hello carries the order the consumer reads in; a descriptor may list the rows to take.
-constexpr uint16_t kVersion = 6;
+// 7: a relaxed descriptor names the dataset index of each row it takes, Welcome the order the
+//    consumer is served in, and HadSamples carries a relaxed consumer's samples had to its Seek;
+//    a frame may be 64 KiB.
+constexpr uint16_t kVersion = 7;
 constexpr size_t kMaxTensors = 16;
 constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxString = 1024;
-constexpr size_t kMaxMessageBytes = 16 * 1024;
+// Large enough for a relaxed descriptor of a few thousand rows (8 bytes a row: its row and its
+// dataset index), small enough that a peer's frame costs the receiver nothing worth bounding.
+constexpr size_t kMaxMessageBytes = 64 * 1024;
 constexpr size_t kCudaIpcHandleBytes = 64;
 constexpr size_t kCudaUuidBytes = 16;
 // A CUDA pool's Welcome carries one event handle per slot and GPU; this bounds their total under
@@ -111,6 +116,9 @@ struct Welcome {
   std::vector<CudaArena> cuda_arenas;
   double heartbeat_interval_s = 0.25;
   double heartbeat_timeout_s = 3.0;
+  // The order this consumer is served in: what its Hello asked, else the server's default; exact
+  // where the producer cannot decode chosen samples. Never kServer.
+  Order order = Order::kExact;
 };
 
 // Where a chunk sits in its epoch. The one name for it from the producer to the consumer: the
@@ -152,6 +160,9 @@ struct ChunkDescriptor {
   // consumer's own (its epoch, the samples it had in it before). The consumer copies those rows
   // out on arrival and releases the slot at once. Empty: every row, as the tensors say.
   std::vector<uint32_t> take;
+  // With take: the dataset index of each row taken (one per row, in take's order), so that a
+  // relaxed consumer knows which samples it had (what its resume state keeps). Else empty.
+  std::vector<uint32_t> samples;
 };
 
 struct Credit {  // consumer -> server: may send `chunks` more descriptors
@@ -194,9 +205,22 @@ struct SeekReply {
   std::string message;
 };
 
+// consumer -> server, relaxed order: part of the set of samples the consumer had in epoch
+// `epoch` before it left, sent ahead of the Seek that resumes that epoch after them
+// (docs/stream.md, "Order"): bit i of words[k] is dataset index 64 * (first_word + k) + i. A set
+// that one frame cannot hold goes in several parts; words without a bit may be left out
+// (had_parts). The server checks the set against the consumer's shard at the Seek.
+struct HadSamples {
+  uint64_t epoch = 0;
+  uint64_t first_word = 0;
+  std::vector<uint64_t> words;
+};
+// The most words one HadSamples frame carries.
+constexpr size_t kMaxHadWords = (kMaxMessageBytes - 64) / sizeof(uint64_t);
+
 // The type code on the wire is the index in this variant + 1: append, never reorder.
 using Message = std::variant<Hello, Welcome, ChunkDescriptor, Credit, Release, Heartbeat, Goodbye,
-                             End, ErrorMessage, Seek, SeekReply>;
+                             End, ErrorMessage, Seek, SeekReply, HadSamples>;
 
 std::string encode(const Message& message);
 
@@ -206,19 +230,9 @@ struct DecodeResult {
 };
 DecodeResult decode(const void* data, size_t size);
 
-// Checks a descriptor against the pool the consumer mapped: slot id, every tensor inside its
-// slot (offset + extent of the strided view), sample counts matching dimension 0; with `take`,
-// its rows strictly ascending, below every tensor's dimension 0, one per sample, and every
-// tensor's rows apart (a row's extent within the stride of dimension 0), so each can be copied
-// out alone.
-// Returns an empty string when valid, else the reason.
-std::string validate_descriptor(const ChunkDescriptor& d, uint32_t slot_count, uint64_t slot_bytes);
-
-// Bytes spanned by a strided tensor view (0 for an empty one); nullopt on overflow.
-std::optional<uint64_t> tensor_extent_bytes(const TensorSpec& t);
-// Of a tensor of a valid descriptor: bytes from one row (sample) to the next, and bytes spanned
-// by one row (at most the former when the rows are apart).
-uint64_t row_stride_bytes(const TensorSpec& t);
-uint64_t row_extent_bytes(const TensorSpec& t);
+// The HadSamples frames that carry `bits` (a bit per dataset index) of epoch `epoch`, in order:
+// each at most kMaxHadWords words, starting and ending with a word that has a bit (the empty
+// words between parts left out); none for an empty set.
+std::vector<HadSamples> had_parts(uint64_t epoch, const std::vector<uint64_t>& bits);
 
 }  // namespace batchcast::protocol

@@ -151,7 +151,7 @@ class SharedStream:
         self._augment_seed = augment_seed
         self._python_why = python_why
         self._loader: Optional[Loader] = None
-        self._resume: Optional[Tuple[int, int]] = None
+        self._resume: Optional[Dict[str, Any]] = None  # a loaded state, for the next iteration
         self._private = False
         self._view: Optional[str] = None  # follow()'s view; None: the one the fingerprint says
         self._claim: Optional[int] = None  # write end of the claim of a producer we started
@@ -168,10 +168,10 @@ class SharedStream:
         the sampler has one), else the next epoch of the stream."""
         loader = self._attach() if self._loader is None else self._loader
         if self._resume is not None:
-            (epoch, sample), self._resume = self._resume, None
-            batches = self._seek(epoch, sample)
+            state, self._resume = self._resume, None
+            batches = self._seek(state)
         elif sampler_epoch is not None:
-            batches = self._seek(sampler_epoch, 0)
+            batches = self._seek({"epoch": sampler_epoch, "sample": 0})
         else:
             batches = iter(loader)
         return report_progress(self._told(batches), self.effective_key, lambda: self.stats)
@@ -191,9 +191,10 @@ class SharedStream:
         if isinstance(e, _batchcast.ServerGoneError) or str(e).startswith("server failed"):
             raise type(e)(f"{e}; the share producer's log is kept: {self.paths['log']}") from e
 
-    def _seek(self, epoch: int, sample: int) -> Iterator[Any]:
+    def _seek(self, state: Dict[str, Any]) -> Iterator[Any]:
+        """The Loader's batches from the position of ``state`` (Loader.load_state_dict's)."""
         assert self._loader is not None
-        self._loader.seek(epoch, sample)
+        self._loader.load_state_dict(state)
         batches = iter(self._loader)
         try:
             # The server answers a seek with the position's first batch or a refusal, which
@@ -207,28 +208,28 @@ class SharedStream:
             _log.warning(
                 "DataLoader(share=%r): the shared stream cannot serve epoch %d sample %d (%s); "
                 "this trainer reads a private producer of the same pipeline from now on "
-                "(its samples are decoded again)", self.key, epoch, sample, e,
+                "(its samples are decoded again)", self.key, state["epoch"], state["sample"], e,
             )
             self.close()
             self._private = True
             self.effective_key += f"-private{os.getpid()}"
             self.paths = share_paths(self.effective_key)
             self._attach()
-            return self._seek(epoch, sample)
+            return self._seek(state)
         return itertools.chain((first,), batches)
 
     # -- state -------------------------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
         if self._resume is not None:
-            return {"epoch": self._resume[0], "sample": self._resume[1]}
+            return dict(self._resume)
         if self._loader is None:
             return {"epoch": None, "sample": 0}
         return self._loader.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if state.get("epoch") is not None:
-            self._resume = (int(state["epoch"]), int(state.get("sample", 0)))
+            self._resume = {"sample": 0, **state}
 
     @property
     def stats(self) -> Any:

@@ -84,7 +84,8 @@ then). A second trainer of the key with another transform joins its stream as a 
 Epochs: each iteration yields the epoch the sampler names (``sampler.set_epoch(e)`` of a
 DistributedSampler), else the next one; a ``break`` and a new iteration start the next epoch
 without draining the rest. Resume: ``state_dict()`` / ``load_state_dict()`` (torchdata's
-StatefulDataLoader convention, keys ``epoch`` and ``sample``, load before iterating).
+StatefulDataLoader convention, keys ``epoch`` and ``sample``, load before iterating; in relaxed
+``share_order`` also ``order`` and ``had``, the samples had in that epoch: see Loader).
 
 Batches are zero-copy views of shared memory: clone before modifying in place (see Loader).
 The share protocol is in ``_share.py``; the producer process in ``_share_producer.py``.
@@ -325,7 +326,8 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
 
     def state_dict(self) -> Dict[str, Any]:
         """``{"epoch", "sample"}``: where this trainer's next iteration resumes (mid-epoch
-        too); ``epoch`` None before the first batch."""
+        too); ``epoch`` None before the first batch. In relaxed order also ``"order"`` and
+        ``"had"`` (Loader.state_dict)."""
         return self._shared().state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

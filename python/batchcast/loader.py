@@ -17,7 +17,10 @@ Resume follows torchdata's StatefulDataLoader: ``state_dict()`` (callable mid-ep
 samples of epoch E were yielded; after an epoch's end that is ``(E + 1, 0)``; ``{"epoch":
 None, "sample": 0}`` before the first batch: wherever the stream is). ``load_state_dict()``
 on a new Loader, before iterating, makes its next iteration start there (``seek``); a server
-that cannot serve that position raises :class:`batchcast.PositionUnavailableError`.
+that cannot serve that position raises :class:`batchcast.PositionUnavailableError`. In relaxed
+order the state also keeps the samples yielded in epoch E (``"order": "relaxed"``, ``"had"``:
+``_resume_state``), and a Loader resumed from it reads the rest of that epoch's shard once, then
+the next epochs whole.
 
 Batches are zero-copy views of the server's shared memory handed over through DLPack: the
 server's slot is released when the last tensor of the batch is freed. Host views are
@@ -47,6 +50,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from . import _batchcast, _tensor_names
 from ._device_copy import DeviceCopy, cuda_index
+from ._resume_state import HadSet, Position
 from ._views import ViewLike, view_text
 
 __all__ = ["Loader", "LoaderStats"]
@@ -220,7 +224,7 @@ class Loader(Closeable):
         self.drop_last = drop_last
         self._in_epoch = False  # a batch of the current epoch was yielded, its end not yet seen
         self._first_epoch: Optional[int] = None  # of the first batch this Loader yielded
-        self._position: Tuple[Optional[int], int] = (None, 0)  # next sample yielded: state_dict
+        self._position = Position(self._consumer.order == "relaxed")  # state_dict's
         self._layouts: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Callable[[list], Any]] = {}
 
     # -- iteration ---------------------------------------------------------------------------
@@ -251,7 +255,7 @@ class Loader(Closeable):
         if self._in_epoch:  # stopped early: the next iteration is the next epoch's, as __iter__
             at: Tuple[Optional[int], int] = (int(consumer.epoch) + 1, 0)
         else:
-            at = self._position
+            at = (self._position.epoch, self._position.sample)
         options = copy.copy(self._options)
         options.view = view
         fresh = _batchcast.Consumer(options)  # refused: this one stays
@@ -259,7 +263,7 @@ class Loader(Closeable):
         consumer.close()
         self._in_epoch = False
         if at[0] is not None:
-            self.seek(at[0], at[1])
+            self._seek(at[0], at[1], self._position.had(at[0]))
         return fresh
 
     def _epoch(self, consumer: Any) -> Iterator[Any]:
@@ -271,13 +275,12 @@ class Loader(Closeable):
             first = False
             if batch is None:
                 self._in_epoch = False
-                if self._position[0] is not None:
-                    self._position = (self._position[0] + 1, 0)
+                self._position.epoch_ended()
                 return
             self._in_epoch = True
             if self._first_epoch is None:
                 self._first_epoch = int(batch.epoch)
-            self._position = (int(batch.epoch), int(batch.sample_start) + int(batch.size))
+            self._position.yielded(batch)
             # The suspended generator keeps no reference: the user's tensors alone hold the slot.
             held = [batch]
             del batch
@@ -287,7 +290,7 @@ class Loader(Closeable):
         """An iteration after the server's last epoch: raises, naming the epochs it served."""
         epochs = int(consumer.epochs)
         served = f"epochs 0 to {epochs - 1}" if epochs else "its epochs"
-        wanted = self._position[0] if self._position[0] is not None else epochs
+        wanted = self._position.epoch if self._position.epoch is not None else epochs
         read = (f"; this Loader read epochs {self._first_epoch} to {wanted - 1}"
                 if self._first_epoch is not None and wanted else "")
         raise _batchcast.PositionUnavailableError(
@@ -337,28 +340,29 @@ class Loader(Closeable):
 
     def seek(self, epoch: int, sample: int = 0) -> None:
         """The next iteration starts at sample ``sample`` of epoch ``epoch`` (the server
-        regenerates what it no longer holds, or raises PositionUnavailableError)."""
+        regenerates what it no longer holds, or raises PositionUnavailableError). In relaxed
+        order, inside an epoch only a state (:meth:`load_state_dict`) says what is left."""
         if epoch < 0 or sample < 0:
             raise ValueError(f"seek({epoch}, {sample}): epoch and sample must be >= 0")
-        self._open().seek(int(epoch), int(sample))
+        self._seek(int(epoch), int(sample), HadSet(int(epoch)))
+
+    def _seek(self, epoch: int, sample: int, had: HadSet) -> None:
+        """seek(), in relaxed order after the samples ``had`` (``sample`` of them)."""
+        self._open().seek(epoch, sample, had.bits())
         self._in_epoch = False
-        self._position = (int(epoch), int(sample))
+        self._position.moved(epoch, sample, had)
 
     def state_dict(self) -> Dict[str, Any]:
-        """``{"epoch", "sample"}``: where the next iteration resumes (see the module doc)."""
-        epoch, sample = self._position
-        return {"epoch": epoch, "sample": sample}
+        """``{"epoch", "sample"}`` (relaxed order: also ``"order"``, ``"had"``): where the next
+        iteration resumes (see the module doc)."""
+        return self._position.state()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resumes at a :meth:`state_dict` position: call it before iterating."""
-        missing = {"epoch", "sample"} - set(state)
-        if missing:
-            raise KeyError(
-                f"Loader.load_state_dict: the state lacks {sorted(missing)}; pass what "
-                "Loader.state_dict() returned"
-            )
-        if state["epoch"] is not None:
-            self.seek(state["epoch"], state["sample"])
+        """Resumes at a :meth:`state_dict` position: call it before iterating. KeyError or
+        ValueError for a state that is not one (``_resume_state.Position.loaded`` says which)."""
+        at = self._position.loaded(state, self.endpoint)
+        if at is not None:
+            self._seek(*at)
 
     # -- lifetime ----------------------------------------------------------------------------
 

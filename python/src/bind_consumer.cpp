@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 
 #include "client/consumer.h"
 #include "common/error.h"
@@ -137,7 +138,17 @@ struct Snapshot {
   uint32_t chunk_size = 0;
   uint64_t epoch_samples = 0;
   uint64_t epochs = 0;
+  protocol::Order order = protocol::Order::kExact;
 };
+
+// A bitset's bytes (bit i of byte k: bit 8k + i) as 64-bit words (bit i of word k: bit 64k + i).
+std::vector<uint64_t> bitset_words(const py::bytes& bytes) {
+  const std::string_view b = bytes;
+  std::vector<uint64_t> words((b.size() + 7) / 8, 0);
+  for (size_t i = 0; i < b.size(); ++i)
+    words[i / 8] |= uint64_t{static_cast<uint8_t>(b[i])} << (8 * (i % 8));
+  return words;
+}
 
 struct ConsumerState {
   std::unique_ptr<Consumer> consumer;
@@ -159,6 +170,7 @@ struct ConsumerState {
     s.chunk_size = consumer->welcome().chunk_size;
     s.epoch_samples = consumer->welcome().epoch_samples;
     s.epochs = consumer->welcome().epochs;
+    s.order = consumer->order();
     snapshot = s;
   }
 };
@@ -188,11 +200,11 @@ class PyConsumer {
     return std::move(state_->result);
   }
 
-  void seek(uint64_t epoch, uint64_t sample) {
+  void seek(uint64_t epoch, uint64_t sample, const py::bytes& had) {
     if (closed_) throw Error("the consumer is closed; create a new Loader to read again");
     if (worker_.in_flight())
       throw Error("cannot seek while an interrupted next() still runs; call next() again first");
-    state_->consumer->seek(epoch, sample);
+    state_->consumer->seek(epoch, sample, bitset_words(had));
     state_->refresh();
   }
 
@@ -305,6 +317,9 @@ void bind_consumer(py::module_& m) {
       .def_readonly("epoch", &Batch::epoch)
       .def_readonly("sample_start", &Batch::sample_start)
       .def_readonly("size", &Batch::size)
+      .def_readonly("samples", &Batch::samples,
+                    "Relaxed order: the dataset index of each sample (a list); empty in exact "
+                    "order.")
       .def_readonly("copied", &Batch::copied,
                     "Private memory, no view of a shared slot: a batch spanning chunks, one "
                     "beyond max_held, or one of a chunk regenerated for this consumer alone.")
@@ -376,9 +391,13 @@ void bind_consumer(py::module_& m) {
            "The next batch of the current epoch, or None at its end (and forever after the "
            "stream's end).")
       .def("seek", &PyConsumer::seek, py::arg("epoch"), py::arg("sample") = 0,
+           py::arg("had") = py::bytes(),
            "Start the next iteration at sample `sample` of epoch `epoch` (what was in flight "
            "is released unread). Leaving an epoch early: seek(position[0] + 1, 0). A position "
-           "the server cannot serve raises PositionUnavailableError from the next next().")
+           "the server cannot serve raises PositionUnavailableError from the next next(). "
+           "Relaxed order: `had` is the set of samples had in that epoch, `sample` of them (a "
+           "bitset over dataset indices: bit i of byte k is index 8k + i), after which it "
+           "resumes.")
       .def_property_readonly(
           "position", [](const PyConsumer& c) { return c.snapshot().position; },
           "(epoch, sample in epoch) of the next sample next() yields; a pending seek's target.")
@@ -393,6 +412,12 @@ void bind_consumer(py::module_& m) {
       .def_property_readonly("chunk_size",
                              [](const PyConsumer& c) { return c.snapshot().chunk_size; })
       .def_property_readonly("epochs", [](const PyConsumer& c) { return c.snapshot().epochs; })
+      .def_property_readonly(
+          "order",
+          [](const PyConsumer& c) {
+            return c.snapshot().order == protocol::Order::kRelaxed ? "relaxed" : "exact";
+          },
+          "The order the server serves this consumer in: 'exact' or 'relaxed'.")
       .def("stats", [](const PyConsumer& c) { return stats_dict(c.snapshot().stats); });
 }
 

@@ -36,11 +36,75 @@ void RelaxedReaders::add(uint64_t reader, uint32_t view) {
 
 void RelaxedReaders::remove(uint64_t reader) { readers_.erase(reader); }
 
-void RelaxedReaders::restart(uint64_t reader, uint64_t epoch) {
+void RelaxedReaders::had(uint64_t reader, const protocol::HadSamples& part) {
   Reader& r = readers_.at(reader);
+  if (r.had_epoch && *r.had_epoch != part.epoch && r.had_fault.empty())
+    r.had_fault = "the samples had are of epochs " + std::to_string(*r.had_epoch) + " and " +
+                  std::to_string(part.epoch) + ", not of one";
+  r.had_epoch = part.epoch;
+  const uint64_t words = (dataset_size_ + 63) / 64;
+  r.had_bits.resize(words, 0);
+  for (size_t k = 0; k < part.words.size(); ++k) {
+    const uint64_t at = part.first_word + k;  // decode() keeps 64 * at + 63 within 64 bits
+    uint64_t word = part.words[k];
+    if (at < words) {
+      const uint64_t inside = at + 1 < words || dataset_size_ % 64 == 0
+                                  ? ~uint64_t{0}
+                                  : (uint64_t{1} << (dataset_size_ % 64)) - 1;
+      r.had_bits[at] |= word & inside;
+      word &= ~inside;
+    }
+    if (word && r.had_fault.empty())
+      r.had_fault = "sample " +
+                    std::to_string(at * 64 + static_cast<uint64_t>(__builtin_ctzll(word))) +
+                    " had is outside the dataset of " + std::to_string(dataset_size_) + " samples";
+  }
+}
+
+std::string RelaxedReaders::resume_fault(const Reader& r, uint64_t epoch, uint64_t sample) const {
+  if (!r.had_fault.empty()) return r.had_fault;
+  if (!r.had_epoch && sample != 0)
+    return "a relaxed reader resumes inside an epoch only after the samples it had there (what "
+           "a relaxed Loader's state_dict() keeps), and none came; pass load_state_dict() such a "
+           "state, or seek to sample 0 to read epoch " +
+           std::to_string(epoch) + " whole";
+  if (r.had_epoch && *r.had_epoch != epoch)
+    return "the samples had are of epoch " + std::to_string(*r.had_epoch) +
+           ", the position of epoch " + std::to_string(epoch);
+  uint64_t count = 0;
+  for (uint64_t word : r.had_bits) count += static_cast<uint64_t>(__builtin_popcountll(word));
+  if (count != sample)
+    return "the state says " + std::to_string(sample) + " samples of epoch " +
+           std::to_string(epoch) + " were had but lists " + std::to_string(count);
+  if (count == 0) return "";
+  std::vector<uint64_t> shard((dataset_size_ + 63) / 64, 0);
+  for (uint64_t s : shard_(epoch))
+    if (s < dataset_size_) shard[s >> 6] |= uint64_t{1} << (s & 63);
+  for (size_t k = 0; k < r.had_bits.size(); ++k) {
+    if (const uint64_t outside = r.had_bits[k] & ~shard[k])
+      return "sample " + std::to_string(k * 64 + static_cast<uint64_t>(__builtin_ctzll(outside))) +
+             " had is not in this server's shard of epoch " + std::to_string(epoch) +
+             " (a state of another rank, dataset or seed)";
+  }
+  return "";
+}
+
+std::string RelaxedReaders::resume(uint64_t reader, uint64_t epoch, uint64_t sample) {
+  Reader& r = readers_.at(reader);
+  std::string fault = resume_fault(r, epoch, sample);
+  std::vector<uint64_t> had = std::move(r.had_bits);
+  r.had_bits.clear();
+  r.had_epoch.reset();
+  r.had_fault.clear();
+  if (!fault.empty()) return fault;
   r.epoch = epoch;
   r.done = false;
-  start_epoch(r);
+  start_epoch(r, had);
+  if (r.needed == 0 && !r.done) {  // it had the whole epoch: the next one follows
+    ++r.epoch;
+    start_epoch(r);
+  }
+  return "";
 }
 
 bool RelaxedReaders::done(uint64_t reader) const {
@@ -48,7 +112,7 @@ bool RelaxedReaders::done(uint64_t reader) const {
   return it != readers_.end() && it->second.done;
 }
 
-void RelaxedReaders::start_epoch(Reader& r) {
+void RelaxedReaders::start_epoch(Reader& r, const std::vector<uint64_t>& had) {
   r.need.assign((dataset_size_ + 63) / 64, 0);
   r.needed = r.had = r.chunks = 0;
   r.order.clear();
@@ -59,11 +123,13 @@ void RelaxedReaders::start_epoch(Reader& r) {
     return;
   }
   for (uint64_t s : shard_(r.epoch)) {
-    if (s >= dataset_size_ || needs(r, s)) continue;
+    if (s >= dataset_size_ || needs(r, s) || has(had, s)) continue;
     r.need[s >> 6] |= uint64_t{1} << (s & 63);
     r.order.push_back(static_cast<uint32_t>(s));
   }
-  r.needed = r.epoch_samples = r.order.size();
+  for (uint64_t word : had) r.had += static_cast<uint64_t>(__builtin_popcountll(word));
+  r.needed = r.order.size();
+  r.epoch_samples = r.needed + r.had;
   SampleRng rng(seed_, r.epoch, hash_combine(r.id, 0x7e1a8edull));
   shuffle(r.order, rng);
 }
@@ -139,7 +205,11 @@ std::optional<RelaxedReaders::Offer> RelaxedReaders::offer(uint64_t reader) {
       continue;
     }
     auto rows = rows_needed(r, e);
-    if (!rows.empty()) return Offer{e.seq, std::move(rows)};
+    if (!rows.empty()) {
+      Offer o{e.seq, std::move(rows), {}};
+      for (uint32_t row : o.rows) o.samples.push_back(static_cast<uint32_t>(e.samples[row]));
+      return o;
+    }
     if (advance) r.scan = it->first + 1;  // needs only shrink within an epoch
   }
   return std::nullopt;

@@ -11,6 +11,11 @@
 // (filling or retained) that hold it, so that a sample on its way to a reader is not chosen
 // for it again.
 //
+// Resume (a trainer restarted from its state_dict): a reader resumes an epoch after the samples
+// it had there, which it sends first (protocol::HadSamples); that epoch then needs the rest of
+// its shard, and its position goes on from the count had. A set that is not that many samples
+// of its shard is refused, naming the first fault, and the reader reads on as before.
+//
 // What to decode next (choose()): a reader is hungry when the rows it needs in the ring and in
 // chunks being filled are fewer than it may take (its credits and the producer's lead: chunks
 // in hand for its workers and, on a GPU, its uploads and the JPEG engine). The
@@ -28,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "protocol/messages.h"
@@ -46,8 +52,12 @@ class RelaxedReaders {
 
   void add(uint64_t reader, uint32_t view);  // starts at the first epoch; reads view `view`
   void remove(uint64_t reader);
-  // It starts epoch `epoch` over (a resumed trainer): its whole shard is needed again.
-  void restart(uint64_t reader, uint64_t epoch);
+  // A part of the samples it had in the epoch it resumes next.
+  void had(uint64_t reader, const protocol::HadSamples& part);
+  // It reads epoch `epoch` from now on, after `sample` samples: those had() sent since its last
+  // resume (none for sample 0: the whole epoch). Empty, or why not (after "position
+  // unavailable: "); either way the parts sent are forgotten.
+  std::string resume(uint64_t reader, uint64_t epoch, uint64_t sample);
   bool reads(uint64_t reader) const { return readers_.count(reader) > 0; }
   bool empty() const { return readers_.empty(); }
   // It has read its last epoch (never with no end).
@@ -64,7 +74,8 @@ class RelaxedReaders {
 
   struct Offer {
     uint64_t seq = 0;
-    std::vector<uint32_t> rows;  // ascending
+    std::vector<uint32_t> rows;     // ascending
+    std::vector<uint32_t> samples;  // the dataset index of each row
   };
   // The oldest retained chunk filled in its view with rows it needs, of those it took no rows of
   // yet.
@@ -91,13 +102,18 @@ class RelaxedReaders {
     std::vector<uint64_t> need;  // a bit per dataset index
     uint64_t needed = 0;         // bits set
     uint64_t epoch_samples = 0;  // its shard's size
-    uint64_t had = 0;            // samples taken this epoch
+    uint64_t had = 0;            // samples had this epoch (taken, or before a resume)
     uint64_t chunks = 0;         // chunks taken this epoch
     uint64_t total = 0;          // samples taken since it attached
     uint64_t scan = 0;           // ring entries before this one have no row it needs
     std::vector<uint32_t> order;  // its epoch's shard in its own random order (choose())
     size_t cursor = 0;            // order[..cursor) were had when last looked at
     bool done = false;
+    // The samples had that its next resume() starts after (had()): their epoch, a bit per
+    // dataset index, and the first fault of a part (an index outside the dataset).
+    std::optional<uint64_t> had_epoch;
+    std::vector<uint64_t> had_bits;
+    std::string had_fault;
   };
   struct Entry {
     uint64_t seq = 0;
@@ -108,12 +124,18 @@ class RelaxedReaders {
     // decode (one augmentation draw) of a sample twice, in this epoch or the next.
     std::vector<uint64_t> takers;
   };
-  void start_epoch(Reader& r);
+  // Its epoch `r.epoch` starts: its shard is needed, but for the samples of `had` (a bit per
+  // dataset index, a subset of the shard), which count as had already.
+  void start_epoch(Reader& r, const std::vector<uint64_t>& had = {});
   // A chunk enters the ring (filling or published).
   void add_entry(uint64_t seq, std::vector<uint64_t> samples, uint32_t views, bool published);
-  bool needs(const Reader& r, uint64_t sample) const {
-    return (r.need[sample >> 6] >> (sample & 63)) & 1;
+  static bool has(const std::vector<uint64_t>& bits, uint64_t sample) {
+    return (sample >> 6) < bits.size() && ((bits[sample >> 6] >> (sample & 63)) & 1);
   }
+  bool needs(const Reader& r, uint64_t sample) const { return has(r.need, sample); }
+  // Why `r` cannot resume epoch `epoch` after `sample` samples, those had() kept for it; empty
+  // if it can.
+  std::string resume_fault(const Reader& r, uint64_t epoch, uint64_t sample) const;
   // Rows of `e` that `r` needs and may take (filled in its view, none taken yet).
   std::vector<uint32_t> rows_needed(const Reader& r, const Entry& e) const;
   // Fewer than `want` rows it needs are in the ring from its scan on, filling chunks included

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "protocol/descriptor_checks.h"
 #include "server/stream/stream_state.h"
 
 namespace batchcast {
@@ -87,6 +88,7 @@ bool StreamState::deliver_relaxed(ConsumerRecord& c) {
   ChunkDescriptor d = descriptors_.at(offer->seq);
   const uint32_t rows = d.position.sample_count;
   d.take = offer->rows;
+  d.samples = offer->samples;
   // Its own position (rows it takes from this chunk); the tensors stay the chunk's in the slot.
   d.position = relaxed_.position(c.id, *offer);
   if (c.view) d.tensors = views_[c.view - 1].specs(rows);

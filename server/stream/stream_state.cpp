@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "protocol/descriptor_checks.h"
+
 namespace batchcast {
 
 using protocol::ChunkDescriptor;
@@ -201,16 +203,15 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
     c->last_activity = now;
     if (!c->relaxed) {
       on_seek(*c, *seek, true);
-    } else if (seek->sample != 0) {
-      send_(c->identity, protocol::SeekReply{
-                             seek->epoch, seek->sample, false,
-                             "position unavailable: a relaxed reader resumes at an epoch start "
-                             "(its order within an epoch is the server's); seek to sample 0, or "
-                             "read in exact order"});
-    } else {  // it reads that epoch whole, from now on
-      relaxed_.restart(c->id, seek->epoch);
-      send_(c->identity, protocol::SeekReply{seek->epoch, 0, true, ""});
+    } else {  // it reads that epoch, but for the samples it had there, from now on
+      const std::string fault = relaxed_.resume(c->id, seek->epoch, seek->sample);
+      const std::string message = fault.empty() ? "" : "position unavailable: " + fault;
+      send_(c->identity, protocol::SeekReply{seek->epoch, seek->sample, fault.empty(),
+                                             message.substr(0, protocol::kMaxString)});
     }
+  } else if (auto* had = std::get_if<protocol::HadSamples>(&m)) {
+    if (!c->relaxed) return drop("samples had from a consumer that reads in exact order");
+    relaxed_.had(c->id, *had);
   } else if (std::holds_alternative<protocol::Goodbye>(m)) {
     // It wants no more chunks, but batches it handed out may still view slots it holds: keep
     // those holds (and the record) until they are released or the process dies. End tells it
@@ -279,6 +280,7 @@ void StreamState::on_hello(const std::string& identity, const protocol::Hello& h
   protocol::Welcome w = added.view ? views_[added.view - 1].welcome : rules_.welcome;
   w.consumer_id = added.id;
   w.epoch_samples = rules_.epoch_samples;
+  w.order = added.relaxed ? protocol::Order::kRelaxed : protocol::Order::kExact;
   send_(identity, w);
   (added.relaxed ? relaxed_ever_ : exact_ever_) = true;
   if (added.relaxed) {

@@ -72,9 +72,13 @@
 //   producer can).
 // - Order (Hello.order, rules.default_order; docs/stream.md, Order): a relaxed reader pins
 //   nothing and holds nobody back; it is sent the rows of any retained chunk of its view that it
-//   still needs this epoch (RelaxedReaders), with its own position; acquire_private also hands
-//   out chunks decoded for relaxed readers that would otherwise wait; while only relaxed readers
-//   read, the stream's order waits, and once they all read their last epoch it is finished.
+//   still needs this epoch (RelaxedReaders), with its own position and each row's dataset index;
+//   acquire_private also hands out chunks decoded for relaxed readers that would otherwise wait;
+//   while only relaxed readers read, the stream's order waits, and once they all read their last
+//   epoch it is finished. A relaxed reader's Seek resumes an epoch after the samples it had there
+//   (the HadSamples before it): a set that is not that many samples of its shard is answered
+//   "position unavailable", naming the fault, and it reads on as before. Its Welcome says which
+//   order it is served in.
 //
 // The seek rules (on_seek, the private and sought deliveries, wanted) are defined in
 // stream_seek.cpp, the slots (acquire, reuse, lead, reserve) in stream_slots.cpp, the stalls in

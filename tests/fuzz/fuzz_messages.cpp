@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "protocol/descriptor_checks.h"
 #include "protocol/messages.h"
 
 namespace {

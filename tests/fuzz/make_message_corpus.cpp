@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   w.epoch_samples = 1000;
   w.epochs = 3;
   write("welcome_host", w);
+  w.order = p::Order::kRelaxed;
+  write("welcome_relaxed", w);
+  w.order = p::Order::kExact;
   w.device = p::DeviceKind::kCuda;
   w.slot_count = 3;
   w.cuda_arenas.resize(1);
@@ -63,13 +66,14 @@ int main(int argc, char** argv) {
   d.tensors = {{"image", batchcast::DType::kUInt8, {40, 8, 8, 3}, {192, 24, 3, 1}, 0},
                {"#", batchcast::DType::kBFloat16, {40, 0}, {0, 1}, 7680}};
   write("descriptor_dict", d);
-  // A relaxed consumer's: 3 rows of a slot's 40, its own position.
+  // A relaxed consumer's: 3 rows of a slot's 40 and their samples, its own position.
   d.seq = p::kRelaxedSeqBase + 5;
   d.position = {2, 7, 21, 3, 1000, false};
   d.position.stream_position = 2021;
   d.tensors = {{"#0", batchcast::DType::kUInt8, {40, 48}, {48, 1}, 0},
                {"#1", batchcast::DType::kInt64, {40}, {1}, 1920}};
   d.take = {0, 17, 39};
+  d.samples = {4711, 3, 999};
   write("descriptor_take", d);
   write("credit", p::Credit{2});
   write("release", p::Release{17, 3});
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
   write("end", p::End{3});
   write("error", p::ErrorMessage{"/data/train/cat/001.jpg: truncated JPEG"});
   write("seek", p::Seek{1, 192});
+  write("had_samples", p::HadSamples{1, 2, {0x8000000000000001ull, 0, 0xff}});
   write("seek_reply", p::SeekReply{1, 192, true, ""});
   write("seek_reply_unavailable",
         p::SeekReply{0, 64, false, "position unavailable: epoch 0 sample 64 is gone"});

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "protocol/descriptor_checks.h"
 #include "shm/slot_pool.h"
 
 namespace batchcast {

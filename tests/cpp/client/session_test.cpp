@@ -61,8 +61,9 @@ class ScriptedServer {
     router_.send(zmq::buffer(identity_), zmq::send_flags::sndmore);
     router_.send(zmq::buffer(protocol::encode(m)), zmq::send_flags::none);
   }
-  // Answers the Hello: a host pool of 4 slots, chunks of 4 int64 samples, epochs of 2 chunks.
-  void welcome(double heartbeat_timeout_s) {
+  // Answers the Hello: a host pool of 4 slots, chunks of 4 int64 samples, epochs of 2 chunks,
+  // served in `order`.
+  void welcome(double heartbeat_timeout_s, protocol::Order order = protocol::Order::kExact) {
     ASSERT_TRUE(receive_until<protocol::Hello>(10));
     protocol::Welcome w;
     w.consumer_id = 1;
@@ -72,6 +73,7 @@ class ScriptedServer {
     w.epoch_samples = 8;
     w.epochs = 1;
     w.heartbeat_timeout_s = heartbeat_timeout_s;
+    w.order = order;
     memory_.describe(w);
     send(w);
   }
@@ -90,7 +92,7 @@ class ScriptedServer {
     send(d);
   }
   // Publishes chunk `seq` of 8 labels (100 + row) in `slot` and sends a relaxed consumer's
-  // descriptor of it: the rows `take`, the first samples of its epoch 0.
+  // descriptor of it: the rows `take` (dataset index 1000 + row), the first samples of its epoch 0.
   void taken_rows(uint64_t seq, uint32_t slot, std::vector<uint32_t> take) {
     for (int64_t row = 0; row < 8; ++row)
       reinterpret_cast<int64_t*>(memory_.slot_data(slot))[row] = 100 + row;
@@ -101,6 +103,7 @@ class ScriptedServer {
     d.position.sample_count = static_cast<uint32_t>(take.size());
     d.position.epoch_samples = 8;
     d.tensors = {{"#", DType::kInt64, {8}, {1}, 0}};
+    for (uint32_t row : take) d.samples.push_back(1000 + row);
     d.take = std::move(take);
     send(d);
   }
@@ -163,7 +166,8 @@ TEST(Session, AClosingConsumerWaitsForTheServersEndNoLongerThanItsHeartbeatTimeo
 }
 
 // A relaxed consumer says so in its Hello; the rows it takes of a chunk are copied out on arrival
-// and the slot released before anyone reads them, and its batch is those rows, in take's order.
+// and the slot released before anyone reads them, and its batch is those rows, in take's order,
+// with their dataset indices.
 TEST(Session, RowsTakenOfAChunkAreCopiedOutAndTheSlotReleasedOnArrival) {
   ScriptedServer server("take");
   std::promise<void> read;
@@ -176,13 +180,16 @@ TEST(Session, RowsTakenOfAChunkAreCopiedOutAndTheSlotReleasedOnArrival) {
     Consumer consumer(o);
     go.wait();
     auto batch = consumer.next();
-    if (!batch || !batch->copied || batch->tensors[0].shape[0] != 3) return std::vector<int64_t>{};
+    if (consumer.order() != protocol::Order::kRelaxed || !batch || !batch->copied ||
+        batch->tensors[0].shape[0] != 3 ||
+        batch->samples != std::vector<uint32_t>{1001, 1004, 1006})
+      return std::vector<int64_t>{};
     const auto* labels = static_cast<const int64_t*>(batch->tensors[0].data);
     return std::vector<int64_t>(labels, labels + 3);
   });
   auto labels = task.get_future();
   std::thread(std::move(task)).detach();
-  server.welcome(/*heartbeat_timeout_s=*/30);
+  server.welcome(/*heartbeat_timeout_s=*/30, protocol::Order::kRelaxed);
   EXPECT_EQ(server.hello().order, protocol::Order::kRelaxed);
   const uint64_t seq = protocol::kRelaxedSeqBase + 9;
   server.taken_rows(seq, 2, {1, 4, 6});
@@ -200,6 +207,52 @@ TEST(Session, RowsTakenOfAChunkAreCopiedOutAndTheSlotReleasedOnArrival) {
   server.send(protocol::End{1});  // the answer the leaving consumer waits for
   ASSERT_EQ(labels.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(labels.get(), (std::vector<int64_t>{101, 104, 106}));
+}
+
+// A relaxed consumer resumed inside an epoch sends the samples it had there, in frames, and then
+// its Seek: the server reads them in that order.
+TEST(Session, AResumeSendsTheSamplesHadBeforeItsSeek) {
+  ScriptedServer server("had");
+  std::promise<void> asked;
+  std::thread([&server, done = asked.get_future()]() mutable {
+    ConsumerOptions o;
+    o.endpoint = server.endpoint();
+    o.timeout_s = 10;
+    o.order = protocol::Order::kRelaxed;
+    Consumer consumer(o);
+    std::vector<uint64_t> had(2 * protocol::kMaxHadWords, 0);
+    had[3] = 0b101;
+    had.back() = uint64_t{1} << 63;
+    consumer.seek(1, 3, had);
+    try {
+      consumer.next();  // sends the seek; the test's End ends the wait
+    } catch (const std::exception&) {
+    }
+    done.wait();
+  }).detach();
+  server.welcome(/*heartbeat_timeout_s=*/30, protocol::Order::kRelaxed);
+  std::vector<protocol::HadSamples> parts;
+  std::optional<protocol::Seek> seek;
+  while (!seek) {
+    auto m = server.receive(10);
+    if (!m) break;
+    if (auto* part = std::get_if<protocol::HadSamples>(&*m)) parts.push_back(*part);
+    if (auto* s = std::get_if<protocol::Seek>(&*m)) seek = *s;
+  }
+  ASSERT_TRUE(seek) << "no Seek came";
+  EXPECT_EQ(seek->epoch, 1u);
+  EXPECT_EQ(seek->sample, 3u);
+  ASSERT_EQ(parts.size(), 2u) << "not one frame per run of words";
+  EXPECT_EQ(parts[0].epoch, 1u);
+  EXPECT_EQ(parts[0].first_word, 3u);
+  EXPECT_EQ(parts[0].words, std::vector<uint64_t>{0b101});
+  EXPECT_EQ(parts[1].first_word, 2 * protocol::kMaxHadWords - 1);
+  EXPECT_EQ(parts[1].words, std::vector<uint64_t>{uint64_t{1} << 63});
+  server.send(protocol::SeekReply{1, 3, true, ""});
+  server.send(protocol::End{1});
+  asked.set_value();
+  ASSERT_TRUE(server.receive_until<protocol::Goodbye>(10));
+  server.send(protocol::End{1});
 }
 
 }  // namespace

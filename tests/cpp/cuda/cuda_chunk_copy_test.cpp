@@ -9,6 +9,7 @@
 
 #include "client/chunk_copy.h"
 #include "common/cuda_check.h"
+#include "protocol/descriptor_checks.h"
 #include "shm/cuda_pool.h"
 #include "shm/slot_pool.h"
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "protocol/descriptor_checks.h"
 
 namespace batchcast::protocol {
 namespace {
@@ -47,7 +48,12 @@ TEST(Messages, EveryTypeRoundTrips) {
   w.segment_name = "batchcast.0.abc";
   w.slot_count = 8;
   w.slot_bytes = 4096;
+  w.order = Order::kRelaxed;
   auto w2 = round_trip(w);
+  EXPECT_EQ(w2.order, Order::kRelaxed);
+  Welcome plain;
+  plain.slot_count = plain.slot_bytes = 1;
+  EXPECT_EQ(round_trip(plain).order, Order::kExact);
   EXPECT_EQ(w2.consumer_id, 7u);
   EXPECT_EQ(w2.segment_name, w.segment_name);
   EXPECT_TRUE(w2.cuda_arenas.empty());
@@ -94,10 +100,13 @@ TEST(Messages, EveryTypeRoundTrips) {
   EXPECT_EQ(d2.tensors[0], d.tensors[0]);
   EXPECT_EQ(d2.tensors[1], d.tensors[1]);
   EXPECT_TRUE(d2.take.empty());
-  // A relaxed consumer's descriptor: the rows it takes of the slot's chunk.
+  EXPECT_TRUE(d2.samples.empty());
+  // A relaxed consumer's descriptor: the rows it takes of the slot's chunk, and their samples.
   d.take = {0, 2, 5, 63};
+  d.samples = {900, 3, 4000000000u, 17};
   d.position.sample_count = 4;
   EXPECT_EQ(round_trip(d).take, d.take);
+  EXPECT_EQ(round_trip(d).samples, d.samples);
 
   EXPECT_EQ(round_trip(Credit{3}).chunks, 3u);
   EXPECT_EQ(round_trip(Release{9, 1}).seq, 9u);
@@ -115,6 +124,10 @@ TEST(Messages, EveryTypeRoundTrips) {
   EXPECT_FALSE(reply.available);
   EXPECT_EQ(reply.message, "position unavailable");
   EXPECT_TRUE(round_trip(SeekReply{1, 0, true, ""}).available);
+  auto had = round_trip(HadSamples{5, 2, {1, 0, ~uint64_t{0}}});
+  EXPECT_EQ(had.epoch, 5u);
+  EXPECT_EQ(had.first_word, 2u);
+  EXPECT_EQ(had.words, (std::vector<uint64_t>{1, 0, ~uint64_t{0}}));
 }
 
 std::string rejected(const std::string& bytes) {
@@ -128,16 +141,17 @@ std::string rejected(const std::string& bytes) {
 TEST(Messages, NewTypesAreAppended) {
   EXPECT_EQ(encode(Seek{}).substr(6, 2), std::string("\x0a\x00", 2));
   EXPECT_EQ(encode(SeekReply{}).substr(6, 2), std::string("\x0b\x00", 2));
-  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x06\x00\x08\x00\x04\0\0\0\0\0\0\0", 12))
-      << "version 6, End's body unchanged";
+  EXPECT_EQ(encode(HadSamples{}).substr(6, 2), std::string("\x0c\x00", 2));
+  EXPECT_EQ(encode(End{4}).substr(4), std::string("\x07\x00\x08\x00\x04\0\0\0\0\0\0\0", 12))
+      << "version 7, End's body unchanged";
 }
 
 // A peer of the previous version is refused, the message naming both versions and the fix.
 TEST(Messages, AnOlderPeerIsToldWhichSideToUpgrade) {
-  auto v5 = encode(Hello{});
-  v5[4] = 5;
-  const std::string error = rejected(v5);
-  EXPECT_NE(error.find("protocol version 5 (this side speaks 6); upgrade the older side"),
+  auto v6 = encode(Hello{});
+  v6[4] = 6;
+  const std::string error = rejected(v6);
+  EXPECT_NE(error.find("protocol version 6 (this side speaks 7); upgrade the older side"),
             std::string::npos)
       << error;
 }
@@ -203,16 +217,44 @@ TEST(Messages, FieldsOutOfRangeAreRejected) {
   reply[reply.size() - 3] = 2;  // available
   EXPECT_NE(rejected(reply).find("seek reply"), std::string::npos);
 
-  // take: its count is bounded, and no longer than the rows the message holds.
-  auto take_count_at = [](const std::string& frame) { return frame.size() - 4; };
+  Welcome w;
+  w.slot_count = 1;
+  w.slot_bytes = 1;
+  auto wb = encode(w);
+  wb.back() = static_cast<char>(Order::kServer);  // order: what the server serves, never kServer
+  EXPECT_NE(rejected(wb).find("a welcome's order must be exact or relaxed, not 0"),
+            std::string::npos)
+      << rejected(wb);
+
+  // take: its count is bounded, and no longer than the rows the message holds (the frame ends
+  // with take's count, 0 rows, then samples' count, 0).
+  auto take_count_at = [](const std::string& frame) { return frame.size() - 8; };
   auto taking = encode(sample_descriptor());
   const uint32_t too_many = kMaxTakeRows + 1;
   std::memcpy(&taking[take_count_at(taking)], &too_many, 4);
   EXPECT_NE(rejected(taking).find("exceeds 65536"), std::string::npos) << rejected(taking);
   const uint32_t three = 3;
   std::memcpy(&taking[take_count_at(taking)], &three, 4);
-  EXPECT_NE(rejected(taking + std::string(8, '\0')).find("longer than the message"),
+  EXPECT_NE(rejected(taking + std::string(4, '\0')).find("longer than the message"),
             std::string::npos);
+  // samples: one per row taken.
+  auto d3 = sample_descriptor();
+  d3.take = {0, 1, 2};
+  d3.position.sample_count = 3;
+  d3.samples = {7, 8};
+  EXPECT_NE(rejected(encode(d3)).find("samples lists 2 dataset indices for 3 rows taken"),
+            std::string::npos)
+      << rejected(encode(d3));
+
+  // HadSamples: at most a frame's words, their indices within 64 bits.
+  auto had = encode(HadSamples{1, 0, {1}});
+  const uint32_t too_many_words = kMaxHadWords + 1;
+  std::memcpy(&had[had.size() - 12], &too_many_words, 4);
+  EXPECT_NE(rejected(had).find("more than a frame's"), std::string::npos) << rejected(had);
+  EXPECT_NE(rejected(encode(HadSamples{1, uint64_t{1} << 58, {1}})).find("beyond 2^64"),
+            std::string::npos);
+  const auto last = encode(HadSamples{1, (uint64_t{1} << 58) - 2, {1}});
+  EXPECT_TRUE(decode(last.data(), last.size()).message);
 }
 
 TEST(Messages, DescriptorsAreCheckedAgainstThePool) {
@@ -264,6 +306,36 @@ TEST(Messages, RowsTakenAreCheckedAgainstTheChunk) {
   auto overlapping = d;
   overlapping.tensors[0].strides[0] = 100;  // a row spans 192 elements
   EXPECT_NE(validate_descriptor(overlapping, 4, 1 << 20).find("rows overlap"), std::string::npos);
+}
+
+// A set of samples had goes in frames of at most kMaxHadWords words, each from its first word
+// with a bit to its last, the empty words between left out; every bit is in one part.
+TEST(Messages, SamplesHadAreSplitIntoFrames) {
+  EXPECT_TRUE(had_parts(3, {}).empty());
+  EXPECT_TRUE(had_parts(3, std::vector<uint64_t>(5, 0)).empty());
+  std::vector<uint64_t> bits(3 * kMaxHadWords, 0);
+  bits[1] = 1;
+  bits[kMaxHadWords] = 2;  // a full frame: words 1 to kMaxHadWords
+  bits[kMaxHadWords + 5] = uint64_t{1} << 63;
+  bits[2 * kMaxHadWords + 3] = 6;
+  bits.back() = 8;
+  auto parts = had_parts(3, bits);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].epoch, 3u);
+  EXPECT_EQ(parts[0].first_word, 1u);
+  EXPECT_EQ(parts[0].words.size(), kMaxHadWords);
+  EXPECT_EQ(parts[0].words.back(), 2u);
+  EXPECT_EQ(parts[1].first_word, kMaxHadWords + 5);
+  EXPECT_EQ(parts[1].words.size(), kMaxHadWords - 1);  // its trailing empty words left out
+  EXPECT_EQ(parts[1].words.back(), 6u);
+  EXPECT_EQ(parts[2].first_word, bits.size() - 1);
+  EXPECT_EQ(parts[2].words, std::vector<uint64_t>{8});
+  std::vector<uint64_t> joined(bits.size(), 0);
+  for (const auto& p : parts) {
+    EXPECT_LE(encode(p).size(), kMaxMessageBytes);
+    for (size_t k = 0; k < p.words.size(); ++k) joined[p.first_word + k] |= p.words[k];
+  }
+  EXPECT_EQ(joined, bits);
 }
 
 }  // namespace
