@@ -46,6 +46,9 @@ ServeConfig unusual() {
   c.stall_policy = StallPolicy::kWait;
   c.stall_timeout = 0.25;
   c.order = protocol::Order::kRelaxed;
+  c.cache = CacheKind::kDecoded;
+  c.cache_side = 300;
+  c.cache_memory = uint64_t{3} << 30;
   c.metrics_dir = "/tmp/m";
   c.metrics_interval = 0.2;
   c.status_interval = 0;
