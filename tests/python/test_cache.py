@@ -122,6 +122,40 @@ def test_a_budget_keeps_what_fits_and_decodes_the_rest_from_the_file(folder, end
     assert len(first) == len(entries)
 
 
+def test_a_view_larger_than_the_cached_images_is_decoded_from_the_files_and_said(
+        folder, endpoint, tmp_path):
+    entries = _batchcast.Dataset.image_folder(folder).entries
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            ["batchcast", "serve", "--data", folder, "--endpoint", endpoint, "--batch-size",
+             str(CHUNK), "--no-shuffle", "--epochs", "2", "--workers", "1", "--image-size", "56",
+             "--output", "uint8", "--seed", "7", "--view", EVAL_VIEW, "--cache", "decoded",
+             "--cache-side", "50"], stdout=out, stderr=out)
+        try:
+            big = batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60)
+            small = batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60, view=EVAL_VIEW)
+            epochs = {"": [], EVAL_VIEW: []}
+            for _ in range(2):
+                for view, loader in (("", big), (EVAL_VIEW, small)):
+                    epochs[view] += read(loader, 1)
+            big.close()
+            small.close()
+            assert proc.wait(30) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert text.count("larger than the decoded cache's images") == 1, text[-3000:]
+    assert "--cache-side 56" in text
+    for epoch in range(2):
+        for index, (path, _) in enumerate(entries):
+            assert np.array_equal(epochs[""][epoch][index][0],
+                                  from_file(path, transform_view(), epoch, index))
+            assert np.array_equal(epochs[EVAL_VIEW][epoch][index][0],
+                                  from_cached_image(path, 50, EVAL_VIEW, epoch, index))
+
+
 def test_bad_options_fail_with_their_reason(batchcast_bin, folder):
     run = subprocess.run([batchcast_bin, "serve", "--synthetic", "10", "--cache", "decoded"],
                          capture_output=True, text=True, timeout=60)
