@@ -41,7 +41,7 @@ RgbView decode_shrunk(const uint8_t* data, size_t size, const std::string& name,
   cv::Mat source(whole.height, whole.width, CV_8UC3, const_cast<uint8_t*>(whole.pixels),
                  whole.stride);
   cv::Mat out(target.height, target.width, CV_8UC3, pixels, stride);
-  cv::resize(source, out, out.size(), 0, 0, cv::INTER_AREA);
+  cv::resize(source, out, out.size(), 0, 0, cv::INTER_LINEAR);
   return RgbView{pixels, target.width, target.height, stride};
 }
 
