@@ -41,6 +41,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from ._share_producer import KEEP_LOG_ENV
 from ._sizes import size_bytes
 from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_optuna import OptunaTrials
@@ -192,6 +193,7 @@ def sweep(
         env[SHARE_MEMORY_ENV] = str(memory)
     env[ORDER_ENV] = order
     env[CACHE_ENV] = cache
+    env[KEEP_LOG_ENV] = "1"  # the producers keep their logs: OUT/data/, their last lines read
     if share_dataloaders:
         site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep_site")
         env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])

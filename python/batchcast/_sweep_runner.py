@@ -8,8 +8,9 @@ to the next, keeps ``OUT/summary.json`` and the live table current, and on SIGIN
 stops every trial's process group (SIGTERM, then SIGKILL after ``TRIAL_GRACE_S``) and the share
 producers of the sweep's scope (detached from the trials: found by the endpoint on their command
 line), all within 10 s. The data side is what can be read honestly from outside: the share
-producers' CPU seconds from /proc (read every second while they run) and the samples the trials'
-shared loaders report (``_sweep_progress``); the producers' logs end up in ``OUT/data/``.
+producers' CPU seconds from /proc (read every second while they run), the samples the trials'
+shared loaders report (``_sweep_progress``), the samples each native producer decoded (its last
+log line), and the GPUs' energy (NVML); the producers' logs end up in ``OUT/data/``.
 
 A sweep that dies without stopping them (SIGKILL) takes its trials with it: each is started with
 the kernel's parent-death signal (SIGKILL), and their producers then exit by themselves.
@@ -24,12 +25,14 @@ import ctypes
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from ._energy import GpuEnergy
 from ._proc import stat_fields
 from ._sweep_devices import Collocation, Gpu
 from ._sweep_packing import MemoryPacking
@@ -45,6 +48,10 @@ _REPORT_S = 1.0  # progress, the scope's producers, the table and summary.json (
 _TAIL_LINES = 12
 _CLOCK = os.sysconf("SC_CLK_TCK")
 _PR_SET_PDEATHSIG = 1
+# A native share producer's last line (server/serve/serve.cpp): its samples decoded in all and,
+# with the decoded cache, the cache's hits and misses.
+_DONE = re.compile(r"done: .*?; (\d+) samples decoded in all"
+                   r"(?:; decoded cache: \d+ images, [^,]*, (\d+) hits, (\d+) misses)?")
 
 
 def _cpu_s(pid: int) -> Optional[float]:
@@ -107,6 +114,8 @@ class Runner:
         self._stop_signal: Optional[int] = None
         self._reported = 0.0  # when the last report was made (time.monotonic())
         self._marker = f"/tmp/batchcast-{os.getuid()}-{scope}.".encode()
+        self._energy = GpuEnergy(sorted({g.index for g in slots if g is not None}))
+        self._joules0 = self._energy.read()
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -274,20 +283,52 @@ class Runner:
                 found[int(entry)] = cmdline[at:].split(b"\0")[0].decode(errors="replace")
         return found
 
+    def _decoded(self) -> Dict[str, Any]:
+        """What the native share producers that ended decoded, from the ``done:`` line each
+        writes to its log (in /tmp while the sweep runs, in OUT/data/ after): samples decoded,
+        and the decoded cache's hits and misses where it ran. None where no producer ended yet
+        (or none was native)."""
+        decoded, hits, misses, cached = 0, 0, 0, False
+        found = False
+        logs = glob.glob(glob.escape(self._marker.decode()) + "*.log")
+        logs += glob.glob(os.path.join(glob.escape(self._out), "data", "*.log"))
+        for path in logs:
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            for m in _DONE.finditer(text):
+                found = True
+                decoded += int(m.group(1))
+                if m.group(2) is not None:
+                    cached = True
+                    hits += int(m.group(2))
+                    misses += int(m.group(3))
+        return {"samples_decoded": decoded if found else None,
+                "cache": {"hits": hits, "misses": misses} if cached else None}
+
     def data(self) -> Dict[str, Any]:
         """summary.json's ``data``: what the sweep can tell about the data side (see the module
-        doc; ``not_measured`` says what is not there)."""
+        doc; ``how`` says where each figure comes from)."""
         consumed = [r["samples"] for r in self.records if r.get("samples") is not None]
         producers = [dict(p, key=p["key"].rsplit(".sock", 1)[0])
                      for p in self._producers.values()]
+        joules = self._energy.read()
+        gpu_j = None if joules is None or self._joules0 is None else joules - self._joules0
+        samples = sum(consumed) if consumed else None
         return {
-            "samples_consumed": sum(consumed) if consumed else None,
+            "samples_consumed": samples,
+            **self._decoded(),
             "cpu_s": round(sum(p["cpu_s"] for p in producers), 3),
+            "gpu_joules": None if gpu_j is None else round(gpu_j, 1),
+            "gpu_joules_per_sample": round(gpu_j / samples, 5) if gpu_j and samples else None,
             "producers": producers,
-            "not_measured": "samples_decoded and GPU joules per sample: the sweep reads no "
-                            "server metrics; cpu_s is each share producer's CPU read from "
-                            f"/proc every {_REPORT_S:g} s while it ran (its last interval is "
-                            "missing)",
+            "how": "samples_decoded and cache: each native share producer's done line, once it "
+                   "ended; cpu_s: each share producer's CPU read from /proc every "
+                   f"{_REPORT_S:g} s while it ran (its last interval is missing); gpu_joules: "
+                   "the sweep's GPUs' energy counters (NVML) since the sweep started, trials "
+                   "and data side together",
         }
 
     # -- stopping ----------------------------------------------------------------------------

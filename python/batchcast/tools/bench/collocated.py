@@ -216,7 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     os.makedirs(args.out, exist_ok=True)
     make_dataset(args.data, args.classes, args.per_class)
     peers = _names(args.peers) or list(PEERS)
-    energy = probes.Energy(args.gpus if args.device.startswith("cuda") else 1)
+    energy = probes.Energy(range(args.gpus if args.device.startswith("cuda") else 1))
     meta = dict(probes.machine(), **{k: getattr(args, k) for k in (
         "batch_size", "chunk_size", "fp32", "device", "warmup", "settle", "seconds", "data",
         "data_cores", "gpus", "order", "cache_epochs", "ring")})

@@ -1,48 +1,18 @@
 """What the collocated benchmark reads from the machine around each measured window: GPU energy
-(NVML), CPU time of the benchmark's process tree (/proc), and the hardware and software it ran on.
+(``Energy``, batchcast._energy), CPU time of the benchmark's process tree (/proc), and the hardware
+and software it ran on.
 
 Thread-safety: the functions keep no state; an ``Energy`` reader belongs to one thread.
-Ownership: ``Energy`` holds the NVML library loaded with ctypes for the process's lifetime
-(nvmlShutdown is not called: NVML reference-counts init and the process exits soon after).
-
-Why a local NVML reader: the figure needed is one counter (total energy since driver load, in
-mJ, Volta and later) read at the two ends of a window; ctypes avoids a dependency.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import sys
 from typing import Any, Dict, List, Optional
 
-
-class Energy:
-    """The energy counters of GPUs 0..gpus-1, summed, in joules; ``read()`` is None where NVML or
-    a counter is missing (no GPU, pre-Volta GPU, no driver)."""
-
-    def __init__(self, gpus: int = 1) -> None:
-        self._nvml: Any = None
-        self._handles = [ctypes.c_void_p() for _ in range(gpus)]
-        try:
-            nvml = ctypes.CDLL("libnvidia-ml.so.1")
-            if nvml.nvmlInit_v2() == 0 and all(nvml.nvmlDeviceGetHandleByIndex_v2(
-                    i, ctypes.byref(h)) == 0 for i, h in enumerate(self._handles)):
-                self._nvml = nvml
-        except OSError:
-            pass  # no NVML: no energy figures
-
-    def read(self) -> Optional[float]:
-        if self._nvml is None:
-            return None
-        total = 0.0
-        for handle in self._handles:
-            mj = ctypes.c_ulonglong()
-            if self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle, ctypes.byref(mj)) != 0:
-                return None
-            total += mj.value / 1000.0
-        return total
+from ..._energy import GpuEnergy as Energy  # noqa: F401 (the bench reads it as probes.Energy)
 
 
 def _stat(pid: int) -> Optional[List[str]]:
