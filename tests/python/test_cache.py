@@ -95,6 +95,35 @@ def transform_view() -> str:
     return _batchcast.View(transform()).text()
 
 
+def test_a_late_joiner_and_a_resumed_reader_read_the_cached_images(folder, endpoint, tmp_path):
+    """After the first epoch filled the cache and the files are gone, a reader that joins late
+    (its catch-up chunks regenerated for it alone) and one resumed mid-epoch read every sample
+    from the cache, in their own view."""
+    root = str(tmp_path / "photos")
+    shutil.copytree(folder, root)
+    entries = _batchcast.Dataset.image_folder(root).entries
+    with serve_cached(root, endpoint, epochs=3, cache_side=100) as server:
+        first = batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60)
+        read(first, 1)
+        shutil.rmtree(root)
+        late = batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60, view=EVAL_VIEW)
+        late.load_state_dict({"epoch": 1, "sample": 2 * CHUNK})  # resumed inside epoch 1
+        resumed = read(late, 1)[0]
+        rest = read(first, 2)
+        whole = read(late, 1)[0]  # epoch 2, whole
+        first.close()
+        late.close()
+        assert server.wait(30) == 0
+    shutil.copytree(folder, root)
+    assert [i for _, i in resumed] == [entries[k][1] for k in range(2 * CHUNK, len(entries))]
+    for epoch, samples, start in ((1, resumed, 2 * CHUNK), (2, whole, 0)):
+        for k, (pixels, _) in enumerate(samples):
+            index = start + k
+            want = from_cached_image(entries[index][0], 100, EVAL_VIEW, epoch, index)
+            assert np.array_equal(pixels, want), (epoch, index)
+    assert all(len(e) == len(entries) for e in rest)
+
+
 def test_a_budget_keeps_what_fits_and_decodes_the_rest_from_the_file(folder, endpoint,
                                                                      tmp_path):
     entries = _batchcast.Dataset.image_folder(folder).entries
