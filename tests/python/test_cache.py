@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+from typing import Dict, List
 
 import numpy as np
 import pytest
@@ -51,6 +52,24 @@ def serve_cached(root: str, endpoint: str, **kw):
                            cache="decoded", **kw)
 
 
+def read_in_turn(endpoint: str, epochs: int, between=lambda: None) -> Dict[str, List]:
+    """Each epoch read by a Loader of the server's own view ("") and one of EVAL_VIEW in turn,
+    `between()` after each epoch; their epochs by view."""
+    loaders = {"": batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60),
+               EVAL_VIEW: batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60,
+                                           view=EVAL_VIEW)}
+    out: Dict[str, List] = {view: [] for view in loaders}
+    try:
+        for _ in range(epochs):
+            for view, loader in loaders.items():
+                out[view] += read(loader, 1)
+            between()
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    return out
+
+
 def cache_segments() -> list:
     return [n for n in os.listdir("/dev/shm") if n.startswith("batchcast-cache-")]
 
@@ -62,17 +81,12 @@ def test_views_come_from_the_cached_image_and_later_epochs_read_no_file(folder, 
     entries = _batchcast.Dataset.image_folder(root).entries
     with serve_cached(root, endpoint, epochs=3, cache_side=100, views=[EVAL_VIEW],
                       metrics_dir=str(tmp_path / "m")) as server:
-        train = batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60)
-        small = batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60, view=EVAL_VIEW)
-        epochs = {"": [], EVAL_VIEW: []}
-        for _ in range(3):
-            for view, loader in (("", train), (EVAL_VIEW, small)):
-                epochs[view] += read(loader, 1)
+        def after_the_first_epoch() -> None:
             if os.path.isdir(root):
                 assert not cache_segments(), "the cache's segment is unlinked as it is made"
                 shutil.rmtree(root)  # every sample is cached once the first epoch is read
-        train.close()
-        small.close()
+
+        epochs = read_in_turn(endpoint, 3, after_the_first_epoch)
         assert server.wait(30) == 0
     shutil.copytree(folder, root)  # the reference reads the files
     for view, per_epoch in epochs.items():
@@ -162,14 +176,7 @@ def test_a_view_larger_than_the_cached_images_is_decoded_from_the_files_and_said
              "--output", "uint8", "--seed", "7", "--view", EVAL_VIEW, "--cache", "decoded",
              "--cache-side", "50"], stdout=out, stderr=out)
         try:
-            big = batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60)
-            small = batchcast.Loader(endpoint, batch_size=CHUNK, timeout=60, view=EVAL_VIEW)
-            epochs = {"": [], EVAL_VIEW: []}
-            for _ in range(2):
-                for view, loader in (("", big), (EVAL_VIEW, small)):
-                    epochs[view] += read(loader, 1)
-            big.close()
-            small.close()
+            epochs = read_in_turn(endpoint, 2)
             assert proc.wait(30) == 0
         finally:
             proc.kill()

@@ -40,6 +40,17 @@ TEST(RelaxedTest, AResumedReaderReadsTheRestOfItsEpochOnce) {
   }
 }
 
+// The producer fills the next chunk for relaxed readers and the stream sends it: what reader
+// `id` was sent (empty if nothing was filled or sent).
+std::vector<ChunkDescriptor> next_relaxed_chunk(Stream& s, const std::string& id) {
+  s.tick();
+  auto fill = s.state.try_acquire_private(s.now);
+  if (!fill || fill->samples.empty()) return {};
+  publish_relaxed(s, *fill);
+  s.tick();
+  return s.take<ChunkDescriptor>(id);
+}
+
 // Resume refusals (a Seek inside an epoch of a relaxed reader): each names its fault, and the
 // reader reads on as before; what was sent before a refused Seek is forgotten, so a good resume
 // after it starts clean.
@@ -87,12 +98,7 @@ TEST(RelaxedTest, ABadResumeIsRefusedNamingTheFault) {
             std::string::npos);
 
   // It reads on as before (its first epoch); a good resume after the refusals starts clean.
-  s.tick();
-  auto f = s.state.try_acquire_private(s.now);
-  ASSERT_TRUE(f && !f->samples.empty());
-  publish_relaxed(s, *f);
-  s.tick();
-  auto sent = s.take<ChunkDescriptor>("a");
+  const auto sent = next_relaxed_chunk(s, "a");
   ASSERT_FALSE(sent.empty());
   EXPECT_EQ(sent[0].position.epoch, 0u);
   for (const auto& part : protocol::had_parts(2, bits_of(three))) s.send("a", part);
@@ -128,12 +134,7 @@ TEST(RelaxedTest, AResumeAtAnEpochStartReadsItWhole) {
   auto answered = s.take<SeekReply>("a");
   ASSERT_EQ(answered.size(), 1u);
   EXPECT_TRUE(answered[0].available);
-  s.tick();
-  auto f = s.state.try_acquire_private(s.now);
-  ASSERT_TRUE(f && !f->samples.empty());
-  publish_relaxed(s, *f);
-  s.tick();
-  auto sent = s.take<ChunkDescriptor>("a");
+  const auto sent = next_relaxed_chunk(s, "a");
   ASSERT_FALSE(sent.empty());
   EXPECT_EQ(sent[0].position.epoch, 2u);
   EXPECT_EQ(sent[0].position.sample_start, 0u);
