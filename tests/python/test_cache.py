@@ -166,12 +166,12 @@ def test_a_budget_keeps_what_fits_and_decodes_the_rest_from_the_file(folder, end
 
 
 def test_a_view_larger_than_the_cached_images_is_decoded_from_the_files_and_said(
-        folder, endpoint, tmp_path):
+        folder, endpoint, tmp_path, batchcast_bin):
     entries = _batchcast.Dataset.image_folder(folder).entries
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            ["batchcast", "serve", "--data", folder, "--endpoint", endpoint, "--batch-size",
+            [batchcast_bin, "serve", "--data", folder, "--endpoint", endpoint, "--batch-size",
              str(CHUNK), "--no-shuffle", "--epochs", "2", "--workers", "1", "--image-size", "56",
              "--output", "uint8", "--seed", "7", "--view", EVAL_VIEW, "--cache", "decoded",
              "--cache-side", "50"], stdout=out, stderr=out)
@@ -209,7 +209,8 @@ def test_bad_options_fail_with_their_reason(batchcast_bin, folder):
         batchcast.DataLoader(dataset, batch_size=4, share_cache="decoded")
 
 
-def test_a_bad_file_is_reported_once_and_skipped_every_epoch(folder, endpoint, tmp_path):
+def test_a_bad_file_is_reported_once_and_skipped_every_epoch(folder, endpoint, tmp_path,
+                                                            batchcast_bin):
     root = str(tmp_path / "photos")
     shutil.copytree(folder, root)
     entries = _batchcast.Dataset.image_folder(root).entries
@@ -219,7 +220,7 @@ def test_a_bad_file_is_reported_once_and_skipped_every_epoch(folder, endpoint, t
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            ["batchcast", "serve", "--data", root, "--endpoint", endpoint, "--batch-size",
+            [batchcast_bin, "serve", "--data", root, "--endpoint", endpoint, "--batch-size",
              str(CHUNK), "--no-shuffle", "--epochs", "3", "--workers", "2", "--image-size", "56",
              "--cache", "decoded", "--on-error", "skip"], stdout=out, stderr=out)
         try:
