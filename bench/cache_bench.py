@@ -40,8 +40,9 @@ def cpu_seconds(pid: int) -> float:
 def one_run(args: argparse.Namespace, cache: str, out: str) -> Dict[str, Any]:
     endpoint = f"ipc:///tmp/cache-bench-{os.getpid()}-{cache}.sock"
     metrics = os.path.join(out, f"metrics-{cache}-{time.monotonic_ns()}")
-    cmd = [sys.executable, "-m", "batchcast", "serve", "--data", args.data, "--endpoint", endpoint,
-           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+    cmd = [sys.executable, "-m", "batchcast", "serve", "--data", args.data,
+           "--endpoint", endpoint, "--epochs", str(args.epochs),
+           "--batch-size", str(args.batch_size),
            "--image-size", str(args.image_size), "--workers", str(args.workers),
            "--ring", str(args.ring), "--cache", cache, "--metrics-dir", metrics,
            "--status-interval", "0"]
