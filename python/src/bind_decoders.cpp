@@ -6,7 +6,6 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -228,9 +227,7 @@ void bind_decoders(py::module_& m) {
           image = decode_shrunk(file.data(), size, path, max_image_pixels, side);
         }
         py::array_t<uint8_t> out({image.height, image.width, 3});
-        for (int y = 0; y < image.height; ++y)
-          std::memcpy(out.mutable_data(y), image.pixels + y * image.stride,
-                      static_cast<size_t>(image.width) * 3);
+        copy_packed(image, out.mutable_data());
         return out;
       },
       py::arg("path"), py::arg("side"),

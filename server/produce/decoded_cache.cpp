@@ -102,16 +102,14 @@ std::optional<RgbView> DecodedCache::insert(uint64_t index, const RgbView& image
     e.state.store(kEmpty, std::memory_order_release);
     return std::nullopt;
   }
-  const size_t row = static_cast<size_t>(image.width) * 3;
-  for (int y = 0; y < image.height; ++y)
-    std::memcpy(base_ + *offset + y * row, image.pixels + y * image.stride, row);
+  const RgbView kept = copy_packed(image, base_ + *offset);
   e.width = image.width;
   e.height = image.height;
   e.offset = *offset;
   e.state.store(kFilled, std::memory_order_release);
   images_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  return RgbView{base_ + *offset, image.width, image.height, row};
+  return kept;
 }
 
 DecodedCache::Stats DecodedCache::stats() const {

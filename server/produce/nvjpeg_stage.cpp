@@ -161,11 +161,9 @@ std::optional<RgbView> NvjpegStage::cached_image(const FillLease& lease, uint64_
   const RgbView image = decode_shrunk(s.bytes.data(), s.size, s.path,
                                       source_.pipeline().options().max_image_pixels, cache->side());
   if (std::optional<RgbView> kept = cache->insert(index, image)) return kept;
-  const size_t row = static_cast<size_t>(image.width) * 3;  // another worker's, or a full cache
-  uint8_t* out = s.bytes.get(row * image.height);  // `image` lives in another thread_local buffer
-  for (int y = 0; y < image.height; ++y)
-    std::memcpy(out + y * row, image.pixels + y * image.stride, row);
-  return RgbView{out, image.width, image.height, row};
+  // Another worker's, or a full cache: `image` lives in a thread_local buffer the next fill of
+  // this worker reuses, and upload() reads it later.
+  return copy_packed(image, s.bytes.get(static_cast<size_t>(image.width) * 3 * image.height));
 }
 
 void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index, uint64_t epoch) {
@@ -220,12 +218,8 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
                        : decode_image(header.format, data, s.size, entry.path, max_pixels);
     s.width = rgb.width;
     s.height = rgb.height;
-    const size_t row = static_cast<size_t>(rgb.width) * 3;
-    uint8_t* out = s.bytes.get(row * rgb.height);  // rgb lives in another (thread_local) buffer
-    for (int y = 0; y < rgb.height; ++y)
-      std::memcpy(out + y * row, rgb.pixels + y * rgb.stride, row);
-    s.size = row * rgb.height;
-    s.pixels = out;
+    s.size = static_cast<size_t>(rgb.width) * 3 * rgb.height;
+    s.pixels = copy_packed(rgb, s.bytes.get(s.size)).pixels;  // rgb: another, thread_local buffer
   }
   // Each filled view draws its own crop and flip with its own pipeline (seed included). JPEG
   // geometry carries the DCT-domain factor the GPU kernel's box filter imitates; the other formats
