@@ -335,7 +335,8 @@ void process_views_decoded(const ImagePipeline* const* views, void* const* outs,
                            uint64_t index) {
   for (size_t v = 0; v < count; ++v) {
     if (!outs[v]) continue;
-    const SampleGeometry g = views[v]->geometry(image.width, image.height, false, epoch, index, name);
+    const SampleGeometry g =
+        views[v]->geometry(image.width, image.height, false, epoch, index, name);
     RgbView source = image;
     source.pixels +=
         static_cast<size_t>(g.crop.top) * image.stride + static_cast<size_t>(g.crop.left) * 3;

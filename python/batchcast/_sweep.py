@@ -205,7 +205,8 @@ def sweep(
                    f"({sum(r['state'] == 'queued' for r in records)} to run)")
         table.say(f"batchcast sweep: {planned} in {len(slot_gpus)} slots; output in {out}")
         table.say(f"batchcast sweep: {colloc.line()}")
-        summary["sweep"].update(out=out, order=order, cache=cache, share_dataloaders=share_dataloaders,
+        summary["sweep"].update(out=out, order=order, cache=cache,
+                                share_dataloaders=share_dataloaders,
                                 mlflow=os.path.join(out, "track", "mlruns") if track else None,
                                 collocation=colloc.mode,
                                 collocation_why=colloc.why or None, slots=len(slot_gpus),

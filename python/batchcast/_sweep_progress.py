@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
-__all__ = ["CACHE_ENV", "ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV", "read_progress",
-           "report_progress"]
+__all__ = ["CACHE_ENV", "ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV",
+           "read_progress", "report_progress"]
 
 SCOPE_ENV = "BATCHCAST_SHARE_SCOPE"
 PROGRESS_ENV = "BATCHCAST_SWEEP_PROGRESS"

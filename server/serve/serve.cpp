@@ -45,7 +45,8 @@ std::unique_ptr<DecodedCache> make_cache(const ServeConfig& c, const ViewSet& vi
   if (!side)
     for (uint32_t v = 0; v < views.count(); ++v)
       side = std::max(side, eval_resize_size(views.pipeline(v).options().image_size));
-  const uint64_t capacity = c.cache_memory ? c.cache_memory : default_cache_memory(read_host_memory());
+  const uint64_t capacity =
+      c.cache_memory ? c.cache_memory : default_cache_memory(read_host_memory());
   // A 4:3 photo at the cached size: what ImageNet's images mostly are.
   const uint64_t typical = DecodedCache::image_bytes(side * 4 / 3, side);
   const uint64_t fit = capacity / typical;
@@ -72,16 +73,20 @@ std::unique_ptr<SampleSource> make_source(const ServeConfig& c, const ViewSet* v
   return std::make_unique<ImageSource>(std::move(dataset), *views, std::move(cache));
 }
 
+// The source's decoded cache, if it has one.
+const DecodedCache* cache_of(const SampleSource& source) {
+  const auto* images = dynamic_cast<const ImageSource*>(&source);
+  return images ? images->cache() : nullptr;
+}
+
 // What the decoded cache did, after `separator`, for the status and done lines ("" without one).
 std::string cache_text(const SampleSource& source, const char* separator) {
-  const auto* images = dynamic_cast<const ImageSource*>(&source);
-  const DecodedCache* cache = images ? images->cache() : nullptr;
+  const DecodedCache* cache = cache_of(source);
   if (!cache) return "";
   const DecodedCache::Stats s = cache->stats();
   return fmt::format("{}decoded cache: {} images, {:.0f}/{:.0f} MiB{}, {} hits, {} misses",
-                     separator, s.images,
-                     s.bytes / 1048576.0, s.capacity / 1048576.0, s.full ? " (full)" : "", s.hits,
-                     s.misses);
+                     separator, s.images, s.bytes / 1048576.0, s.capacity / 1048576.0,
+                     s.full ? " (full)" : "", s.hits, s.misses);
 }
 
 }  // namespace
@@ -116,8 +121,8 @@ class MetricsSource {
     snap.ring_used = s.ring_occupied;
     snap.ring_size = s.ring_slots;
     snap.samples_decoded = s.samples_decoded();
-    if (const auto* images = dynamic_cast<const ImageSource*>(source_); images && images->cache()) {
-      const DecodedCache::Stats c = images->cache()->stats();
+    if (const DecodedCache* cache = cache_of(*source_)) {
+      const DecodedCache::Stats c = cache->stats();
       snap.cache = MetricsSnapshot::Cache{c.hits, c.misses, c.images, c.bytes, c.capacity};
     }
     MetricsSnapshot::Process server{"server", "server", ::getpid(), 0, 0};
