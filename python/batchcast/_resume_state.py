@@ -24,9 +24,9 @@ import binascii
 import zlib
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-__all__ = ["HadSet", "Position"]
+__all__ = ["HadSet", "ORDERS", "Position"]
 
-_ORDERS = ("exact", "relaxed")
+ORDERS = ("exact", "relaxed")  # a Loader's orders (order=None: the server's default)
 
 
 class HadSet:
@@ -119,9 +119,9 @@ class Position:
         if missing:
             raise KeyError(f"Loader.load_state_dict: the state lacks {sorted(missing)}; pass "
                            "what Loader.state_dict() returned")
-        if order not in _ORDERS:
+        if order not in ORDERS:
             raise ValueError(f"Loader.load_state_dict: the state's order {order!r} is not one of "
-                             f"{', '.join(_ORDERS)}")
+                             f"{', '.join(ORDERS)}")
         if state["epoch"] is None:
             return None
         epoch, sample = int(state["epoch"]), int(state["sample"])

@@ -41,6 +41,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from ._resume_state import ORDERS
 from ._share_producer import KEEP_LOG_ENV
 from ._sizes import size_bytes
 from ._sweep_devices import Collocation, make_slots, visible_gpus
@@ -144,7 +145,7 @@ def sweep(
         memory = size_bytes(share_memory, "--share-memory")
     except ValueError as e:
         raise SweepInputError(str(e)) from None
-    if order not in ("exact", "relaxed"):
+    if order not in ORDERS:
         raise SweepInputError(f"--order {order}: choose relaxed (each trial at its own pace "
                               "from one decode) or exact (the stream's seeded order)")
     if cache not in ("decoded", "off"):

@@ -50,13 +50,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from . import _batchcast, _tensor_names
 from ._device_copy import DeviceCopy, cuda_index
-from ._resume_state import HadSet, Position
+from ._resume_state import ORDERS, HadSet, Position
 from ._views import ViewLike, view_text
 
 __all__ = ["Loader", "LoaderStats"]
 
 _FRAMEWORKS = ("torch", "numpy", "dlpack")
-_ORDERS = ("exact", "relaxed")  # None: the server's default (serve --order)
 _CONSUMER_DEFAULTS = _batchcast.ConsumerOptions()  # the defaults of Loader's arguments
 
 
@@ -77,8 +76,8 @@ def order_name(order: Optional[str], argument: str) -> str:
     the server's default; anything but exact or relaxed a ValueError naming ``argument``."""
     if order is None:
         return "server"
-    if order not in _ORDERS:
-        raise ValueError(f"{argument}: {order!r} is not one of {', '.join(_ORDERS)}")
+    if order not in ORDERS:
+        raise ValueError(f"{argument}: {order!r} is not one of {', '.join(ORDERS)}")
     return order
 
 
