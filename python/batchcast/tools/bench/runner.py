@@ -131,13 +131,18 @@ def _start_server(cfg: argparse.Namespace, peer: str, sizes: List[int], n: int, 
     return launch(config, log=log, cpus=data_cpus, ready_timeout=None)
 
 
+def _warmup_steps(cfg: argparse.Namespace, peer: str) -> int:
+    """Steps a trainer takes before the window: --warmup, and for a -cached peer first the
+    --cache-epochs epochs that fill its server's cache, so the window measures the epochs after."""
+    if not peer.endswith("-cached"):
+        return cfg.warmup
+    epoch_steps = -(-len(_batchcast.Dataset.image_folder(cfg.data)) // cfg.batch_size)
+    return cfg.warmup + cfg.cache_epochs * epoch_steps
+
+
 def _trainer_cmd(cfg: argparse.Namespace, peer: str, model: str, size: int, view: Optional[str],
-                 workers: int, endpoint: str, device: str, data_cpus: Optional[List[int]],
-                 trainer_cpus: Optional[List[int]]) -> List[str]:
-    warmup = cfg.warmup
-    if peer.endswith("-cached"):  # measured from the epoch after `cache_epochs` filled the cache
-        epoch_steps = -(-len(_batchcast.Dataset.image_folder(cfg.data)) // cfg.batch_size)
-        warmup += cfg.cache_epochs * epoch_steps
+                 workers: int, warmup: int, endpoint: str, device: str,
+                 data_cpus: Optional[List[int]], trainer_cpus: Optional[List[int]]) -> List[str]:
     cmd = [sys.executable, "-m", "batchcast.tools.bench.trainer", "--peer", peer, "--data", cfg.data,
            "--batch-size", str(cfg.batch_size), "--image-size", str(size),
            "--workers", str(workers), "--model", model, "--classes", str(cfg.classes),
@@ -193,10 +198,11 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
                 layout)), data_cpus, endpoint, device, path))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs = []
+    warmup = _warmup_steps(cfg, peer)
     for i, ((model, size), path) in enumerate(zip(trainers, logs)):
         view = f"size={size}" if peer.startswith("batchcast") and size != sizes[0] else None
-        cmd = _trainer_cmd(cfg, peer, model, size, view, workers, endpoints[i % len(endpoints)],
-                           devices[i], data_cpus, trainer_cpus)
+        cmd = _trainer_cmd(cfg, peer, model, size, view, workers, warmup,
+                           endpoints[i % len(endpoints)], devices[i], data_cpus, trainer_cpus)
         with open(path, "w") as log:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=log, text=True, env=env))
