@@ -44,7 +44,11 @@ from . import probes
 
 PEERS = ("synthetic", "dataloader", "gpu-decode", "batchcast-cpu", "batchcast-nvjpeg",
          "batchcast-mixed", "dali", "batchcast-cpu-pergpu", "batchcast-nvjpeg-pergpu",
-         "batchcast-cpu-cached", "batchcast-nvjpeg-cached", "batchcast-mixed-cached")
+         "batchcast-cpu-cached", "batchcast-nvjpeg-cached", "batchcast-mixed-cached",
+         "batchcast-host-cached")
+# Peers whose server keeps its pool in host memory even on a GPU: the trainers copy their batches
+# to the GPU themselves (pin_memory), so the server has no CUDA context of its own.
+HOST_POOL_PEERS = ("batchcast-host-cached",)
 GPU_PEERS = ("gpu-decode", "batchcast-nvjpeg", "batchcast-mixed", "dali", "batchcast-cpu-pergpu",
              "batchcast-nvjpeg-pergpu", "batchcast-nvjpeg-cached", "batchcast-mixed-cached")
 # The --decoder of each batchcast peer's server.
@@ -184,7 +188,8 @@ def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
     # One server, or one per GPU (-pergpu); trainer i reads from server i mod len(servers).
     # One endpoint per run: a failed server's record (<socket>.failed) must not fail the next run.
     layout = [f"cuda:{g}" for g in range(gpus)] if peer.endswith("-pergpu") else [
-        ",".join(f"cuda:{g}" for g in range(gpus)) if cfg.device.startswith("cuda") else "cpu"]
+        ",".join(f"cuda:{g}" for g in range(gpus))
+        if cfg.device.startswith("cuda") and peer not in HOST_POOL_PEERS else "cpu"]
     endpoints = [f"ipc:///tmp/batchcast-bench-{os.getpid()}-{time.monotonic_ns()}-{s}.sock"
                  for s in range(len(layout))]
     servers: List[Server] = []

@@ -168,7 +168,9 @@ def batchcast_loader(args: argparse.Namespace, device: torch.device) -> Iterator
     # On a GPU: read the pool's arena on this trainer's GPU (a pool on several GPUs has one each).
     loader = Loader(args.endpoint, batch_size=args.batch_size, drop_last=True,
                     timeout=300, name=f"bench-{os.getpid()}",
-                    device=device if device.type == "cuda" else None, view=args.view)
+                    device=device if device.type == "cuda" else None, view=args.view,
+                    # A host pool (batchcast-host-cached): page-locked, non_blocking copies.
+                    pin_memory=device.type == "cuda")
     try:
         for images, labels in _forever(loader):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -181,7 +183,7 @@ SOURCES = {"synthetic": synthetic, "dataloader": dataloader, "gpu-decode": gpu_d
            "batchcast-mixed": batchcast_loader, "dali": dali,
            "batchcast-cpu-pergpu": batchcast_loader, "batchcast-nvjpeg-pergpu": batchcast_loader,
            "batchcast-cpu-cached": batchcast_loader, "batchcast-nvjpeg-cached": batchcast_loader,
-           "batchcast-mixed-cached": batchcast_loader}
+           "batchcast-mixed-cached": batchcast_loader, "batchcast-host-cached": batchcast_loader}
 
 
 def open_source(peer: str, args: argparse.Namespace, device: torch.device) -> Iterator[Batch]:
