@@ -90,6 +90,15 @@ class _NativeProducer:
         return self._server.consumers_reading
 
 
+def gpu_chunk(plan: Any, fewest: int) -> int:
+    """Samples per chunk of the native plan's stream: its batch size, or on a GPU pool the
+    smallest multiple of it holding at least `fewest` samples (a sweep under time-slicing:
+    docs/sweep.md, Collocation). Trainers still read their own batch size from it."""
+    if fewest <= plan.batch_size or not plan.device.startswith("cuda"):
+        return plan.batch_size
+    return -(-fewest // plan.batch_size) * plan.batch_size
+
+
 def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = "") -> Any:
     """What serves the share: the native server for a native plan (its collector writing to
     ``metrics_dir`` unless empty), else a Producer of ``_share_stream.make_stream``. Either has
@@ -105,6 +114,7 @@ def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = ""
         config.workers = max(1, pipeline["decoding"]["num_workers"])
         config.ring_memory = pipeline.get("memory", 0)  # DataLoader(share_memory=); 0: default
         config.cache = pipeline.get("cache", "off")  # DataLoader(share_cache=)
+        config.batch_size = gpu_chunk(plan, pipeline.get("gpu_chunk", 0))
         config.status_interval = 60
         config.metrics_dir = metrics_dir
         print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "

@@ -48,7 +48,7 @@ from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_optuna import OptunaTrials
 from ._sweep_packing import MemoryPacking
 from ._sweep_plot import plot
-from ._sweep_progress import CACHE_ENV, ORDER_ENV, SHARE_MEMORY_ENV
+from ._sweep_progress import CACHE_ENV, GPU_CHUNK_ENV, ORDER_ENV, SHARE_MEMORY_ENV
 from ._sweep_runner import Runner
 from ._sweep_table import LiveTable
 from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
@@ -56,6 +56,10 @@ from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
 __all__ = ["SweepInputError", "main", "sweep"]
 
 _FORMAT = "batchcast-sweep/1"  # summary.json's "format": what --resume recognises
+# Under time-slicing a trainer reads at most about 21-25 chunks a second from a GPU pool (an
+# H200 beside three other trainers, chunks of 128 or 256 samples): the trials' GPU streams are
+# served in chunks of at least this many samples (docs/sweep.md, Collocation).
+TIME_SLICING_CHUNK = 512
 
 
 def _check_command(trials: Sequence[Trial]) -> None:
@@ -200,6 +204,9 @@ def sweep(
         env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
     used = list({g.device: g for g in slot_gpus if g is not None}.values())
     colloc = Collocation(collocation, out, used)
+    if used and colloc.mode == "time-slicing":
+        # The share producers serve GPU pools in bigger chunks (TIME_SLICING_CHUNK).
+        env[GPU_CHUNK_ENV] = str(TIME_SLICING_CHUNK)
     try:
         planned = (f"trials asked of Optuna study {optuna} until it holds {n_trials}"
                    if source is not None else f"{len(records)} trials "

@@ -3,7 +3,7 @@
 ``SCOPE_ENV`` (``BATCHCAST_SHARE_SCOPE``): the sweep's id, which scopes the trials' share keys
 (``_share_scope.scoped_key``); ``PROGRESS_ENV``: the trial's progress file; ``SHARE_MEMORY_ENV``
 ``ORDER_ENV`` and ``CACHE_ENV``: the share_memory, share_order and share_cache of its shared loaders
-that give none.
+that give none; ``GPU_CHUNK_ENV``: the fewest samples per chunk of a stream it starts on a GPU pool.
 
 What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
 when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
-__all__ = ["CACHE_ENV", "ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV",
+__all__ = ["CACHE_ENV", "GPU_CHUNK_ENV", "ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV",
            "read_progress", "report_progress"]
 
 SCOPE_ENV = "BATCHCAST_SHARE_SCOPE"
@@ -36,6 +36,10 @@ SHARE_MEMORY_ENV = "BATCHCAST_SHARE_MEMORY"
 # --order; docs/stream.md, Order).
 ORDER_ENV = "BATCHCAST_SHARE_ORDER"
 CACHE_ENV = "BATCHCAST_SHARE_CACHE"
+# The fewest samples per chunk of a trial's stream on a GPU pool (batchcast sweep under
+# time-slicing): the stream is served in chunks of the smallest multiple of the batch size that
+# holds that many; each trainer still reads its own batch size. Why: docs/sweep.md, Collocation.
+GPU_CHUNK_ENV = "BATCHCAST_SHARE_GPU_CHUNK"
 _EVERY_S = 1.0
 
 _lock = threading.Lock()

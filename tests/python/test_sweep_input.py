@@ -7,7 +7,8 @@ for the driver's tools on PATH (the machine's own are hidden, so a GPU machine r
 ``nvidia-smi`` listing two GPUs (or MIG instances), and ``nvidia-cuda-mps-control``, which
 records its start and its ``quit``:
 each trial gets its slot's GPU as CUDA_VISIBLE_DEVICES, --per-gpu trials at once on it, the
-MPS daemon's folders in its environment, and the daemon is told to quit when the sweep ends.
+MPS daemon's folders in its environment, and the daemon is told to quit when the sweep ends;
+under time-slicing its share producers serve GPU pools in chunks of at least 512 samples.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import stat
 
 import pytest
 
+from batchcast._batchcast import PipelineOptions
+from batchcast._share_producer import gpu_chunk
 from batchcast._sweep_devices import visible_gpus
+from batchcast._torchvision_plan import NativePlan
 from batchcast._sweep_table import LiveTable
 from batchcast._sweep_trials import expand_grid
 from sweep_common import python, run_sweep, summary
@@ -51,7 +55,7 @@ cat > "$MPS_RECORD.said"
 TRIAL = ("import json, os, sys, time; d = sys.argv[1]; "
          "open(os.path.join(d, 'running-' + sys.argv[2]), 'w').close(); time.sleep(0.5); "
          "json.dump({k: os.environ.get(k) for k in ('CUDA_VISIBLE_DEVICES', "
-         "'CUDA_MPS_PIPE_DIRECTORY', 'BATCHCAST_SHARE_SCOPE')}, "
+         "'CUDA_MPS_PIPE_DIRECTORY', 'BATCHCAST_SHARE_SCOPE', 'BATCHCAST_SHARE_GPU_CHUNK')}, "
          "open(os.path.join(d, sys.argv[2] + '.json'), 'w'))")
 
 
@@ -135,6 +139,7 @@ def test_trials_run_per_gpu_on_their_gpu_under_a_private_mps_daemon(batchcast_cl
         assert trial_env["CUDA_VISIBLE_DEVICES"] == "GPU-bbbb"
         assert trial_env["CUDA_MPS_PIPE_DIRECTORY"] == started[0]
         assert trial_env["BATCHCAST_SHARE_SCOPE"] == s["sweep"]["id"]
+        assert trial_env["BATCHCAST_SHARE_GPU_CHUNK"] is None  # under MPS: chunks of a batch
     # Two slots: the third trial started only once one of the first two had ended.
     first_end = min(t["end"] for t in s["trials"][:2])
     assert s["trials"][2]["start"] >= first_end
@@ -179,8 +184,10 @@ def test_auto_falls_back_to_time_slicing_saying_why(why, extra, line, batchcast_
     if why != "no daemon":
         scripts["nvidia-cuda-mps-control"] = MPS
     env = dict(tools(tmp_path, **scripts), **extra)
-    out = tmp_path / "out"
-    done = run_sweep(batchcast_cli, ["--out", str(out), "--", "true", "{a,b}"], env=env)
+    out, seen = tmp_path / "out", tmp_path / "seen"
+    seen.mkdir()
+    done = run_sweep(batchcast_cli, ["--out", str(out), "--", python(), "-c", TRIAL, str(seen),
+                                     "{a,b}"], env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     said = [x for x in done.stdout.splitlines() if "collocation:" in x]
     assert len(said) == 1 and "time-slicing, as MPS cannot start" in said[0], said
@@ -188,6 +195,9 @@ def test_auto_falls_back_to_time_slicing_saying_why(why, extra, line, batchcast_
     s = summary(str(out))
     assert s["sweep"]["collocation"] == "time-slicing" and s["sweep"]["slots"] == 4
     assert not (tmp_path / "mps.said").exists()
+    for name in ("a", "b"):  # the trials' GPU streams come in chunks of at least 512 samples
+        with open(seen / f"{name}.json") as f:
+            assert json.load(f)["BATCHCAST_SHARE_GPU_CHUNK"] == "512"
     strict = run_sweep(batchcast_cli, ["--collocation", "mps", "--out", str(out / "x"), "--",
                                        "true"], env=env)
     assert strict.returncode == 2 and line in strict.stderr, strict.stderr
@@ -222,3 +232,13 @@ def test_a_grid_is_braces_with_commas_and_no_spaces():
     assert trials[0].command[2] == "print({'a': 1, 'b': 2})" and trials[0].command[-1] == "{x}"
     assert trials[3].params == {"lr": "1e-3", "model": "mobilenet"}
     assert [t.id for t in trials] == ["t000", "t001", "t002", "t003"]
+
+
+@pytest.mark.parametrize("device, batch, fewest, chunk", [
+    ("cuda:0", 128, 512, 512), ("cuda:1", 100, 512, 600), ("cuda:0", 1024, 512, 1024),
+    ("cuda:0", 128, 0, 128), ("cpu", 128, 512, 128)])
+def test_a_share_producer_serves_gpu_pools_in_chunks_of_at_least_the_sweeps(device, batch, fewest,
+                                                                            chunk):
+    plan = NativePlan(root="/data", transform=PipelineOptions(), batch_size=batch, shuffle=True,
+                      drop_last=True, device=device, decoder="mixed")
+    assert gpu_chunk(plan, fewest) == chunk
