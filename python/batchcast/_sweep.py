@@ -15,7 +15,8 @@ GPU; ``auto``: packed by the first trial's measured GPU memory, ``_sweep_packing
 ``_sweep_runner``). Each trial gets ``BATCHCAST_SHARE_SCOPE`` (the sweep's id): its share keys
 are scoped to the sweep (``_share_scope.scoped_key``); with ``--share-dataloaders`` an unchanged
 script's shuffled torch DataLoader over a recognised torchvision pipeline joins the sweep's
-stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH). Those
+stream too (``_sweep_swap``, through ``_sweep_site/sitecustomize.py`` on its PYTHONPATH);
+without it such a loader stays torch's and is counted (the trial's samples and wait). Those
 loaders read in relaxed order unless they say otherwise (``--order exact``: the stream's seeded
 order; ``BATCHCAST_SHARE_ORDER``): each trial at its own pace from one decode. Their streams keep
 each image decoded after its first decode (``--cache off``: decode every epoch;
@@ -48,7 +49,8 @@ from ._sweep_devices import Collocation, make_slots, visible_gpus
 from ._sweep_optuna import OptunaTrials
 from ._sweep_packing import MemoryPacking
 from ._sweep_plot import plot
-from ._sweep_progress import CACHE_ENV, GPU_CHUNK_ENV, ORDER_ENV, SHARE_MEMORY_ENV
+from ._sweep_progress import (CACHE_ENV, GPU_CHUNK_ENV, ORDER_ENV, SHARE_DATALOADERS_ENV,
+                              SHARE_MEMORY_ENV)
 from ._sweep_runner import Runner
 from ._sweep_table import LiveTable
 from ._sweep_trials import SweepInputError, Trial, expand_grid, read_trials_file
@@ -199,9 +201,11 @@ def sweep(
     env[ORDER_ENV] = order
     env[CACHE_ENV] = cache
     env[KEEP_LOG_ENV] = "1"  # the producers keep their logs: OUT/data/, their last lines read
+    # Every trial's torch DataLoaders are hooked: shared with --share-dataloaders, else counted.
+    site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep_site")
+    env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
     if share_dataloaders:
-        site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep_site")
-        env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
+        env[SHARE_DATALOADERS_ENV] = "1"
     used = list({g.device: g for g in slot_gpus if g is not None}.values())
     colloc = Collocation(collocation, out, used)
     if used and colloc.mode == "time-slicing":

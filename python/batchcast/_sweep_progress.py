@@ -3,7 +3,8 @@
 ``SCOPE_ENV`` (``BATCHCAST_SHARE_SCOPE``): the sweep's id, which scopes the trials' share keys
 (``_share_scope.scoped_key``); ``PROGRESS_ENV``: the trial's progress file; ``SHARE_MEMORY_ENV``
 ``ORDER_ENV`` and ``CACHE_ENV``: the share_memory, share_order and share_cache of its shared loaders
-that give none; ``GPU_CHUNK_ENV``: the fewest samples per chunk of a stream it starts on a GPU pool.
+that give none; ``GPU_CHUNK_ENV``: the fewest samples per chunk of a stream it starts on a GPU pool;
+``SHARE_DATALOADERS_ENV``: set by ``--share-dataloaders`` (``_sweep_swap``).
 
 What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
 when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),
@@ -25,7 +26,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
-__all__ = ["CACHE_ENV", "GPU_CHUNK_ENV", "ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV", "SHARE_MEMORY_ENV",
+__all__ = ["CACHE_ENV", "GPU_CHUNK_ENV", "ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV",
+           "SHARE_DATALOADERS_ENV", "SHARE_MEMORY_ENV",
            "read_progress", "report_progress"]
 
 SCOPE_ENV = "BATCHCAST_SHARE_SCOPE"
@@ -40,6 +42,9 @@ CACHE_ENV = "BATCHCAST_SHARE_CACHE"
 # time-slicing): the stream is served in chunks of the smallest multiple of the batch size that
 # holds that many; each trainer still reads its own batch size. Why: docs/sweep.md, Collocation.
 GPU_CHUNK_ENV = "BATCHCAST_SHARE_GPU_CHUNK"
+# Set: the trials' shuffled torch DataLoaders join the sweep's stream where they can
+# (--share-dataloaders); unset: they stay torch's and are only counted.
+SHARE_DATALOADERS_ENV = "BATCHCAST_SWEEP_SHARE_DATALOADERS"
 _EVERY_S = 1.0
 
 _lock = threading.Lock()

@@ -5,7 +5,7 @@ producers, real signals.
 A grid's trials run in order, every one of them sharing the sweep's stream (one key of the
 sweep's scope; the image size a view of it), their samples in summary.json; with
 --share-dataloaders an unchanged script's shuffled torch DataLoader joins it, its other loaders
-stay torch's, each saying so in one line; a trials file gives one trial per line; a crashing
+stay torch's, each saying so in one line, and without it that loader stays torch's, counted; a trials file gives one trial per line; a crashing
 trial is recorded and its slot goes to the next; SIGTERM stops every trial (one that ignores
 SIGTERM too) and the share producer, leaving nothing in /tmp nor /dev/shm, and a sweep killed
 outright takes its trials with it; --resume runs only the trials that did not finish. No
@@ -99,6 +99,27 @@ def test_share_dataloaders_swaps_an_unchanged_scripts_training_loader(folder, ba
     keys = {p["key"] for p in s["data"]["producers"]}
     assert len(keys) == 1 and next(iter(keys)).startswith("dataloader."), keys
     assert scope_leftovers(s["sweep"]["id"], s["data"]["producers"]) == []
+
+
+def test_without_share_dataloaders_a_scripts_training_loader_is_counted(folder, batchcast_cli,
+                                                                        tmp_path):
+    out = str(tmp_path / "out")
+    done = run_sweep(batchcast_cli, ["--slots", "2", "--out", out, "--", python(),
+                                     os.path.join(folder, "plain.py"),
+                                     os.path.join(folder, "data"), "{24,32}", "2"])
+    assert done.returncode == 0, done.stderr + done.stdout
+    s = summary(out)
+    for t in s["trials"]:
+        with open(t["log"]) as f:
+            log = f.read()
+        # torch's own loader, untouched and silent; its evaluation loader is not counted.
+        assert "training loader: torch.utils.data.dataloader True" in log
+        assert not [x for x in log.splitlines() if x.startswith("batchcast sweep:")], log
+        assert "samples 24" in log
+        assert t["samples"] == 2 * IMAGES and t["epochs"] == 2, t
+        assert t["wait_percent"] is not None and t["samples_per_s"] > 0
+    assert s["data"]["samples_consumed"] == 4 * IMAGES
+    assert s["data"]["producers"] == []  # nothing was shared
 
 
 def test_a_trials_file_gives_one_trial_per_line(folder, batchcast_cli, tmp_path):

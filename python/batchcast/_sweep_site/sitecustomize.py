@@ -1,7 +1,8 @@
-"""Put first on a trial's PYTHONPATH by ``batchcast sweep --share-dataloaders``: Python runs the
-first ``sitecustomize`` it finds at start-up, so this one installs the DataLoader swap
-(``batchcast._sweep_swap``), then runs the ``sitecustomize`` it shadows (the next one on
-sys.path, e.g. Debian's), as if this one were not there.
+"""Put first on a trial's PYTHONPATH by ``batchcast sweep``: Python runs the first
+``sitecustomize`` it finds at start-up, so this one installs the sweep's DataLoader hook
+(``batchcast._sweep_swap``: shared with --share-dataloaders, else counted), then runs the
+``sitecustomize`` it shadows (the next one on sys.path, e.g. Debian's), as if this one were not
+there.
 """
 
 import importlib.machinery
@@ -22,8 +23,8 @@ def _run_shadowed() -> None:
 try:
     from batchcast._sweep_swap import install
 except ImportError as e:  # batchcast is not importable by this interpreter: say so, go on
-    print(f"batchcast sweep --share-dataloaders: not installed in {sys.executable} ({e})",
-          file=sys.stderr)
+    print(f"batchcast sweep: batchcast is not importable by {sys.executable} ({e}): this "
+          "trial's DataLoaders are neither shared nor counted", file=sys.stderr)
 else:
     install()
 _run_shadowed()
