@@ -336,7 +336,6 @@ class SharedStream:
             "native": native, "decoding": {"num_workers": self._pipeline["decoding"]["num_workers"]},
             "memory": self._pipeline.get("memory", 0),
             "cache": self._pipeline.get("cache", "off"),
-            "gpu_chunk": self._pipeline.get("gpu_chunk", 0),
         }
         try:
             payload = pickle.dumps(carried, protocol=pickle.HIGHEST_PROTOCOL)

@@ -51,6 +51,7 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _batchcast
+from ._sweep_progress import GPU_CHUNK_ENV
 from .server import launch as launch_server
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
@@ -114,7 +115,8 @@ def make_producer(pipeline: Dict[str, Any], endpoint: str, metrics_dir: str = ""
         config.workers = max(1, pipeline["decoding"]["num_workers"])
         config.ring_memory = pipeline.get("memory", 0)  # DataLoader(share_memory=); 0: default
         config.cache = pipeline.get("cache", "off")  # DataLoader(share_cache=)
-        config.batch_size = gpu_chunk(plan, pipeline.get("gpu_chunk", 0))
+        # A sweep under time-slicing (this process inherits the trial's environment).
+        config.batch_size = gpu_chunk(plan, int(os.environ.get(GPU_CHUNK_ENV) or 0))
         config.status_interval = 60
         config.metrics_dir = metrics_dir
         print(f"batchcast share producer: native pipeline ({plan.decoder} decoder, pool on "

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import logging
 import itertools
+import logging
 import os
 import sys
 import time

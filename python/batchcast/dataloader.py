@@ -103,7 +103,7 @@ from ._fingerprint import (decoding_of, fingerprint, gpu_refusal, joins_as_view,
                            view_fields)
 from ._share import SharedStream, native_plan, pipeline_of, share_paths
 from ._sizes import size_bytes
-from ._sweep_progress import CACHE_ENV, GPU_CHUNK_ENV, ORDER_ENV, SHARE_MEMORY_ENV
+from ._sweep_progress import CACHE_ENV, ORDER_ENV, SHARE_MEMORY_ENV
 from ._torchvision_plan import Fallback, NativePlan
 from .loader import Closeable, order_name
 
@@ -213,7 +213,6 @@ class DataLoader(torch.utils.data.DataLoader, Closeable):
         if share_cache is None:  # a sweep's --cache, for the trials that start a stream
             share_cache, given_as = os.environ.get(CACHE_ENV) or None, CACHE_ENV
         pipeline["cache"] = cache_name(share_cache, given_as)
-        pipeline["gpu_chunk"] = int(os.environ.get(GPU_CHUNK_ENV) or 0)  # a sweep's, or none
         if augment_seed is not None and chosen_seed is None:
             pipeline["seed"] = augment_seed  # a stream it starts: its view is the stream's own
         user_args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler,

@@ -77,17 +77,25 @@ def test_a_grid_runs_every_combination_in_order_on_one_shared_stream(folder, bat
     assert done.stdout.count("finished") >= 4
 
 
-def test_share_dataloaders_swaps_an_unchanged_scripts_training_loader(folder, batchcast_cli,
-                                                                     tmp_path):
-    out = str(tmp_path / "out")
-    done = run_sweep(batchcast_cli, ["--share-dataloaders", "--slots", "2", "--out", out, "--",
-                                     python(), os.path.join(folder, "plain.py"),
+def plain_sweep(folder: str, batchcast_cli: str, out: str, *options: str) -> tuple:
+    """The sweep of sweep_common.PLAIN (an unchanged script) at 24 and 32 px, 2 epochs, in 2
+    slots: its summary and each trial's log."""
+    done = run_sweep(batchcast_cli, [*options, "--slots", "2", "--out", out, "--", python(),
+                                     os.path.join(folder, "plain.py"),
                                      os.path.join(folder, "data"), "{24,32}", "2"])
     assert done.returncode == 0, done.stderr + done.stdout
     s = summary(out)
+    logs = []
     for t in s["trials"]:
         with open(t["log"]) as f:
-            log = f.read()
+            logs.append(f.read())
+    return s, logs
+
+
+def test_share_dataloaders_swaps_an_unchanged_scripts_training_loader(folder, batchcast_cli,
+                                                                     tmp_path):
+    s, logs = plain_sweep(folder, batchcast_cli, str(tmp_path / "out"), "--share-dataloaders")
+    for t, log in zip(s["trials"], logs):
         assert "training loader: batchcast.dataloader True" in log
         assert "evaluation loader: torch.utils.data.dataloader" in log
         # One line per loader: what it became, or why not.
@@ -103,15 +111,8 @@ def test_share_dataloaders_swaps_an_unchanged_scripts_training_loader(folder, ba
 
 def test_without_share_dataloaders_a_scripts_training_loader_is_counted(folder, batchcast_cli,
                                                                         tmp_path):
-    out = str(tmp_path / "out")
-    done = run_sweep(batchcast_cli, ["--slots", "2", "--out", out, "--", python(),
-                                     os.path.join(folder, "plain.py"),
-                                     os.path.join(folder, "data"), "{24,32}", "2"])
-    assert done.returncode == 0, done.stderr + done.stdout
-    s = summary(out)
-    for t in s["trials"]:
-        with open(t["log"]) as f:
-            log = f.read()
+    s, logs = plain_sweep(folder, batchcast_cli, str(tmp_path / "out"))
+    for t, log in zip(s["trials"], logs):
         # torch's own loader, untouched and silent; its evaluation loader is not counted.
         assert "training loader: torch.utils.data.dataloader True" in log
         assert not [x for x in log.splitlines() if x.startswith("batchcast sweep:")], log
