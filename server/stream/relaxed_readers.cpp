@@ -266,11 +266,11 @@ bool RelaxedReaders::short_of(const Reader& r, uint64_t want) const {
 }
 
 std::vector<uint64_t> RelaxedReaders::choose(
-    uint32_t chunk_size, const std::function<uint32_t(uint64_t reader)>& credits) {
+    uint32_t chunk_size, const std::function<uint32_t(uint64_t reader)>& credits, Hunger hunger) {
   std::vector<uint64_t> hungry;
+  const uint32_t lead = hunger == Hunger::kAhead ? lead_chunks_ : 0;
   for (const auto& [id, r] : readers_)
-    if (!r.done && short_of(r, uint64_t{credits(id) + lead_chunks_} * chunk_size))
-      hungry.push_back(id);
+    if (!r.done && short_of(r, uint64_t{credits(id) + lead} * chunk_size)) hungry.push_back(id);
   // The scarce one drives: the hungry reader that needs the fewest samples and has some not on
   // their way already.
   std::stable_sort(hungry.begin(), hungry.end(), [&](uint64_t a, uint64_t b) {

@@ -18,7 +18,11 @@
 //
 // What to decode next (choose()): a reader is hungry when the rows it needs in the ring and in
 // chunks being filled are fewer than it may take (its credits and the producer's lead: chunks
-// in hand for its workers and, on a GPU, its uploads and the JPEG engine). The
+// in hand for its workers and, on a GPU, its uploads and the JPEG engine), and waits when they
+// are fewer than its credits alone. A chunk decoded ahead (for the hungry) takes only a slot
+// whose chunk no reader needs a row of; only one drawn for readers that wait may overwrite a
+// chunk others still need, so that one decode stays until every reader that needs it took it,
+// whatever the number of readers, unless that would hold a reader back. The
 // chunk is drawn for the hungry reader that needs the fewest samples (its epoch's tail: the
 // scarce one), in its own random order, the samples that other hungry readers also need first.
 // So a reader alone at the head reads its shard in a random order; one behind, which needs
@@ -84,13 +88,18 @@ class RelaxedReaders {
   protocol::ChunkPosition position(uint64_t reader, const Offer& offer) const;
   // It was sent `offer`: those rows are had (its epoch ends with its last one).
   void take(uint64_t reader, const Offer& offer);
-  // Whether any reader still needs a row of chunk `seq` (a relaxed chunk is kept until then).
+  // Whether any reader still needs a row of chunk `seq` (its slot then takes no chunk decoded
+  // ahead: StreamState::try_acquire_relaxed).
   bool wanted(uint64_t seq) const;
 
+  // Which readers a chunk may be drawn for: the hungry (short of their credits and the lead), or
+  // only those that would wait for it (short of their credits alone).
+  enum class Hunger { kAhead, kWaiting };
   // The samples of the next chunk to decode for relaxed readers (at most chunk_size), or none
-  // while no reader is hungry. credits(reader): how many chunks it may be sent now.
+  // while no reader is that hungry. credits(reader): how many chunks it may be sent now.
   std::vector<uint64_t> choose(uint32_t chunk_size,
-                               const std::function<uint32_t(uint64_t reader)>& credits);
+                               const std::function<uint32_t(uint64_t reader)>& credits,
+                               Hunger hunger);
 
   uint64_t samples_taken() const { return samples_taken_; }  // rows sent to relaxed readers
 

@@ -103,17 +103,34 @@ bool StreamState::deliver_relaxed(ConsumerRecord& c) {
 std::optional<StreamState::Fill> StreamState::try_acquire_relaxed(double now) {
   if (!started_ || relaxed_.empty() || !failure_.empty()) return std::nullopt;
   const auto& all = consumers_.all();
-  auto samples = relaxed_.choose(rules_.welcome.chunk_size, [&](uint64_t id) -> uint32_t {
+  const auto credits = [&](uint64_t id) -> uint32_t {
     auto it = all.find(id);
     return it == all.end() || it->second.closing || it->second.end_sent ? 0 : it->second.credits;
-  });
+  };
+  const uint32_t chunk_size = rules_.welcome.chunk_size;
+  auto samples = relaxed_.choose(chunk_size, credits, RelaxedReaders::Hunger::kAhead);
   if (samples.empty()) return std::nullopt;
+  // One decode serves every reader that needs a sample only if its chunk stays until they took
+  // their rows: ahead of the readers' needs (the lead), a chunk goes only into a slot whose chunk
+  // nobody needs a row of. Only for a reader that would otherwise wait is a chunk others still
+  // need overwritten (the oldest the ring may reuse; they take those samples from a later decode),
+  // and then the chunk is drawn for the readers that wait.
   const uint64_t seq = next_relaxed_seq_;
   std::optional<uint64_t> evicted;
   auto slot = ring_.begin_fill(
-      seq, [this, now](uint64_t old, bool delivered) { return may_reuse(old, delivered, now); },
+      seq,
+      [this, now](uint64_t old, bool delivered) {
+        return may_reuse(old, delivered, now) && !relaxed_.wanted(old);
+      },
       &evicted);
-  if (!slot) return std::nullopt;
+  if (!slot) {
+    samples = relaxed_.choose(chunk_size, credits, RelaxedReaders::Hunger::kWaiting);
+    if (samples.empty()) return std::nullopt;
+    slot = ring_.begin_fill(
+        seq, [this, now](uint64_t old, bool delivered) { return may_reuse(old, delivered, now); },
+        &evicted);
+    if (!slot) return std::nullopt;
+  }
   if (evicted) forget_chunk(*evicted);
   ++next_relaxed_seq_;
   relaxed_.filling(seq, samples, view_count());

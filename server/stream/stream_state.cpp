@@ -221,6 +221,7 @@ void StreamState::receive(const std::string& identity, const void* data, size_t 
     c->closing = true;
     c->seek.reset();
     abandon(private_.stop(c->id));  // nor private chunks: nobody waits for it to catch up
+    relaxed_.remove(c->id);         // nor rows of the ring's chunks: none is kept for it
     if (ring_.held_by(c->id) == 0) drop_consumer(c->id, "left");
   } else {
     drop("a server-to-consumer message type");

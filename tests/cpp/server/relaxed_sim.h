@@ -37,6 +37,7 @@ struct ReaderPlan {
   // At its join it resumes the state of this reader (over by then): the epoch it was reading,
   // after the samples it had read there (what Loader.state_dict() keeps).
   std::string resumes = "";
+  std::string view = "";  // the view it reads (Stream::resolve_view: "" or "size=N")
 };
 
 // Rules of a regenerating producer whose consumers read relaxed unless they say otherwise: rank 0
@@ -199,6 +200,7 @@ class RelaxedSim {
       h.pid = s_.pid_of(r.plan.id);
       h.boot_id = kBoot;
       h.order = r.plan.exact ? protocol::Order::kExact : protocol::Order::kServer;
+      h.view = r.plan.view;
       s_.send(r.plan.id, h);
       if (!r.plan.resumes.empty()) resume(r, find(r.plan.resumes));
       s_.credit(r.plan.id, 2);
