@@ -1,38 +1,37 @@
-// DecodeSplit: under `--decoder mixed`, which samples the CPU workers decode themselves and which
-// they hand to the GPU's JPEG engine (server/produce/nvjpeg_stage.h).
+// DecodeSplit: under `--decoder mixed`, which chunks the CPU workers decode themselves and which
+// they hand to the GPU's JPEG engine (server/produce/nvjpeg_stage.h), from the two sides'
+// measured rates.
 //
-// Why: nvJPEG queues a colour-conversion kernel behind every image the hardware engine decodes,
-// so the server's context holds the GPU's compute engine, waiting, for as long as the engine works
-// on its images; under time-slicing that is time the collocated trainers lose
-// (docs/architecture.md). Samples the CPU decodes cost the trainers one copy.
+// Why not always the engine: nvJPEG queues a colour-conversion kernel behind every image the
+// hardware engine decodes, so the server's context holds the GPU's compute engine, waiting, for as
+// long as the engine works on its images; collocated trainers lose that time (docs/architecture.md).
+// A chunk the CPU decodes costs them one copy. Why not a share of each chunk: under time-slicing
+// each engine decode waits for turns of the GPU, a cost per chunk, not per image, so a chunk split
+// between the sides pays it for a few images and is published only when its slower side is done.
 //
-// The rule: a worker decodes a sample itself unless a consumer waits for that sample's chunk,
-// i.e. the chunk is the stream's head (the oldest one not yet published, which consumers read
-// next) and some consumer level with it has taken every chunk it was sent
-// (StreamState::waited_chunk). Then the worker only prepares the sample for the engine (reads,
-// checks, draws its geometry) and the chunk's upload has nvJPEG decode those samples beside the
-// squares the CPU finished. Decided when a worker starts the sample: samples already started stay
-// on the CPU, so a chunk the consumers wait for is done after at most one sample per worker plus
-// the engine's share, and the engine's finished chunks never wait behind a CPU chunk.
-// So the CPU decodes all it keeps up with and the engine only what consumers would otherwise wait
-// for, with no clock, no backlog threshold and no tuning: a consumer-bound stream is decoded on the
-// CPU; a CPU-starved one has the engine decode the rest of each head chunk while the workers
-// decode the next chunk, both at work.
-// Not a rule "the engine is idle": the engine is idle whenever the CPU keeps up, which is exactly
-// when the engine should stay off. Private chunks (regenerated for a consumer catching up) are
-// never the stream's head, so the CPU decodes them. Under relaxed order the chunk waited for is
-// the oldest one being filled for relaxed readers while one of them has credit and nothing to take.
+// The rule: a chunk is decoded whole by one side, chosen when a worker starts its first sample
+// that needs decoding (cached images need none). The engine takes it when a consumer waits for
+// decoding (StreamHost::waited_chunk: the stream's head waited for, or a relaxed reader with credit
+// and nothing to take) and the engine holds fewer chunks than its depth; otherwise the workers
+// decode it. The depth is how many chunks the engine decodes while the workers decode one, plus
+// the one being prepared: 1 + ceil(cpu_s / (workers * engine_s)) from the measured seconds per
+// sample of a worker (cpu_s) and of the engine's uploads (engine_s), at most the ring's slots;
+// 1 until both are measured. So a consumer-bound stream is decoded on the CPU alone; a CPU-starved
+// one keeps both sides busy, each in proportion to its rate: an engine 4x faster than the workers
+// together holds 5 chunks and takes 4 of every 5, a slower one 2 (one decoding, one prepared)
+// beside the workers' one; an engine beyond the ring's depth takes every chunk. The workers are
+// never idle behind an engine chunk: its samples are only read, checked and given their geometry.
 //
-// Thread-safety: cpu_decodes() and the counters from any thread; `waited` must be callable
-// concurrently (StreamHost::waited_chunk is lock-free). Ownership: `waited` must stay callable as
-// long as the split is used.
+// Thread-safety: every member from any thread (one mutex; a few calls per sample). `waited` must
+// be callable concurrently (StreamHost::waited_chunk is lock-free) for as long as the split is
+// used.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
-#include <utility>
+#include <vector>
 
 namespace batchcast {
 
@@ -41,21 +40,38 @@ class DecodeSplit {
   // The stream chunk a consumer waits for now, if any (StreamHost::waited_chunk).
   using WaitedChunk = std::function<std::optional<uint64_t>()>;
 
-  explicit DecodeSplit(WaitedChunk waited) : waited_(std::move(waited)) {}
+  // `slots`: the ring's (a chunk per slot); `workers`: the producer's decoding threads.
+  DecodeSplit(WaitedChunk waited, uint32_t slots, uint32_t workers);
 
-  // A worker starts a sample of chunk `seq`: true if it decodes it, false if the engine does.
-  // (A sample retried after a bad file starts, and counts, twice.)
-  bool cpu_decodes(uint64_t seq) {
-    const bool cpu = waited_() != seq;
-    ++(cpu ? cpu_samples_ : engine_samples_);
-    return cpu;
-  }
-  uint64_t cpu_samples() const { return cpu_samples_.load(); }
-  uint64_t engine_samples() const { return engine_samples_.load(); }
+  // A new chunk in `slot`: neither side's yet.
+  void begin(uint32_t slot);
+  // A worker starts a sample of the chunk in `slot` that needs decoding: true if it decodes it,
+  // false if the engine does (the chunk's first such sample chooses for the whole chunk).
+  // A sample retried after a bad file starts, and counts, twice.
+  bool cpu_decodes(uint32_t slot);
+  // A worker decoded one sample in `seconds`.
+  void cpu_sample_done(double seconds);
+  // The engine's chunk in `slot` went up: `samples` decoded on the engine in `seconds` of its
+  // upload. Ignored for a CPU chunk.
+  void uploaded(uint32_t slot, uint32_t samples, double seconds);
+
+  uint32_t engine_depth() const;  // chunks the engine may hold now
+  uint64_t cpu_samples() const;
+  uint64_t engine_samples() const;
+  std::optional<double> cpu_seconds() const;     // per sample on one worker, measured
+  std::optional<double> engine_seconds() const;  // per sample on the engine, measured
 
  private:
+  enum class Side : uint8_t { kUnchosen, kCpu, kEngine };
+  uint32_t depth_locked() const;
+
   const WaitedChunk waited_;
-  std::atomic<uint64_t> cpu_samples_{0}, engine_samples_{0};
+  const uint32_t workers_;
+  mutable std::mutex mu_;
+  std::vector<Side> side_;       // per slot
+  uint32_t engine_chunks_ = 0;   // chosen for the engine, not yet uploaded
+  uint64_t cpu_samples_ = 0, engine_samples_ = 0;
+  std::optional<double> cpu_s_, engine_s_;  // moving averages
 };
 
 }  // namespace batchcast

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/cuda_check.h"
@@ -51,7 +52,8 @@ ConvertTable output_table(const PipelineOptions& o) {
 }  // namespace
 
 NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t chunk_size,
-                         OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk)
+                         OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk,
+                         uint32_t workers)
     : arenas_of_(std::move(arenas_of)),
       source_(source),
       device_(arenas_of_(0)->primary().device()),
@@ -62,27 +64,38 @@ NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t
       decoder_(device_) {
   CudaDeviceGuard guard(device_);
   labels_ = PinnedBuffer::allocate(samples_.size() * sizeof(int64_t));
-  stream_ = CudaStream::create();
-  device_jobs_ = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
-  if (waited_chunk) split_.emplace(std::move(waited_chunk));
+  for (Lane* lane : {&engine_, &squares_}) {
+    lane->stream = CudaStream::create();
+    lane->jobs = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
+  }
+  squares_done_ = CudaEvent::create(false);
+  if (waited_chunk) split_.emplace(std::move(waited_chunk), slot_count_, workers);
   if (DecodedCache* cache = source_.cache())
     cache->on_reserve([this](uint8_t* block, uint64_t bytes) { pin_cache_block(block, bytes); });
   add_view(0);
   spdlog::info("{} on cuda:{} (nvJPEG {} backend)",
-               split_ ? "CPU workers first, nvJPEG for what consumers wait for," : "nvJPEG decoder",
+               split_ ? "CPU workers, and nvJPEG by its rate while consumers wait,"
+                      : "nvJPEG decoder",
                device_, decoder_.backend());
 }
 
 NvjpegStage::~NvjpegStage() {
-  if (stream_.get()) (void)cudaStreamSynchronize(stream_.get());
+  for (Lane* lane : {&engine_, &squares_})
+    if (lane->stream.get()) (void)cudaStreamSynchronize(lane->stream.get());
   if (DecodedCache* cache = source_.cache()) {
     cache->on_reserve(nullptr);
     CudaDeviceGuard guard(device_);
     for (uint8_t* block : pinned_cache_) (void)cudaHostUnregister(block);
   }
-  if (split_)
-    spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder",
-                 split_->cpu_samples(), split_->engine_samples());
+  if (split_) {
+    const auto ms = [](std::optional<double> s) {
+      return s ? fmt::format("{:.3f} ms", *s * 1e3) : std::string("not measured");
+    };
+    spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder ({} "
+                 "a sample on a worker, {} on the engine; the engine's depth {} chunks)",
+                 split_->cpu_samples(), split_->engine_samples(), ms(split_->cpu_seconds()),
+                 ms(split_->engine_seconds()), split_->engine_depth());
+  }
 }
 
 void NvjpegStage::pin_cache_block(uint8_t* block, uint64_t bytes) {
@@ -147,6 +160,7 @@ void NvjpegStage::begin(const FillLease& lease, uint32_t /*samples*/) {
   // nothing on the device reads this slot's host-side samples, crops, labels or jobs any more
   // (whichever views that upload filled: waiting on every view's covers it).
   for (uint32_t v = 0; v < known; ++v) views_[v]->arenas->wait_for_slot(slot);
+  if (split_) split_->begin(slot);
 }
 
 std::optional<RgbView> NvjpegStage::cached_image(const FillLease& lease, uint64_t index,
@@ -194,8 +208,9 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
   // whichever side decodes it.
   const int64_t max_pixels = source_.pipeline().options().max_image_pixels;
   const SampleHeader header = check_sample(data, s.size, entry.path, max_pixels);
-  s.square = split_ && split_->cpu_decodes(lease.seq);
+  s.square = split_ && split_->cpu_decodes(slot);
   if (s.square) {  // the CPU pipeline makes every filled view's square; the GPU only normalises
+    const auto start = std::chrono::steady_clock::now();
     std::array<const ImagePipeline*, SampleSource::kMaxViews> pipelines{};
     std::array<void*, SampleSource::kMaxViews> crops{};  // null: a view this chunk does not fill
     for (size_t k = 0; k < views; ++k) {
@@ -205,6 +220,8 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
     }
     process_views_bytes(pipelines.data(), crops.data(), views, data, s.size, entry.path, epoch,
                         index);
+    split_->cpu_sample_done(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return;
   }
   const bool jpeg = header.format == ImageFormat::kJpeg;
@@ -232,7 +249,7 @@ void NvjpegStage::fill(const FillLease& lease, uint32_t position, uint64_t index
 
 void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last,
                                std::vector<bool>* failed) {
-  cudaStream_t stream = stream_.get();
+  cudaStream_t stream = engine_.stream.get();
   std::vector<JpegBytes> jpegs;
   std::vector<uint8_t*> outs;
   std::vector<uint32_t> positions;
@@ -282,14 +299,14 @@ void NvjpegStage::decode_group(uint32_t slot, uint32_t first, uint32_t last,
   }
 }
 
-void NvjpegStage::launch(const ViewStage& v, uint8_t* slot, const uint8_t* images,
-                         const ResizeJob* jobs, uint32_t first, uint32_t n,
+void NvjpegStage::launch(const Lane& lane, const ViewStage& v, uint8_t* slot,
+                         const uint8_t* images, const ResizeJob* jobs, uint32_t first, uint32_t n,
                          const std::string& where) {
-  cudaStream_t stream = stream_.get();
-  cuda_check(cudaMemcpyAsync(device_jobs_.data() + first * sizeof(ResizeJob), jobs + first,
+  cudaStream_t stream = lane.stream.get();
+  cuda_check(cudaMemcpyAsync(lane.jobs.data() + first * sizeof(ResizeJob), jobs + first,
                              n * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream),
              "copying resize jobs" + where);
-  launch_crop_resize(images, reinterpret_cast<const ResizeJob*>(device_jobs_.data()) + first, n,
+  launch_crop_resize(images, reinterpret_cast<const ResizeJob*>(lane.jobs.data()) + first, n,
                      v.pipeline->options().image_size, v.table.data(), v.element_bytes,
                      slot + v.layout.offsets[0], stream);
 }
@@ -321,9 +338,10 @@ void NvjpegStage::upload_squares(const FillLease& lease, uint32_t sample_count,
     }
     if (!n) continue;
     cuda_check(cudaMemcpyAsync(v.device_crops.data(), v.crops.data() + base * v.crop_bytes,
-                               sample_count * v.crop_bytes, cudaMemcpyHostToDevice, stream_.get()),
+                               sample_count * v.crop_bytes, cudaMemcpyHostToDevice,
+                               squares_.stream.get()),
                "copying the CPU-decoded samples" + where);
-    launch(v, lease.views[view], v.device_crops.data(), jobs, 0, n, where);
+    launch(squares_, v, lease.views[view], v.device_crops.data(), jobs, 0, n, where);
   }
 }
 
@@ -345,7 +363,8 @@ std::vector<bool> NvjpegStage::upload_decoded_chunk(const FillLease& lease, uint
       ++last;
     }
     if (decoded_.size() < bytes) {
-      cuda_check(cudaStreamSynchronize(stream_.get()), "waiting for the decode buffer to be free");
+      cuda_check(cudaStreamSynchronize(engine_.stream.get()),
+                 "waiting for the decode buffer to be free");
       decoded_ = DeviceBuffer();  // free first: peak memory is one buffer, not two
       decoded_ = DeviceBuffer::allocate(bytes);
     }
@@ -375,7 +394,7 @@ std::vector<bool> NvjpegStage::upload_decoded_chunk(const FillLease& lease, uint
         jobs[first + n++] = make_resize_job(v.geometry[base + from], s.width, s.height, s.offset,
                                             static_cast<int>(k));
       }
-      launch(v, lease.views[view], decoded_.data(), jobs, first, n, where);
+      launch(engine_, v, lease.views[view], decoded_.data(), jobs, first, n, where);
     }
     first = last;
   }
@@ -383,16 +402,25 @@ std::vector<bool> NvjpegStage::upload_decoded_chunk(const FillLease& lease, uint
 }
 
 void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
+  const auto start = std::chrono::steady_clock::now();
   CudaDeviceGuard guard(device_);
-  cudaStream_t stream = stream_.get();
-  // Mixed: a chunk may hold the CPU's squares, nvJPEG's samples or both.
+  // Mixed: a CPU chunk holds the CPU's squares, and either kind may hold cached images.
   const PreparedSample* first = &samples_[static_cast<size_t>(lease.slot) * chunk_size_];
   const bool squares = std::any_of(first, first + sample_count, [](auto& s) { return s.square; });
   const bool engine = std::any_of(first, first + sample_count, [](auto& s) { return !s.square; });
   std::vector<bool> unfilled(sample_count);
   if (engine) unfilled = upload_decoded_chunk(lease, sample_count);
-  if (squares || std::find(unfilled.begin(), unfilled.end(), true) != unfilled.end())
-    upload_squares(lease, sample_count, unfilled);
+  const bool on_squares =
+      squares || std::find(unfilled.begin(), unfilled.end(), true) != unfilled.end();
+  if (on_squares) upload_squares(lease, sample_count, unfilled);
+  // The labels and the slot's event go after the chunk's work on both lanes.
+  cudaStream_t stream = engine ? engine_.stream.get() : squares_.stream.get();
+  if (engine && on_squares) {
+    cuda_check(cudaEventRecord(squares_done_.get(), squares_.stream.get()),
+               "recording the CPU squares' upload of chunk " + std::to_string(lease.seq));
+    cuda_check(cudaStreamWaitEvent(stream, squares_done_.get(), 0),
+               "ordering chunk " + std::to_string(lease.seq) + "'s two kinds of samples");
+  }
   const int64_t* labels = reinterpret_cast<const int64_t*>(labels_.data()) +
                           static_cast<size_t>(lease.slot) * chunk_size_;
   for (size_t k = 0; k < lease.views.size(); ++k) {
@@ -404,6 +432,13 @@ void NvjpegStage::upload(const FillLease& lease, uint32_t sample_count) {
     cuda_check(cudaEventRecord(v.arenas->primary().slot_event(lease.slot), stream),
                "recording the ready event of slot " + std::to_string(lease.slot));
     v.arenas->replicate(lease.slot, v.layout.bytes, stream);  // to the pool's other GPUs, if any
+  }
+  if (split_) {  // an engine chunk's upload waits for the GPU's earlier work and its own decode
+    const auto on_engine = static_cast<uint32_t>(std::count_if(
+        first, first + sample_count, [](auto& s) { return !s.square && !s.decoded_on_cpu; }));
+    split_->uploaded(
+        lease.slot, on_engine,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }
 

@@ -9,18 +9,20 @@
 // What nvJPEG cannot read (CMYK/YCCK JPEGs; PNG, BMP, PNM, TIFF, WebP) is decoded whole to RGB on
 // the CPU right there (decoders/image_decode.h, as the CPU pipeline decodes it) and goes through
 // the same GPU crop/resize kernel.
-// upload() then, on the stage's stream: nvJPEG decodes the chunk's images to full-size RGB in a
-// device buffer (hardware engine for baseline JPEGs where the GPU has one, hybrid otherwise), a
-// kernel (launch_crop_resize) crops, resizes, flips and normalises them straight into the slot,
-// the labels are copied from pinned memory, and the slot's interprocess event is recorded. A pool
-// on several GPUs decodes on the first and the slot is then copied to the others (ArenaSet).
+// upload() then, on the stage's engine lane (a CUDA stream): nvJPEG decodes the chunk's images to
+// full-size RGB in a device buffer (hardware engine for baseline JPEGs where the GPU has one,
+// hybrid otherwise), a kernel (launch_crop_resize) crops, resizes, flips and normalises them
+// straight into the slot, the labels are copied from pinned memory, and the slot's interprocess
+// event is recorded. A pool on several GPUs decodes on the first and the slot is then copied to
+// the others (ArenaSet).
 //
-// Mixed (a WaitedChunk given): a DecodeSplit (server/produce/decode_split.h) decides per sample,
-// in fill(). A sample the CPU takes is decoded and augmented by the CPU pipeline itself, as uint8
-// HWC squares into a pinned area per slot, and the same kernel passes those squares through
-// unchanged (a 1:1 job), normalising them with the same table as `--decoder cpu`, so those samples
-// are bit-identical to the CPU decoder's. A chunk may hold both kinds: nvJPEG decodes its other
-// samples (upload_decoded_chunk), then the squares go up in one copy per view (upload_squares).
+// Mixed (a WaitedChunk given): a DecodeSplit (server/produce/decode_split.h) gives each chunk to
+// one side, in fill(), from the two sides' rates, which fill() (a worker's seconds per sample) and
+// upload() (an engine chunk's) measure. A chunk the CPU takes is decoded and augmented by the CPU
+// pipeline itself, as uint8 HWC squares into a pinned area per slot, and the same kernel passes
+// those squares through unchanged (a 1:1 job), normalising them with the same table as `--decoder
+// cpu`, so those samples are bit-identical to the CPU decoder's. An engine chunk is nvJPEG's
+// (upload_decoded_chunk); the squares go up in one copy per view (upload_squares).
 //
 // Decoded cache (ImageSource::cache(), `--cache decoded`): a sample the cache holds is not read;
 // its cached image goes up like a CPU-decoded file and the same kernel crops every view from it,
@@ -49,7 +51,7 @@
 // with another sample of the chunk and counted in skipped() (on_error=skip).
 //
 // Thread-safety: fill() from any worker (each position written by one worker), begin() from the
-// producer thread, upload() from the producer's one upload thread (one stream, one decoder, one
+// producer thread, upload() from the producer's one upload thread (two lanes, one decoder, one
 // decode buffer). Views live in a fixed array published by their count, so begin() may add one
 // while workers fill others. Ownership: created after the StreamHost (it borrows its ArenaSets)
 // and destroyed before it; it borrows the ImageSource (dataset + pipeline options), which outlives
@@ -82,10 +84,10 @@ class NvjpegStage : public ChunkStage {
  public:
   // View v's arenas (the StreamHost's pool of that view); called from begin(), once per view.
   using ArenasOf = std::function<const ArenaSet*(uint32_t view)>;
-  // waited_chunk: `--decoder mixed` (above; StreamHost::waited_chunk); empty: `--decoder nvjpeg`.
-  // View 0 is set up here.
+  // waited_chunk: `--decoder mixed` (above; StreamHost::waited_chunk), with the producer's
+  // `workers`; empty: `--decoder nvjpeg`. View 0 is set up here.
   NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t chunk_size,
-              OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk);
+              OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk, uint32_t workers);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
   NvjpegStage& operator=(const NvjpegStage&) = delete;
@@ -129,7 +131,7 @@ class NvjpegStage : public ChunkStage {
     size_t crop_bytes = 0;                       // one uint8 square
     PinnedBuffer crops;                          // slot_count * chunk_size squares
     PinnedBuffer square_jobs;                    // slot_count * chunk_size ResizeJob, for crops
-    DeviceBuffer device_crops;                   // chunk_size squares, reused in stream order
+    DeviceBuffer device_crops;                   // chunk_size squares, reused in squares_' order
   };
   void add_view(uint32_t view);  // from begin() (or the constructor)
   // With a decoded cache whose side every view the lease fills fits: sample `index`'s cached
@@ -155,9 +157,16 @@ class NvjpegStage : public ChunkStage {
   // the decode budget, each group cropped and resized into every filled view's slot. Returns the
   // positions left unfilled (see upload_squares).
   std::vector<bool> upload_decoded_chunk(const FillLease& lease, uint32_t sample_count);
-  // Crops, resizes, flips and normalises images[jobs[first, first + n)] into view v's slot.
-  void launch(const ViewStage& v, uint8_t* slot, const uint8_t* images, const ResizeJob* jobs,
-              uint32_t first, uint32_t n, const std::string& where);
+  // A CUDA stream and the device copy of the resize jobs launched on it (chunk_size ResizeJob,
+  // reused in stream order by every view).
+  struct Lane {
+    CudaStream stream;
+    DeviceBuffer jobs;
+  };
+  // Crops, resizes, flips and normalises images[jobs[first, first + n)] into view v's slot, on
+  // `lane`.
+  void launch(const Lane& lane, const ViewStage& v, uint8_t* slot, const uint8_t* images,
+              const ResizeJob* jobs, uint32_t first, uint32_t n, const std::string& where);
 
   ArenasOf arenas_of_;
   const ImageSource& source_;
@@ -172,11 +181,15 @@ class NvjpegStage : public ChunkStage {
   // Set up by the constructor, then used by upload() only (one thread); skipped() reads skipped_
   // from others:
   NvjpegDecoder decoder_;
-  CudaStream stream_;
-  DeviceBuffer device_jobs_;  // chunk_size ResizeJob, reused in stream order by every view
+  // Two lanes, so that a chunk of the CPU's squares never waits behind the engine: a hardware
+  // decode first waits for everything queued on its stream (nvjpeg_decode.h), and under
+  // time-slicing each such wait is a turn of the GPU.
+  Lane engine_;   // nvJPEG's decodes and the images decoded whole (cached, CMYK, other formats)
+  Lane squares_;  // the CPU's squares (mixed)
+  CudaEvent squares_done_;  // a chunk with both kinds: its slot is ready after both lanes
   DeviceBuffer decoded_;      // full-size RGB images of one group, grown on demand
   std::atomic<uint64_t> skipped_{0};
-  std::optional<DecodeSplit> split_;  // mixed only: counts each side's samples, logged at the end
+  std::optional<DecodeSplit> split_;  // mixed only; its counts and rates logged at the end
   std::vector<uint8_t*> pinned_cache_;  // by pin_cache_block(), under the cache's lock
 };
 

@@ -106,8 +106,8 @@ def test_mixed_decoder_serves_the_cpu_decoders_bytes_or_nvjpegs(jpeg_folder, bat
     # --decoder mixed: each chunk is decoded either by the CPU pipeline (then bit-identical to
     # --decoder cpu, normalisation included) or by nvJPEG (then within nvJPEG's tolerance); the
     # server counts both, and every sample is one or the other. Two consumers that read as fast
-    # as they can and one worker make the consumers wait, and so the engine take the rest of the
-    # chunks they wait for, likely; nothing asserted depends on it.
+    # as they can and one worker make the consumers wait, and so the engine take chunks, likely;
+    # nothing asserted depends on it.
     common = dict(data=jpeg_folder, batch_size=8, image_size=96, output="float32", shuffle=False,
                   seed=5, device="cuda:0", workers=1, ring=8,
                   extra_args=[] if train else ["--eval"])
@@ -159,12 +159,11 @@ READ_FLAT = textwrap.dedent(
 def test_mixed_decoder_with_one_fast_consumer_reads_whole_epochs_with_every_label_right(
         tmp_path, batchcast_bin, run_py):
     # --decoder mixed with 2 workers and one consumer that reads as fast as it can: the consumer
-    # waits on the stream, so the engine decodes the samples of the chunk it waits for that no
-    # worker had started, while the workers decode the next chunk themselves (chunks of CPU
-    # squares and nvJPEG samples both). Image i is a flat grey of level 20 + 3 i in class
-    # i % 4, so its pixels name it whichever side decoded it: every epoch must hold each image
-    # exactly once, whole (flat), with its own label. The split is printed, not asserted (it
-    # depends on timing); what is asserted holds for any split.
+    # waits on the stream, so the engine decodes whole chunks while the workers decode others
+    # themselves, each chunk's upload on its own side's lane. Image i is a flat grey of level
+    # 20 + 3 i in class i % 4, so its pixels name it whichever side decoded it: every epoch must
+    # hold each image exactly once, whole (flat), with its own label. The split is printed, not
+    # asserted (it depends on timing); what is asserted holds for any split.
     from PIL import Image
 
     root = tmp_path / "flat"

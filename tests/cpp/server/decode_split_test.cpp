@@ -1,6 +1,6 @@
-// server/produce/decode_split.h: a worker decodes a sample itself unless a consumer waits for its
-// chunk; then the engine takes it. (When the stream's head counts as waited for is
-// StreamState::waited_chunk's rule, tested in stream_state_test.cpp.)
+// server/produce/decode_split.h: each chunk goes whole to one side; the engine takes chunks only
+// while a consumer waits, up to a depth set by the two sides' measured rates. (When a consumer
+// counts as waiting is StreamState::waited_chunk's rule, tested in stream_state_*_test.cpp.)
 #include "server/produce/decode_split.h"
 
 #include <gtest/gtest.h>
@@ -13,78 +13,104 @@
 namespace batchcast {
 namespace {
 
-constexpr uint64_t kNone = ~uint64_t{0};
+constexpr uint32_t kSlots = 8;
 
-// The chunk consumers wait for, as the stream host hands it over: set by the test.
+// Whether a consumer waits, as the stream host hands it over: set by the test.
 struct Waited {
-  std::atomic<uint64_t> seq{kNone};
+  std::atomic<bool> waits{false};
   DecodeSplit::WaitedChunk source() {
     return [this]() -> std::optional<uint64_t> {
-      const uint64_t s = seq.load();
-      return s == kNone ? std::nullopt : std::optional<uint64_t>(s);
+      return waits ? std::optional<uint64_t>(0) : std::nullopt;
     };
   }
 };
 
-// Starts `n` samples of chunk `seq`; how many the CPU takes.
-int start(DecodeSplit& split, uint64_t seq, int n) {
+// Starts the chunk in `slot` (begin, then `n` samples); how many the CPU takes.
+int chunk(DecodeSplit& split, uint32_t slot, int n = 64) {
+  split.begin(slot);
   int cpu = 0;
-  for (int i = 0; i < n; ++i) cpu += split.cpu_decodes(seq);
+  for (int i = 0; i < n; ++i) cpu += split.cpu_decodes(slot);
   return cpu;
 }
 
-TEST(DecodeSplit, WhileNoConsumerWaitsEverySampleIsDecodedOnTheCpu) {
-  // A stream the CPU keeps up with: consumers always find a published chunk, whatever the
-  // number of chunks queued for the workers (a rule on the backlog alone would send chunks beyond
-  // a backlog of two to the engine).
+// A chunk of 64 in `slot` that the engine takes and uploads at `seconds` a sample.
+void engine_chunk(DecodeSplit& split, uint32_t slot, double seconds) {
+  ASSERT_EQ(chunk(split, slot), 0) << "not the engine's";
+  split.uploaded(slot, 64, 64 * seconds);
+}
+
+TEST(DecodeSplit, WhileNoConsumerWaitsEveryChunkIsTheCpus) {
+  // A stream the CPU keeps up with: the engine's GPU work would only cost the trainers.
   Waited waited;
-  DecodeSplit split(waited.source());
-  for (uint64_t seq = 0; seq < 8; ++seq) EXPECT_EQ(start(split, seq, 64), 64) << seq;
+  DecodeSplit split(waited.source(), kSlots, 2);
+  for (uint32_t slot = 0; slot < kSlots; ++slot) EXPECT_EQ(chunk(split, slot), 64) << slot;
   EXPECT_EQ(split.cpu_samples(), 8u * 64);
   EXPECT_EQ(split.engine_samples(), 0u);
 }
 
-TEST(DecodeSplit, TheUnstartedSamplesOfTheChunkConsumersWaitForGoToTheEngine) {
-  // Chunk 3 is on the CPU; 20 of its 64 samples are started when it becomes the stream's head
-  // and a consumer waits for it: the other 44 go to the engine (kept whole on the CPU, the chunk
-  // would stall the stream behind it).
+TEST(DecodeSplit, AChunkStaysWithTheSideThatStartedIt) {
+  // 20 samples of a chunk are on the CPU when a consumer starts waiting: the other 44 stay there
+  // (a chunk split between the sides pays the engine's per-chunk wait for a few images).
   Waited waited;
-  DecodeSplit split(waited.source());
-  EXPECT_EQ(start(split, 3, 20), 20);
-  waited.seq = 3;
-  EXPECT_EQ(start(split, 3, 44), 0);
-  EXPECT_EQ(split.cpu_samples(), 20u);
-  EXPECT_EQ(split.engine_samples(), 44u);
+  DecodeSplit split(waited.source(), kSlots, 2);
+  split.begin(3);
+  for (int i = 0; i < 20; ++i) EXPECT_TRUE(split.cpu_decodes(3));
+  waited.waits = true;
+  for (int i = 0; i < 44; ++i) EXPECT_TRUE(split.cpu_decodes(3));
+  EXPECT_EQ(chunk(split, 4), 0) << "the next chunk is the engine's";
 }
 
-TEST(DecodeSplit, OnlyTheWaitedChunkGoesToTheEngineAndTheCpuTakesTheNextOne) {
-  // While the engine decodes the head, the workers decode the chunk behind it themselves; once
-  // that one is waited for, the engine takes what they have not started of it.
+TEST(DecodeSplit, UnmeasuredTheEngineHoldsOneChunkAtATime) {
   Waited waited;
-  DecodeSplit split(waited.source());
-  waited.seq = 5;
-  EXPECT_EQ(start(split, 5, 64), 0);   // the head, waited for from its first sample
-  EXPECT_EQ(start(split, 6, 30), 30);  // behind it: the CPU's
-  EXPECT_EQ(start(split, 7, 10), 10);
-  waited.seq = 6;  // chunk 5 published and taken; the consumer is level with chunk 6
-  EXPECT_EQ(start(split, 6, 34), 0);
-  EXPECT_EQ(start(split, 7, 54), 54);  // not waited for: the CPU's again
-  waited.seq = kNone;                  // consumers have chunks to read again
-  EXPECT_EQ(start(split, 8, 64), 64);
+  waited.waits = true;
+  DecodeSplit split(waited.source(), kSlots, 2);
+  EXPECT_EQ(split.engine_depth(), 1u);
+  EXPECT_EQ(chunk(split, 0), 0) << "a consumer waits: the engine's";
+  EXPECT_EQ(chunk(split, 1), 64) << "the engine holds one: the CPU's";
+  split.uploaded(1, 0, 0.01);  // a CPU chunk's upload changes nothing
+  EXPECT_EQ(chunk(split, 2), 64);
+  split.uploaded(0, 64, 0.032);
+  EXPECT_EQ(chunk(split, 3), 0) << "the engine's chunk went up: it takes the next";
+  EXPECT_EQ(split.engine_samples(), 128u);
+  EXPECT_EQ(split.cpu_samples(), 128u);
+}
+
+TEST(DecodeSplit, TheEnginesDepthFollowsTheMeasuredRates) {
+  // Two workers at 1 ms a sample decode a chunk of 64 in 32 ms; an engine at 0.125 ms a sample
+  // decodes 4 chunks meanwhile: it holds 5 (4 decoding, one being prepared).
+  Waited waited;
+  waited.waits = true;
+  DecodeSplit split(waited.source(), kSlots, 2);
+  split.cpu_sample_done(0.001);
+  engine_chunk(split, 0, 0.000125);
+  EXPECT_EQ(split.engine_depth(), 5u);
+  for (uint32_t slot = 0; slot < 5; ++slot) EXPECT_EQ(chunk(split, slot), 0) << slot;
+  EXPECT_EQ(chunk(split, 5), 64) << "the engine holds 5: the workers take the sixth";
+  for (uint32_t slot = 0; slot < 5; ++slot) split.uploaded(slot, 64, 64 * 0.000125);
+  // An engine slower than the workers together still holds 2: one decoding, one prepared.
+  for (int i = 0; i < 100; ++i) engine_chunk(split, 0, 0.004);
+  EXPECT_EQ(split.engine_depth(), 2u);
+  // One far faster than the workers takes every chunk the ring holds.
+  for (int i = 0; i < 100; ++i) engine_chunk(split, 0, 0.00001);
+  EXPECT_EQ(split.engine_depth(), kSlots);
 }
 
 TEST(DecodeSplit, ConcurrentWorkersCountEverySample) {
   Waited waited;
-  DecodeSplit split(waited.source());
-  waited.seq = 1;
+  waited.waits = true;
+  DecodeSplit split(waited.source(), kSlots, 4);
+  split.begin(0);  // the engine's: the first chosen while a consumer waits
+  split.cpu_decodes(0);
+  split.begin(1);  // the CPU's: the engine holds its one chunk
+  split.cpu_decodes(1);
   std::vector<std::thread> workers;
   for (int w = 0; w < 4; ++w)
     workers.emplace_back([&, w] {
-      for (int s = 0; s < 250; ++s) split.cpu_decodes(w % 2);  // chunks 0 (CPU) and 1 (engine)
+      for (int s = 0; s < 250; ++s) split.cpu_decodes(w % 2);
     });
   for (auto& t : workers) t.join();
-  EXPECT_EQ(split.cpu_samples(), 500u);
-  EXPECT_EQ(split.engine_samples(), 500u);
+  EXPECT_EQ(split.engine_samples(), 501u);
+  EXPECT_EQ(split.cpu_samples(), 501u);
 }
 
 }  // namespace

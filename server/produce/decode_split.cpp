@@ -1,0 +1,87 @@
+#include "server/produce/decode_split.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace batchcast {
+namespace {
+
+// Weight of the newest measurement in a side's moving average: rates change with the GPU's
+// load (trainers starting, MPS or time-slicing) within seconds, and a sample or a chunk alone is
+// noisy.
+constexpr double kNewest = 0.1;
+
+void average_in(std::optional<double>& average, double value) {
+  average = average ? *average + kNewest * (value - *average) : value;
+}
+
+}  // namespace
+
+DecodeSplit::DecodeSplit(WaitedChunk waited, uint32_t slots, uint32_t workers)
+    : waited_(std::move(waited)), workers_(std::max<uint32_t>(workers, 1)), side_(slots) {}
+
+void DecodeSplit::begin(uint32_t slot) {
+  std::lock_guard lk(mu_);
+  side_.at(slot) = Side::kUnchosen;
+}
+
+uint32_t DecodeSplit::depth_locked() const {
+  if (!cpu_s_ || !engine_s_ || *engine_s_ <= 0) return 1;
+  const double while_one_cpu_chunk = *cpu_s_ / (workers_ * *engine_s_);
+  const double depth = 1 + std::ceil(while_one_cpu_chunk);
+  return static_cast<uint32_t>(std::clamp<double>(depth, 1, static_cast<double>(side_.size())));
+}
+
+bool DecodeSplit::cpu_decodes(uint32_t slot) {
+  const bool waits = waited_().has_value();  // outside the lock: the host's atomic
+  std::lock_guard lk(mu_);
+  Side& side = side_.at(slot);
+  if (side == Side::kUnchosen) {
+    side = waits && engine_chunks_ < depth_locked() ? Side::kEngine : Side::kCpu;
+    if (side == Side::kEngine) ++engine_chunks_;
+  }
+  const bool cpu = side == Side::kCpu;
+  ++(cpu ? cpu_samples_ : engine_samples_);
+  return cpu;
+}
+
+void DecodeSplit::cpu_sample_done(double seconds) {
+  std::lock_guard lk(mu_);
+  average_in(cpu_s_, seconds);
+}
+
+void DecodeSplit::uploaded(uint32_t slot, uint32_t samples, double seconds) {
+  std::lock_guard lk(mu_);
+  Side& side = side_.at(slot);
+  if (side != Side::kEngine) return;
+  side = Side::kUnchosen;
+  --engine_chunks_;
+  if (samples) average_in(engine_s_, seconds / samples);
+}
+
+uint32_t DecodeSplit::engine_depth() const {
+  std::lock_guard lk(mu_);
+  return depth_locked();
+}
+
+uint64_t DecodeSplit::cpu_samples() const {
+  std::lock_guard lk(mu_);
+  return cpu_samples_;
+}
+
+uint64_t DecodeSplit::engine_samples() const {
+  std::lock_guard lk(mu_);
+  return engine_samples_;
+}
+
+std::optional<double> DecodeSplit::cpu_seconds() const {
+  std::lock_guard lk(mu_);
+  return cpu_s_;
+}
+
+std::optional<double> DecodeSplit::engine_seconds() const {
+  std::lock_guard lk(mu_);
+  return engine_s_;
+}
+
+}  // namespace batchcast
