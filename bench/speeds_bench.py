@@ -93,7 +93,8 @@ def trainer(args: argparse.Namespace) -> None:
     if args.done_file:
         open(args.done_file, "w").close()
     loader.close()
-    half = next(m for m in marks if m[0] >= start + (end - start) / 2)
+    # A trainer that paused through the second half (the fast one done meanwhile) read none of it.
+    half = next((m for m in marks if m[0] >= start + (end - start) / 2), (end, samples))
     print(json.dumps({"samples": samples, "wall_s": end - start,
                       "half_samples": samples - half[1], "half_s": end - half[0]}), flush=True)
 
