@@ -9,7 +9,6 @@ ToTensor(), Normalize()]). batchcast: ImagePipeline.process_into() into a preall
   .venv/bin/python bench/decode_vs_torchvision.py [--images 200] [--seconds 5]
 """
 import argparse
-import os
 import resource
 import shutil
 import tempfile

@@ -45,6 +45,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..._energy import GpuEnergy
 from ...server import make_dataset
 from . import probes, report
 from .runner import PEERS, RunError, measure, unavailable
@@ -163,7 +164,7 @@ def regimes(args: argparse.Namespace) -> List[List[Tuple[str, int]]]:
         _names(args.models), _names(args.image_sizes), _names(args.trainers))]
 
 
-def run_one(args: argparse.Namespace, energy: probes.Energy, peer: str,
+def run_one(args: argparse.Namespace, energy: GpuEnergy, peer: str,
             trainers: List[Tuple[str, int]], cores: Optional[int], tag: str) -> Dict[str, Any]:
     why = unavailable(peer, args, trainers)
     if why:
@@ -185,7 +186,7 @@ def run_one(args: argparse.Namespace, energy: probes.Energy, peer: str,
     return fig
 
 
-def run_regime(args: argparse.Namespace, energy: probes.Energy, peers: List[str],
+def run_regime(args: argparse.Namespace, energy: GpuEnergy, peers: List[str],
                trainers: List[Tuple[str, int]]) -> Dict[str, Any]:
     """Every peer on one regime; each trainer's figures then carry its share of the same
     trainer's rate in the synthetic run (of_ceiling; None where synthetic did not run)."""
@@ -216,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     os.makedirs(args.out, exist_ok=True)
     make_dataset(args.data, args.classes, args.per_class)
     peers = _names(args.peers) or list(PEERS)
-    energy = probes.Energy(range(args.gpus if args.device.startswith("cuda") else 1))
+    energy = GpuEnergy(range(args.gpus if args.device.startswith("cuda") else 1))
     meta = dict(probes.machine(), **{k: getattr(args, k) for k in (
         "batch_size", "chunk_size", "fp32", "device", "warmup", "settle", "seconds", "data",
         "data_cores", "gpus", "order", "cache_epochs", "ring")})

@@ -1,8 +1,8 @@
-"""What the collocated benchmark reads from the machine around each measured window: GPU energy
-(``Energy``, batchcast._energy), CPU time of the benchmark's process tree (/proc), and the hardware
-and software it ran on.
+"""What the collocated benchmark reads from the machine around each measured window, besides the
+GPUs' energy (batchcast._energy.GpuEnergy): CPU time of the benchmark's process tree (/proc, read
+through batchcast._proc), and the hardware and software it ran on.
 
-Thread-safety: the functions keep no state; an ``Energy`` reader belongs to one thread.
+Thread-safety: the functions keep no state.
 """
 
 from __future__ import annotations
@@ -10,18 +10,9 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-from ..._energy import GpuEnergy as Energy  # noqa: F401 (the bench reads it as probes.Energy)
-
-
-def _stat(pid: int) -> Optional[List[str]]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            # comm may hold spaces and parentheses: the fields start after the last ')'
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None  # the process ended meanwhile
+from ..._proc import stat_fields
 
 
 def descendants(root: int) -> List[int]:
@@ -29,7 +20,7 @@ def descendants(root: int) -> List[int]:
     children: Dict[int, List[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            fields = _stat(int(name))
+            fields = stat_fields(int(name))
             if fields is not None:
                 children.setdefault(int(fields[1]), []).append(int(name))
     out, todo = [], [root]
@@ -45,7 +36,7 @@ def cpu_seconds(pids: List[int]) -> Dict[int, float]:
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for pid in pids:
-        fields = _stat(pid)
+        fields = stat_fields(pid)
         if fields is not None:
             out[pid] = (int(fields[11]) + int(fields[12])) / tick
     return out

@@ -36,9 +36,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ... import _batchcast
+from ..._energy import GpuEnergy
 from ...server import Server, launch
 from . import probes
 
@@ -169,7 +170,7 @@ def _cpu_split(before: Dict[int, float], after: Dict[int, float],
     return {"all": sum(delta.values()), "trainers": own, "data": sum(delta.values()) - own}
 
 
-def measure(cfg: argparse.Namespace, energy: probes.Energy, peer: str,
+def measure(cfg: argparse.Namespace, energy: GpuEnergy, peer: str,
             trainers: List[Tuple[str, int]], cores: Optional[int], log_dir: str) -> Dict[str, Any]:
     """Figures of one run of `trainers` (trainer i trains model i at image size i; see the keys
     returned); raises RunError with the logs' tails."""
