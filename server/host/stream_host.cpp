@@ -221,14 +221,15 @@ void StreamHost::publish(const FillLease& lease, const protocol::ChunkPosition& 
     bool was_failed = state_->failed();
     state_->publish(lease.seq, lease.slot, position, std::move(tensors), std::move(samples));
     if (!was_failed && state_->failed()) failure = state_->failure();
-    note_waited_chunk();
+    note_for_producers();
   }
   if (!failure.empty()) stream_failed(failure);  // an invalid chunk failed the stream
   wake();
 }
 
-void StreamHost::note_waited_chunk() {
+void StreamHost::note_for_producers() {
   waited_chunk_.store(state_->waited_chunk().value_or(kNoChunk), std::memory_order_relaxed);
+  samples_sent_.store(state_->samples_sent(), std::memory_order_relaxed);
 }
 
 FillLease StreamHost::lease(const StreamState::Fill& fill) {
@@ -355,7 +356,7 @@ void StreamHost::loop() {
       receive_all(now);
       state_->tick(now);
       release_retired_slots(now);
-      note_waited_chunk();
+      note_for_producers();
     }
     slot_freed_.notify_all();
     finished_cv_.notify_all();

@@ -181,6 +181,8 @@ class StreamHost {
     const uint64_t seq = waited_chunk_.load(std::memory_order_relaxed);
     return seq == kNoChunk ? std::nullopt : std::optional<uint64_t>(seq);
   }
+  // StreamState::samples_sent() as of the same moment, lock-free too.
+  uint64_t samples_sent() const { return samples_sent_.load(std::memory_order_relaxed); }
   void set_epoch_samples(uint64_t samples);
   bool regenerates() const { return options_.regenerates; }
   StreamStats stats() const;
@@ -203,7 +205,7 @@ class StreamHost {
   StreamState::ViewChoice choose_view_locked(const std::string& view);
   uint32_t add_view_locked(uint64_t slot_bytes, StreamState::ViewSpecs specs);  // under mu_
   FillLease lease(const StreamState::Fill& fill);  // under mu_; resets the slot's seq words
-  void note_waited_chunk();                        // under mu_: the state's into waited_chunk_
+  void note_for_producers();  // under mu_: the state's waited chunk and samples sent, lock-free
   // Under mu_: frees the host memory of the slots the ring retired once their chunks went.
   void release_retired_slots(double now);
   SlotPool& view_pool(uint32_t view) {             // under mu_
@@ -230,7 +232,8 @@ class StreamHost {
   std::string views_closed_;  // under mu_: why no view is added any more (a view's pool failed)
   std::atomic<bool> stopping_{false};
   static constexpr uint64_t kNoChunk = ~uint64_t{0};
-  std::atomic<uint64_t> waited_chunk_{kNoChunk};  // written under mu_ (note_waited_chunk)
+  std::atomic<uint64_t> waited_chunk_{kNoChunk};  // written under mu_ (note_for_producers)
+  std::atomic<uint64_t> samples_sent_{0};          // likewise
   std::thread loop_thread_;
 };
 

@@ -17,15 +17,18 @@ void average_in(std::optional<double>& average, double value) {
 
 }  // namespace
 
-DecodeSplit::DecodeSplit(WaitedChunk waited, uint32_t slots, uint32_t workers)
-    : waited_(std::move(waited)), workers_(std::max<uint32_t>(workers, 1)), side_(slots) {}
+DecodeSplit::DecodeSplit(Stream stream, uint32_t slots, uint32_t workers, RuleTrial::Timing trial)
+    : stream_(std::move(stream)),
+      workers_(std::max<uint32_t>(workers, 1)),
+      side_(slots),
+      trial_(trial) {}
 
 void DecodeSplit::begin(uint32_t slot) {
   std::lock_guard lk(mu_);
   side_.at(slot) = Side::kUnchosen;
 }
 
-uint32_t DecodeSplit::depth_locked() const {
+uint32_t DecodeSplit::depth_by_rates_locked() const {
   if (!cpu_s_ || !engine_s_ || *engine_s_ <= 0) return 1;
   const double while_one_cpu_chunk = *cpu_s_ / (workers_ * *engine_s_);
   const double depth = 1 + std::ceil(while_one_cpu_chunk);
@@ -33,11 +36,15 @@ uint32_t DecodeSplit::depth_locked() const {
 }
 
 bool DecodeSplit::cpu_decodes(uint32_t slot) {
-  const bool waits = waited_().has_value();  // outside the lock: the host's atomic
+  const bool waits = stream_.waited().has_value();  // outside the lock: the host's atomic
   std::lock_guard lk(mu_);
   Side& side = side_.at(slot);
   if (side == Side::kUnchosen) {
-    side = waits && engine_chunks_ < depth_locked() ? Side::kEngine : Side::kCpu;
+    rule_ = trial_.at(stream_.now(), stream_.samples_sent());
+    const uint32_t depth = rule_ == RuleTrial::Rule::kDefault
+                               ? depth_by_rates_locked()
+                               : static_cast<uint32_t>(side_.size());
+    side = waits && engine_chunks_ < depth ? Side::kEngine : Side::kCpu;
     if (side == Side::kEngine) ++engine_chunks_;
   }
   const bool cpu = side == Side::kCpu;
@@ -61,7 +68,8 @@ void DecodeSplit::uploaded(uint32_t slot, uint32_t samples, double seconds) {
 
 uint32_t DecodeSplit::engine_depth() const {
   std::lock_guard lk(mu_);
-  return depth_locked();
+  return rule_ == RuleTrial::Rule::kDefault ? depth_by_rates_locked()
+                                            : static_cast<uint32_t>(side_.size());
 }
 
 uint64_t DecodeSplit::cpu_samples() const {

@@ -22,9 +22,17 @@
 // beside the workers' one; an engine beyond the ring's depth takes every chunk. The workers are
 // never idle behind an engine chunk: its samples are only read, checked and given their geometry.
 //
-// Thread-safety: every member from any thread (one mutex; a few calls per sample). `waited` must
-// be callable concurrently (StreamHost::waited_chunk is lock-free) for as long as the split is
-// used.
+// The depth by rates assumes the sides do not slow each other. They can: on few cores the busy
+// workers take the time the engine's upload thread needs, and under time-slicing an engine chunk
+// then goes up slower than beside idle workers, so the CPU's share can cost more than it brings.
+// So a RuleTrial (server/produce/rule_trial.h) weighs the depth by rates against an engine that
+// takes every chunk a consumer waits for (depth = the ring's slots, as `--decoder nvjpeg` does
+// while consumers wait) by the samples the stream's consumers are sent under each, and follows
+// the better one.
+//
+// Thread-safety: every member from any thread (one mutex; a few calls per sample). The Stream's
+// functions must be callable concurrently (StreamHost's are lock-free) for as long as the split
+// is used.
 #pragma once
 
 #include <cstdint>
@@ -33,15 +41,24 @@
 #include <optional>
 #include <vector>
 
+#include "server/produce/rule_trial.h"
+
 namespace batchcast {
 
 class DecodeSplit {
  public:
-  // The stream chunk a consumer waits for now, if any (StreamHost::waited_chunk).
-  using WaitedChunk = std::function<std::optional<uint64_t>()>;
+  // What the split reads of the stream it decodes for.
+  struct Stream {
+    // The stream chunk a consumer waits for now, if any (StreamHost::waited_chunk).
+    std::function<std::optional<uint64_t>()> waited;
+    // Samples sent to consumers so far (StreamHost::samples_sent).
+    std::function<uint64_t()> samples_sent;
+    std::function<double()> now;  // seconds, monotonic
+  };
 
   // `slots`: the ring's (a chunk per slot); `workers`: the producer's decoding threads.
-  DecodeSplit(WaitedChunk waited, uint32_t slots, uint32_t workers);
+  DecodeSplit(Stream stream, uint32_t slots, uint32_t workers,
+              RuleTrial::Timing trial = RuleTrial::Timing{});
 
   // A new chunk in `slot`: neither side's yet.
   void begin(uint32_t slot);
@@ -55,7 +72,8 @@ class DecodeSplit {
   // upload. Ignored for a CPU chunk.
   void uploaded(uint32_t slot, uint32_t samples, double seconds);
 
-  uint32_t engine_depth() const;  // chunks the engine may hold now
+  uint32_t engine_depth() const;  // chunks the engine may hold by the rule followed last
+  const RuleTrial& trial() const { return trial_; }  // read where no other thread calls
   uint64_t cpu_samples() const;
   uint64_t engine_samples() const;
   std::optional<double> cpu_seconds() const;     // per sample on one worker, measured
@@ -63,15 +81,17 @@ class DecodeSplit {
 
  private:
   enum class Side : uint8_t { kUnchosen, kCpu, kEngine };
-  uint32_t depth_locked() const;
+  uint32_t depth_by_rates_locked() const;
 
-  const WaitedChunk waited_;
+  const Stream stream_;
   const uint32_t workers_;
   mutable std::mutex mu_;
   std::vector<Side> side_;       // per slot
   uint32_t engine_chunks_ = 0;   // chosen for the engine, not yet uploaded
   uint64_t cpu_samples_ = 0, engine_samples_ = 0;
   std::optional<double> cpu_s_, engine_s_;  // moving averages
+  RuleTrial trial_;  // kDefault: the depth by rates; kAlternative: the ring's slots
+  RuleTrial::Rule rule_ = RuleTrial::Rule::kDefault;  // followed at the last choice
 };
 
 }  // namespace batchcast

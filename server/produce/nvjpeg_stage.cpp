@@ -52,7 +52,7 @@ ConvertTable output_table(const PipelineOptions& o) {
 }  // namespace
 
 NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t chunk_size,
-                         OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk,
+                         OnErrorPolicy on_error, std::optional<DecodeSplit::Stream> mixed,
                          uint32_t workers)
     : arenas_of_(std::move(arenas_of)),
       source_(source),
@@ -69,7 +69,7 @@ NvjpegStage::NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t
     lane->jobs = DeviceBuffer::allocate(chunk_size * sizeof(ResizeJob));
   }
   squares_done_ = CudaEvent::create(false);
-  if (waited_chunk) split_.emplace(std::move(waited_chunk), slot_count_, workers);
+  if (mixed) split_.emplace(std::move(*mixed), slot_count_, workers);
   if (DecodedCache* cache = source_.cache())
     cache->on_reserve([this](uint8_t* block, uint64_t bytes) { pin_cache_block(block, bytes); });
   add_view(0);
@@ -91,10 +91,20 @@ NvjpegStage::~NvjpegStage() {
     const auto ms = [](std::optional<double> s) {
       return s ? fmt::format("{:.3f} ms", *s * 1e3) : std::string("not measured");
     };
+    const RuleTrial& trial = split_->trial();
+    const auto rate = [&](RuleTrial::Rule rule) {
+      const auto r = trial.rate(rule);
+      return r ? fmt::format("{:.0f}", *r) : std::string("-");
+    };
     spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder ({} "
-                 "a sample on a worker, {} on the engine; the engine's depth {} chunks)",
+                 "a sample on a worker, {} on the engine; the engine's depth {} chunks, {} after "
+                 "{} trial(s): consumers sent {} samples/s by rates, {} with every waited chunk "
+                 "on the engine)",
                  split_->cpu_samples(), split_->engine_samples(), ms(split_->cpu_seconds()),
-                 ms(split_->engine_seconds()), split_->engine_depth());
+                 ms(split_->engine_seconds()), split_->engine_depth(),
+                 trial.kept() == RuleTrial::Rule::kDefault ? "by rates" : "every waited chunk",
+                 trial.trials(), rate(RuleTrial::Rule::kDefault),
+                 rate(RuleTrial::Rule::kAlternative));
   }
 }
 

@@ -16,7 +16,7 @@
 // event is recorded. A pool on several GPUs decodes on the first and the slot is then copied to
 // the others (ArenaSet).
 //
-// Mixed (a WaitedChunk given): a DecodeSplit (server/produce/decode_split.h) gives each chunk to
+// Mixed (a DecodeSplit::Stream given): a DecodeSplit (server/produce/decode_split.h) gives each chunk to
 // one side, in fill(), from the two sides' rates, which fill() (a worker's seconds per sample) and
 // upload() (an engine chunk's) measure. A chunk the CPU takes is decoded and augmented by the CPU
 // pipeline itself, as uint8 HWC squares into a pinned area per slot, and the same kernel passes
@@ -84,10 +84,10 @@ class NvjpegStage : public ChunkStage {
  public:
   // View v's arenas (the StreamHost's pool of that view); called from begin(), once per view.
   using ArenasOf = std::function<const ArenaSet*(uint32_t view)>;
-  // waited_chunk: `--decoder mixed` (above; StreamHost::waited_chunk), with the producer's
-  // `workers`; empty: `--decoder nvjpeg`. View 0 is set up here.
+  // mixed: `--decoder mixed` (above) on this stream, with the producer's `workers`; nullopt:
+  // `--decoder nvjpeg`. View 0 is set up here.
   NvjpegStage(ArenasOf arenas_of, const ImageSource& source, uint32_t chunk_size,
-              OnErrorPolicy on_error, DecodeSplit::WaitedChunk waited_chunk, uint32_t workers);
+              OnErrorPolicy on_error, std::optional<DecodeSplit::Stream> mixed, uint32_t workers);
   ~NvjpegStage() override;
   NvjpegStage(const NvjpegStage&) = delete;
   NvjpegStage& operator=(const NvjpegStage&) = delete;

@@ -263,12 +263,14 @@ ServeRun::ServeRun(const ServeConfig& c) : config_(c) {
   }
 #ifdef BATCHCAST_HAVE_NVJPEG
   if (c.gpu_decoding()) {
-    DecodeSplit::WaitedChunk waited;  // --decoder mixed: the engine helps while consumers wait
+    std::optional<DecodeSplit::Stream> mixed;  // the engine helps while consumers wait
     if (c.decoder == DecoderKind::kMixed)
-      waited = [core = core_.get()] { return core->waited_chunk(); };
+      mixed = DecodeSplit::Stream{[core = core_.get()] { return core->waited_chunk(); },
+                                  [core = core_.get()] { return core->samples_sent(); },
+                                  monotonic_seconds};
     stage_ = std::make_unique<NvjpegStage>(
         [core = core_.get()](uint32_t view) { return core->view_memory(view).arenas(); },
-        static_cast<const ImageSource&>(*source_), c.batch_size, po.on_error, std::move(waited),
+        static_cast<const ImageSource&>(*source_), c.batch_size, po.on_error, std::move(mixed),
         po.workers);
   }
 #endif

@@ -97,6 +97,7 @@ bool StreamState::deliver_relaxed(ConsumerRecord& c) {
   ring_.add_holder(*slot, c.id);
   --c.credits;
   counters_.descriptors_sent++;
+  counters_.samples_sent += d.position.sample_count;
   return false;
 }
 

@@ -13,11 +13,16 @@ uint32_t StreamState::add_view(protocol::Welcome welcome, ViewSpecs specs) {
 }
 
 bool StreamState::send_chunk(const ConsumerRecord& c, const ChunkDescriptor& d) {
-  if (c.view == 0) return send_(c.identity, d);
-  const View& v = views_[c.view - 1];
-  ChunkDescriptor mine = d;
-  mine.tensors = v.specs(d.position.sample_count);
-  return send_(c.identity, mine);
+  bool sent;
+  if (c.view == 0) {
+    sent = send_(c.identity, d);
+  } else {
+    ChunkDescriptor mine = d;
+    mine.tensors = views_[c.view - 1].specs(d.position.sample_count);
+    sent = send_(c.identity, mine);
+  }
+  if (sent) counters_.samples_sent += d.position.sample_count;
+  return sent;
 }
 
 }  // namespace batchcast

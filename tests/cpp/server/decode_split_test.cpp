@@ -15,13 +15,18 @@ namespace {
 
 constexpr uint32_t kSlots = 8;
 
-// Whether a consumer waits, as the stream host hands it over: set by the test.
+// The stream as the host hands it over, set by the test: whether a consumer waits, the samples
+// sent to consumers and the clock (which stands still unless a test moves it: the trial between
+// the depths then never leaves the depth by rates' settling time).
 struct Waited {
   std::atomic<bool> waits{false};
-  DecodeSplit::WaitedChunk source() {
-    return [this]() -> std::optional<uint64_t> {
-      return waits ? std::optional<uint64_t>(0) : std::nullopt;
-    };
+  std::atomic<uint64_t> sent{0};
+  std::atomic<double> now{0};
+  DecodeSplit::Stream source() {
+    return {[this]() -> std::optional<uint64_t> {
+              return waits ? std::optional<uint64_t>(0) : std::nullopt;
+            },
+            [this] { return sent.load(); }, [this] { return now.load(); }};
   }
 };
 
@@ -92,6 +97,29 @@ TEST(DecodeSplit, TheEnginesDepthFollowsTheMeasuredRates) {
   EXPECT_EQ(split.engine_depth(), 2u);
   // One far faster than the workers takes every chunk the ring holds.
   for (int i = 0; i < 100; ++i) engine_chunk(split, 0, 0.00001);
+  EXPECT_EQ(split.engine_depth(), kSlots);
+}
+
+TEST(DecodeSplit, WhereEveryWaitedChunkOnTheEngineServesConsumersBetterItIsFollowed) {
+  // The rates say depth 2, but consumers are sent 9400 samples/s while the engine takes every
+  // chunk they wait for, against 8000 by rates (the busy workers slow the engine's uploads): the
+  // trial follows the engine, up to the ring's slots.
+  Waited waited;
+  waited.waits = true;
+  DecodeSplit split(waited.source(), kSlots, 2, RuleTrial::Timing{0.5, 1.0, 15.0, 0.03});
+  split.cpu_sample_done(0.001);
+  for (int i = 0; i < 100; ++i) engine_chunk(split, 0, 0.004);
+  ASSERT_EQ(split.engine_depth(), 2u);
+  for (double t = 0; t < 3.1; t += 0.01) {  // a chunk chosen every 10 ms
+    waited.now = t;
+    const bool by_rates = split.engine_depth() == 2u;
+    waited.sent += by_rates ? 80 : 94;
+    chunk(split, 1);  // the CPU's or the engine's: chosen, then handed back
+    split.uploaded(1, 64, 64 * 0.004);
+  }
+  EXPECT_EQ(split.trial().kept(), RuleTrial::Rule::kAlternative);
+  EXPECT_EQ(split.engine_depth(), kSlots);
+  for (uint32_t slot = 0; slot < kSlots; ++slot) EXPECT_EQ(chunk(split, slot), 0) << slot;
   EXPECT_EQ(split.engine_depth(), kSlots);
 }
 

@@ -94,6 +94,7 @@ class RelaxedSim {
   }
 
   uint64_t decoded() const { return decoded_; }
+  uint64_t sent() const { return s_.state.samples_sent(); }  // rows sent to every reader
   uint64_t samples(const std::string& id) const { return find(id).samples; }
   uint64_t epochs_done(const std::string& id) const { return find(id).epochs_done; }
   uint64_t decoded_at_end(const std::string& id) const { return find(id).decoded_at_end; }

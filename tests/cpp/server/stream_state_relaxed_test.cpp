@@ -136,6 +136,9 @@ TEST(RelaxedTest, ExactAndRelaxedShareOneStream) {
   EXPECT_EQ(sim.epochs_done("exact"), 3u);
   EXPECT_EQ(sim.epochs_done("relaxed"), 3u);
   EXPECT_LE(sim.decoded(), sim.samples("exact") * 11 / 10);
+  // What a producer weighing its ways of decoding reads (server/produce/rule_trial.h): every
+  // row either reader was sent, once.
+  EXPECT_EQ(sim.sent(), sim.samples("exact") + sim.samples("relaxed"));
 }
 
 // A reader of a view added after the stream's chunks were made (in view 0 only) is not left
