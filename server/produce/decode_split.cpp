@@ -40,11 +40,10 @@ bool DecodeSplit::cpu_decodes(uint32_t slot) {
   std::lock_guard lk(mu_);
   Side& side = side_.at(slot);
   if (side == Side::kUnchosen) {
-    rule_ = trial_.at(stream_.now(), stream_.samples_sent());
-    const uint32_t depth = rule_ == RuleTrial::Rule::kDefault
-                               ? depth_by_rates_locked()
-                               : static_cast<uint32_t>(side_.size());
-    side = waits && engine_chunks_ < depth ? Side::kEngine : Side::kCpu;
+    rule_ = trial_.at(stream_.now(), stream_.samples_sent(), waits);
+    const bool by_rates = rule_ == RuleTrial::Rule::kDefault;
+    side = !by_rates || (waits && engine_chunks_ < depth_by_rates_locked()) ? Side::kEngine
+                                                                            : Side::kCpu;
     if (side == Side::kEngine) ++engine_chunks_;
   }
   const bool cpu = side == Side::kCpu;
@@ -68,8 +67,12 @@ void DecodeSplit::uploaded(uint32_t slot, uint32_t samples, double seconds) {
 
 uint32_t DecodeSplit::engine_depth() const {
   std::lock_guard lk(mu_);
-  return rule_ == RuleTrial::Rule::kDefault ? depth_by_rates_locked()
-                                            : static_cast<uint32_t>(side_.size());
+  return depth_by_rates_locked();
+}
+
+bool DecodeSplit::by_rates() const {
+  std::lock_guard lk(mu_);
+  return rule_ == RuleTrial::Rule::kDefault;
 }
 
 uint64_t DecodeSplit::cpu_samples() const {

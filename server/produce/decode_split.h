@@ -22,13 +22,12 @@
 // beside the workers' one; an engine beyond the ring's depth takes every chunk. The workers are
 // never idle behind an engine chunk: its samples are only read, checked and given their geometry.
 //
-// The depth by rates assumes the sides do not slow each other. They can: on few cores the busy
-// workers take the time the engine's upload thread needs, and under time-slicing an engine chunk
-// then goes up slower than beside idle workers, so the CPU's share can cost more than it brings.
-// So a RuleTrial (server/produce/rule_trial.h) weighs the depth by rates against an engine that
-// takes every chunk a consumer waits for (depth = the ring's slots, as `--decoder nvjpeg` does
-// while consumers wait) by the samples the stream's consumers are sent under each, and follows
-// the better one.
+// The split by rates assumes the sides do not slow each other. They can: a worker busy with a CPU
+// chunk is not preparing the engine's next one (reading its files, drawing its geometry), and on
+// few cores the busy workers take the time the engine's upload thread needs, so that the CPU's
+// share can cost more than it brings. So a RuleTrial (server/produce/rule_trial.h) weighs the
+// split by rates against every chunk on the engine (`--decoder nvjpeg`) by the samples the
+// stream's consumers are sent under each while they wait for data, and follows the better one.
 //
 // Thread-safety: every member from any thread (one mutex; a few calls per sample). The Stream's
 // functions must be callable concurrently (StreamHost's are lock-free) for as long as the split
@@ -72,7 +71,8 @@ class DecodeSplit {
   // upload. Ignored for a CPU chunk.
   void uploaded(uint32_t slot, uint32_t samples, double seconds);
 
-  uint32_t engine_depth() const;  // chunks the engine may hold by the rule followed last
+  uint32_t engine_depth() const;  // chunks the engine may hold in the split by rates
+  bool by_rates() const;  // the split by rates followed at the last choice, not every chunk on the engine
   const RuleTrial& trial() const { return trial_; }  // read where no other thread calls
   uint64_t cpu_samples() const;
   uint64_t engine_samples() const;
@@ -90,7 +90,7 @@ class DecodeSplit {
   uint32_t engine_chunks_ = 0;   // chosen for the engine, not yet uploaded
   uint64_t cpu_samples_ = 0, engine_samples_ = 0;
   std::optional<double> cpu_s_, engine_s_;  // moving averages
-  RuleTrial trial_;  // kDefault: the depth by rates; kAlternative: the ring's slots
+  RuleTrial trial_;  // kDefault: the split by rates; kAlternative: every chunk on the engine
   RuleTrial::Rule rule_ = RuleTrial::Rule::kDefault;  // followed at the last choice
 };
 

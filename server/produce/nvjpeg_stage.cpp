@@ -97,12 +97,12 @@ NvjpegStage::~NvjpegStage() {
       return r ? fmt::format("{:.0f}", *r) : std::string("-");
     };
     spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder ({} "
-                 "a sample on a worker, {} on the engine; the engine's depth {} chunks, {} after "
-                 "{} trial(s): consumers sent {} samples/s by rates, {} with every waited chunk "
-                 "on the engine)",
+                 "a sample on a worker, {} on the engine; by rates the engine's depth {} chunks; "
+                 "followed {} after {} trial(s): consumers sent {} samples/s by rates, {} with "
+                 "every chunk on the engine)",
                  split_->cpu_samples(), split_->engine_samples(), ms(split_->cpu_seconds()),
                  ms(split_->engine_seconds()), split_->engine_depth(),
-                 trial.kept() == RuleTrial::Rule::kDefault ? "by rates" : "every waited chunk",
+                 split_->by_rates() ? "the split by rates" : "every chunk on the engine",
                  trial.trials(), rate(RuleTrial::Rule::kDefault),
                  rate(RuleTrial::Rule::kAlternative));
   }

@@ -8,10 +8,19 @@ void RuleTrial::enter(Phase phase, double now) {
   window_start_.reset();
 }
 
-RuleTrial::Rule RuleTrial::at(double now, uint64_t sent) {
-  if (phase_since_ < 0) enter(Phase::kTryDefault, now);
-  if (phase_ == Phase::kKeep) {
-    if (now - phase_since_ < timing_.keep_s) return kept_;
+namespace {
+// A trial begins once the moving average of the calls' `waits` (the newest weighing this much)
+// reaches kWaiting: about 16 calls in a row in which consumers wait, from none.
+constexpr double kNewest = 0.1;
+constexpr double kWaiting = 0.8;
+}  // namespace
+
+RuleTrial::Rule RuleTrial::at(double now, uint64_t sent, bool waits) {
+  waiting_ += kNewest * ((waits ? 1.0 : 0.0) - waiting_);
+  if (phase_ == Phase::kKeep && now - phase_since_ >= timing_.keep_s) enter(Phase::kReady, now);
+  if (phase_ == Phase::kKeep) return kept_;
+  if (phase_ == Phase::kReady) {
+    if (waiting_ < kWaiting) return kept_;
     enter(Phase::kTryDefault, now);
   }
   const Rule trying = phase_ == Phase::kTryDefault ? Rule::kDefault : Rule::kAlternative;

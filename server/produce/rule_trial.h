@@ -8,9 +8,11 @@
 // the alternative is more than `margin` ahead) for `keep_s`, then tries both again: trainers come
 // and go, and the better rule with them.
 //
-// A window is as long as the calls make it: it ends at the first call `window_s` after it began,
-// and its rate is measured over the time it really lasted. A stream nobody reads sends nothing
-// under either rule: a tie, the default.
+// A trial begins only while consumers wait for data (most of the recent calls said so): while
+// they do not, the rules differ little and what consumers are sent says nothing of them (trainers
+// warming up, a stream the CPU keeps up with). A window is as long as the calls make it: it ends
+// at the first call `window_s` after it began, and its rate is measured over the time it really
+// lasted.
 //
 // Thread-safety: none; the owner serialises the calls (DecodeSplit calls under its mutex).
 #pragma once
@@ -34,8 +36,8 @@ class RuleTrial {
   RuleTrial() : RuleTrial(Timing{}) {}
 
   // The rule to follow now: `now` in seconds (monotonic), `sent` the samples sent to consumers
-  // so far (a counter that only grows).
-  Rule at(double now, uint64_t sent);
+  // so far (a counter that only grows), `waits` whether a consumer waits for data now.
+  Rule at(double now, uint64_t sent, bool waits);
 
   // Samples/s consumers were sent in each rule's last window; nullopt before its first.
   std::optional<double> rate(Rule rule) const {
@@ -45,12 +47,13 @@ class RuleTrial {
   uint32_t trials() const { return trials_; }  // comparisons made
 
  private:
-  enum class Phase : uint8_t { kTryDefault, kTryAlternative, kKeep };
+  enum class Phase : uint8_t { kReady, kTryDefault, kTryAlternative, kKeep };
   void enter(Phase phase, double now);
 
   const Timing timing_;
-  Phase phase_ = Phase::kTryDefault;
-  double phase_since_ = -1;  // < 0: no call yet
+  Phase phase_ = Phase::kReady;  // for a trial, once consumers wait
+  double phase_since_ = 0;
+  double waiting_ = 0;  // moving average of the calls' `waits`
   std::optional<double> window_start_;
   uint64_t window_sent_ = 0;
   std::optional<double> default_rate_, alternative_rate_;
