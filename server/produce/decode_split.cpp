@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <spdlog/spdlog.h>  // fmt, as spdlog carries it
+
 namespace batchcast {
 namespace {
 
@@ -68,6 +70,24 @@ void DecodeSplit::uploaded(uint32_t slot, uint32_t samples, double seconds) {
 uint32_t DecodeSplit::engine_depth() const {
   std::lock_guard lk(mu_);
   return depth_by_rates_locked();
+}
+
+std::string DecodeSplit::describe() const {
+  std::lock_guard lk(mu_);
+  const auto ms = [](std::optional<double> s) {
+    return s ? fmt::format("{:.3f} ms", *s * 1e3) : std::string("not measured");
+  };
+  const auto rate = [&](RuleTrial::Rule rule) {
+    const auto r = trial_.rate(rule);
+    return r ? fmt::format("{:.0f}", *r) : std::string("-");
+  };
+  return fmt::format(
+      "{} samples decoded on the CPU, {} on the GPU's JPEG decoder ({} a sample on a worker, {} "
+      "on the engine; by rates the engine's depth {} chunks; followed {} after {} trial(s): "
+      "consumers sent {} samples/s by rates, {} with every chunk on the engine)",
+      cpu_samples_, engine_samples_, ms(cpu_s_), ms(engine_s_), depth_by_rates_locked(),
+      rule_ == RuleTrial::Rule::kDefault ? "the split by rates" : "every chunk on the engine",
+      trial_.trials(), rate(RuleTrial::Rule::kDefault), rate(RuleTrial::Rule::kAlternative));
 }
 
 bool DecodeSplit::by_rates() const {

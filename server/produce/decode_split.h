@@ -38,6 +38,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "server/produce/rule_trial.h"
@@ -73,7 +74,9 @@ class DecodeSplit {
 
   uint32_t engine_depth() const;  // chunks the engine may hold in the split by rates
   bool by_rates() const;  // the split by rates followed at the last choice, not every chunk on the engine
-  const RuleTrial& trial() const { return trial_; }  // read where no other thread calls
+  // "N samples decoded on the CPU, M on the GPU's JPEG decoder (...)": the counts, both sides'
+  // rates, the depth and the trial's rates and choice, for the server's last lines.
+  std::string describe() const;
   uint64_t cpu_samples() const;
   uint64_t engine_samples() const;
   std::optional<double> cpu_seconds() const;     // per sample on one worker, measured

@@ -87,25 +87,7 @@ NvjpegStage::~NvjpegStage() {
     CudaDeviceGuard guard(device_);
     for (uint8_t* block : pinned_cache_) (void)cudaHostUnregister(block);
   }
-  if (split_) {
-    const auto ms = [](std::optional<double> s) {
-      return s ? fmt::format("{:.3f} ms", *s * 1e3) : std::string("not measured");
-    };
-    const RuleTrial& trial = split_->trial();
-    const auto rate = [&](RuleTrial::Rule rule) {
-      const auto r = trial.rate(rule);
-      return r ? fmt::format("{:.0f}", *r) : std::string("-");
-    };
-    spdlog::info("--decoder mixed: {} samples decoded on the CPU, {} on the GPU's JPEG decoder ({} "
-                 "a sample on a worker, {} on the engine; by rates the engine's depth {} chunks; "
-                 "followed {} after {} trial(s): consumers sent {} samples/s by rates, {} with "
-                 "every chunk on the engine)",
-                 split_->cpu_samples(), split_->engine_samples(), ms(split_->cpu_seconds()),
-                 ms(split_->engine_seconds()), split_->engine_depth(),
-                 split_->by_rates() ? "the split by rates" : "every chunk on the engine",
-                 trial.trials(), rate(RuleTrial::Rule::kDefault),
-                 rate(RuleTrial::Rule::kAlternative));
-  }
+  if (split_) spdlog::info("--decoder mixed: {}", split_->describe());
 }
 
 void NvjpegStage::pin_cache_block(uint8_t* block, uint64_t bytes) {
