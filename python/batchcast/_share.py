@@ -166,6 +166,7 @@ class SharedStream:
     def iterate(self, sampler_epoch: Optional[int]) -> Iterator[Any]:
         """One epoch: the resumed position if one was loaded, else the sampler's epoch (when
         the sampler has one), else the next epoch of the stream."""
+        asked = time.time()  # a first epoch's attach (the producer starting) is data's time too
         loader = self._attach() if self._loader is None else self._loader
         if self._resume is not None:
             state, self._resume = self._resume, None
@@ -174,7 +175,7 @@ class SharedStream:
             batches = self._seek({"epoch": sampler_epoch, "sample": 0})
         else:
             batches = iter(loader)
-        return report_progress(self._told(batches), self.effective_key, lambda: self.stats)
+        return report_progress(self._told(batches), self.effective_key, lambda: self.stats, asked)
 
     def _told(self, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches``, where a failed or vanished producer's error also says where its log is

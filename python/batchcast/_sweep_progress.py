@@ -9,8 +9,10 @@ that give none; ``GPU_CHUNK_ENV``: the fewest samples per chunk of a stream it s
 What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
 when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),
 writes there, at most once a second and at the end of each epoch, what every shared loader of
-this process has read: ``{"loaders": {effective key: {"epochs", "samples", "wait_s"}}}``
-(epochs: whole epochs finished; wait_s: seconds spent waiting for data). Without the variable
+this process has read: ``{"loaders": {effective key: {"epochs", "samples", "wait_s",
+"since"}}}`` (epochs: whole epochs finished; wait_s: seconds spent waiting for data; since: the
+wall-clock time its first epoch first asked for a batch, so that rates leave out the trial's
+start-up before it reads: imports, the model, CUDA). Without the variable
 the batches pass through untouched. :func:`read_progress` is the sweep's side: the file summed
 over loaders, or None where the trial wrote none (it reads no shared loader).
 
@@ -51,10 +53,10 @@ _lock = threading.Lock()
 _loaders: Dict[str, Dict[str, Any]] = {}
 
 
-def _write(path: str, key: str, epochs: int, stats: Any) -> None:
+def _write(path: str, key: str, epochs: int, stats: Any, since: float) -> None:
     with _lock:
         _loaders[key] = {"epochs": epochs, "samples": int(stats.samples),
-                         "wait_s": float(stats.wait_s)}
+                         "wait_s": float(stats.wait_s), "since": since}
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w") as f:
@@ -64,33 +66,37 @@ def _write(path: str, key: str, epochs: int, stats: Any) -> None:
             pass  # the sweep's folder went away: progress is a report, never a failure
 
 
-def report_progress(batches: Iterator[Any], key: str, stats: Callable[[], Any]
+def report_progress(batches: Iterator[Any], key: str, stats: Callable[[], Any], asked: float
                     ) -> Iterator[Any]:
     """``batches`` (one epoch of the loader of effective key ``key``; ``stats()``: its
-    LoaderStats, None before it attached), reported to ``$BATCHCAST_SWEEP_PROGRESS``."""
+    LoaderStats, None before it attached; ``asked``: the wall-clock time the loop asked for the
+    epoch, before the loader made its iterator), reported to ``$BATCHCAST_SWEEP_PROGRESS``."""
     path = os.environ.get(PROGRESS_ENV)
     if not path:
         return batches
-    return _reported(batches, path, key, stats)
+    return _reported(batches, path, key, stats, asked)
 
 
-def _reported(batches: Iterator[Any], path: str, key: str, stats: Callable[[], Any]
-              ) -> Iterator[Any]:
-    epochs = _loaders.get(key, {}).get("epochs", 0)
+def _reported(batches: Iterator[Any], path: str, key: str, stats: Callable[[], Any],
+              asked: float) -> Iterator[Any]:
+    known = _loaders.get(key, {})
+    epochs = known.get("epochs", 0)
+    since = known.get("since", asked)  # its first epoch's
     last = time.monotonic()
     for batch in batches:
         yield batch
         now = time.monotonic()
         if now - last >= _EVERY_S and stats() is not None:
-            _write(path, key, epochs, stats())
+            _write(path, key, epochs, stats(), since)
             last = now
     if stats() is not None:
-        _write(path, key, epochs + 1, stats())
+        _write(path, key, epochs + 1, stats(), since)
 
 
 def read_progress(path: str) -> Optional[Dict[str, Any]]:
     """The trial's progress file summed over its loaders: ``{"epochs"}`` (the most any of its
-    loaders finished), ``{"samples", "wait_s"}`` (sums); None where there is none (yet)."""
+    loaders finished), ``{"samples", "wait_s"}`` (sums), ``{"since"}`` (the earliest, None in a
+    file that has none); None where there is none (yet)."""
     try:
         with open(path) as f:
             loaders = json.load(f).get("loaders", {})
@@ -102,4 +108,5 @@ def read_progress(path: str) -> Optional[Dict[str, Any]]:
         "epochs": max(int(v.get("epochs", 0)) for v in loaders.values()),
         "samples": sum(int(v.get("samples", 0)) for v in loaders.values()),
         "wait_s": sum(float(v.get("wait_s", 0.0)) for v in loaders.values()),
+        "since": min((float(v["since"]) for v in loaders.values() if "since" in v), default=None),
     }

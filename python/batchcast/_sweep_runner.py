@@ -261,7 +261,9 @@ class Runner:
                                           f"{record['id']}.progress.json"))
         if seen is None:
             return
-        span = (record["end"] or time.time()) - record["start"]
+        # From the first batch asked for: a trial's start-up (imports, its model) is no reading.
+        since = max(record["start"], seen["since"] or record["start"])
+        span = (record["end"] or time.time()) - since
         record.update(samples=seen["samples"], epochs=seen["epochs"])
         if span > 0:
             record["samples_per_s"] = round(seen["samples"] / span, 3)

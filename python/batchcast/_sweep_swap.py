@@ -116,8 +116,9 @@ def _counting(original: type) -> type:
 
         def __iter__(self) -> Iterator[Any]:
             counts = self._batchcast_counts
+            asked = time.time()  # before torch starts its workers: that is data's time too
             return report_progress(_timed(super().__iter__(), counts), self._batchcast_key,
-                                   lambda: counts)
+                                   lambda: counts, asked)
 
     DataLoader.__module__ = original.__module__
     DataLoader.__qualname__ = original.__qualname__

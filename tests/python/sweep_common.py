@@ -48,9 +48,11 @@ TRIAL = textwrap.dedent("""
 """)
 
 # An unchanged script: torch's own DataLoaders (a shuffled training loader, an evaluation
-# loader, a loader over a list), no batchcast; prints what its training loader became.
-PLAIN = textwrap.dedent("""
-    import sys
+# loader, a loader over a list), no batchcast; prints what its training loader became. It
+# spends STARTUP_S before its first epoch, as a script builds its model.
+STARTUP_S = 2.0
+PLAIN = textwrap.dedent(f"""
+    import sys, time
     import torch, torchvision, torchvision.transforms as T
     from torch.utils.data import DataLoader
     root, size, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -63,6 +65,7 @@ PLAIN = textwrap.dedent("""
     listed = DataLoader(list(range(10)), batch_size=2, shuffle=True)
     print("training loader:", type(loader).__module__, isinstance(loader, DataLoader))
     print("evaluation loader:", type(evaluation).__module__)
+    time.sleep({STARTUP_S})  # its model being built
     n = 0
     for epoch in range(epochs):
         for x, y in loader:

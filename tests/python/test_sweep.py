@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from sweep_common import (IMAGES, make_folder, python, run_sweep, scope_leftovers,
+from sweep_common import (IMAGES, STARTUP_S, make_folder, python, run_sweep, scope_leftovers,
                           scope_processes, start_sweep, summary, write_trial)
 
 
@@ -92,6 +92,13 @@ def plain_sweep(folder: str, batchcast_cli: str, out: str, *options: str) -> tup
     return s, logs
 
 
+def assert_rate_leaves_out_startup(trial: dict) -> None:
+    """A trial's samples_per_s is over its reading time: PLAIN's start-up (STARTUP_S before its
+    first epoch) is not in it, though it is in the trial's start..end."""
+    reading_s = trial["samples"] / trial["samples_per_s"]
+    assert reading_s <= trial["end"] - trial["start"] - STARTUP_S + 0.01, trial
+
+
 def test_share_dataloaders_swaps_an_unchanged_scripts_training_loader(folder, batchcast_cli,
                                                                      tmp_path):
     s, logs = plain_sweep(folder, batchcast_cli, str(tmp_path / "out"), "--share-dataloaders")
@@ -104,6 +111,7 @@ def test_share_dataloaders_swaps_an_unchanged_scripts_training_loader(folder, ba
         assert "joins the sweep's stream" in said[0]
         assert "not shuffled" in said[1] and "list left as torch's" in said[2]
         assert t["samples"] == 2 * IMAGES
+        assert_rate_leaves_out_startup(t)
     keys = {p["key"] for p in s["data"]["producers"]}
     assert len(keys) == 1 and next(iter(keys)).startswith("dataloader."), keys
     assert scope_leftovers(s["sweep"]["id"], s["data"]["producers"]) == []
@@ -119,6 +127,7 @@ def test_without_share_dataloaders_a_scripts_training_loader_is_counted(folder, 
         assert "samples 24" in log
         assert t["samples"] == 2 * IMAGES and t["epochs"] == 2, t
         assert t["wait_percent"] is not None and t["samples_per_s"] > 0
+        assert_rate_leaves_out_startup(t)
     assert s["data"]["samples_consumed"] == 4 * IMAGES
     assert s["data"]["producers"] == []  # nothing was shared
 
