@@ -6,7 +6,9 @@ descriptor of the claim's pipe): SPEC is a temp file holding a pickled header (k
 the trainer's sys.path, cwd and main script, the launch time) followed by the pickled pipeline
 (``_share.SharedStream``): for a recognised torchvision pipeline only its native plan, otherwise
 the dataset, sampler and loader arguments (``_share.pipeline_of``). It serves unbounded epochs and exits once the last Loader has
-left (after at least one attached) for GRACE_S seconds; before any Loader attached, once the
+left (after at least one attached) for GRACE_S seconds, or, started by a trial of ``batchcast
+sweep`` (``$BATCHCAST_SWEEP_PID``), once no Loader reads it and that sweep is gone (the sweep
+stops it at its end: its next trials read the same stream); before any Loader attached, once the
 claim is released (every process holding the pipe's write end, the starting trainer, closed it
 or exited: a DataLoader made and dropped without iterating) or after STARTUP_TIMEOUT_S; or on
 SIGTERM/SIGINT/SIGHUP (each removes the pool, the socket and the share's files; after SIGKILL
@@ -51,7 +53,8 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _batchcast
-from ._sweep_progress import GPU_CHUNK_ENV
+from ._proc import pid_running
+from ._sweep_progress import GPU_CHUNK_ENV, SWEEP_PID_ENV
 from .server import launch as launch_server
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
@@ -234,6 +237,7 @@ def _watch(
     """Stops the producer on a signal (a byte on the ``signals`` pipe), once no Loader remains,
     or, before any attached, once the ``claim`` pipe is released; takes the lock to decide."""
     started = time.monotonic()
+    sweep = int(os.environ.get(SWEEP_PID_ENV) or 0)  # serves while that sweep runs
     empty_since = None
     released = False  # no claim handed down: only the start-up timeout
     watched: List[int] = [signals] if claim is None else [signals, claim]
@@ -268,7 +272,7 @@ def _watch(
             empty_since = None
             continue
         empty_since = empty_since or time.monotonic()
-        if time.monotonic() - empty_since < GRACE_S:
+        if time.monotonic() - empty_since < GRACE_S or (sweep and pid_running(sweep)):
             continue
         fd = _lock(paths["lock"])
         if producer.consumers_reading == 0:  # attaching trainers hold the lock until welcomed

@@ -4,7 +4,8 @@
 (``_share_scope.scoped_key``); ``PROGRESS_ENV``: the trial's progress file; ``SHARE_MEMORY_ENV``
 ``ORDER_ENV`` and ``CACHE_ENV``: the share_memory, share_order and share_cache of its shared loaders
 that give none; ``GPU_CHUNK_ENV``: the fewest samples per chunk of a stream it starts on a GPU pool;
-``SHARE_DATALOADERS_ENV``: set by ``--share-dataloaders`` (``_sweep_swap``).
+``SHARE_DATALOADERS_ENV``: set by ``--share-dataloaders`` (``_sweep_swap``); ``SWEEP_PID_ENV``:
+the sweep's process, for which the share producers its trials start keep serving.
 
 What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
 when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),
@@ -29,7 +30,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
 __all__ = ["CACHE_ENV", "GPU_CHUNK_ENV", "ORDER_ENV", "PROGRESS_ENV", "SCOPE_ENV",
-           "SHARE_DATALOADERS_ENV", "SHARE_MEMORY_ENV",
+           "SHARE_DATALOADERS_ENV", "SHARE_MEMORY_ENV", "SWEEP_PID_ENV",
            "read_progress", "report_progress"]
 
 SCOPE_ENV = "BATCHCAST_SHARE_SCOPE"
@@ -47,6 +48,11 @@ GPU_CHUNK_ENV = "BATCHCAST_SHARE_GPU_CHUNK"
 # Set: the trials' shuffled torch DataLoaders join the sweep's stream where they can
 # (--share-dataloaders); unset: they stay torch's and are only counted.
 SHARE_DATALOADERS_ENV = "BATCHCAST_SWEEP_SHARE_DATALOADERS"
+# The sweep's pid: a share producer that one of its trials starts serves while the sweep runs,
+# not only while trials read, so that a trial starting after the others ended (a queue of trials,
+# or one slow to start) reads the same stream and its decoded cache instead of decoding anew.
+# The sweep stops them when it ends; a sweep that died lets them go.
+SWEEP_PID_ENV = "BATCHCAST_SWEEP_PID"
 _EVERY_S = 1.0
 
 _lock = threading.Lock()

@@ -12,8 +12,11 @@ producers' CPU seconds from /proc (read every second while they run), the sample
 shared loaders report (``_sweep_progress``), the samples each native producer decoded (its last
 log line), and the GPUs' energy (NVML); the producers' logs end up in ``OUT/data/``.
 
-A sweep that dies without stopping them (SIGKILL) takes its trials with it: each is started with
-the kernel's parent-death signal (SIGKILL), and their producers then exit by themselves.
+The share producers serve for the whole sweep (``SWEEP_PID_ENV``: a trial that starts after the
+others ended reads the same stream and decoded cache), and the sweep stops them when its last
+trial ended. A sweep that dies without stopping them (SIGKILL) takes its trials with it: each is
+started with the kernel's parent-death signal (SIGKILL), and their producers then exit by
+themselves.
 
 Thread-safety: none; one thread runs it. Signal handlers only set a flag the loop reads.
 Ownership: the Runner owns the trials' processes; the caller owns the Collocation.
@@ -36,7 +39,7 @@ from ._energy import GpuEnergy
 from ._proc import stat_fields
 from ._sweep_devices import Collocation, Gpu
 from ._sweep_packing import MemoryPacking
-from ._sweep_progress import PROGRESS_ENV, SCOPE_ENV, read_progress
+from ._sweep_progress import PROGRESS_ENV, SCOPE_ENV, SWEEP_PID_ENV, read_progress
 from ._sweep_table import LiveTable
 
 __all__ = ["Runner", "TRIAL_GRACE_S"]
@@ -141,7 +144,7 @@ class Runner:
                 time.sleep(_POLL_S)
         finally:
             self._stop_trials()
-            self._stop_producers(wait=self._stop_signal is None)
+            self._stop_producers()
             self._collect_logs()
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -188,6 +191,7 @@ class Runner:
         gpu = self._gpus[slot]
         env = dict(self._env, **self._collocation.env(), **record.get("env", {}))
         env[SCOPE_ENV] = self._scope
+        env[SWEEP_PID_ENV] = str(os.getpid())
         env[PROGRESS_ENV] = os.path.join(self._out, "trials", f"{record['id']}.progress.json")
         try:
             os.unlink(env[PROGRESS_ENV])  # a resumed trial's earlier run's
@@ -363,16 +367,11 @@ class Runner:
             if process is not None and process.poll() is not None:
                 self._ended(record, process, state)
 
-    def _stop_producers(self, wait: bool) -> None:
-        """The scope's share producers: each exits by itself once its last trial left (a
-        second); stopped with SIGTERM when the sweep was, or when one lingers."""
-        deadline = time.monotonic() + (PRODUCER_GRACE_S if wait else 0.0)
-        while True:
-            self._observe()
-            left = self._scope_producers()
-            if not left or time.monotonic() >= deadline:
-                break
-            time.sleep(0.1)
+    def _stop_producers(self) -> None:
+        """The scope's share producers, once no trial is left: SIGTERM (each writes its last
+        line, which summary.json reads), then SIGKILL after PRODUCER_GRACE_S."""
+        self._observe()
+        left = self._scope_producers()
         for pid in left:
             try:
                 os.kill(pid, signal.SIGTERM)

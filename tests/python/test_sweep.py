@@ -77,10 +77,11 @@ def test_a_grid_runs_every_combination_in_order_on_one_shared_stream(folder, bat
     assert done.stdout.count("finished") >= 4
 
 
-def plain_sweep(folder: str, batchcast_cli: str, out: str, *options: str) -> tuple:
-    """The sweep of sweep_common.PLAIN (an unchanged script) at 24 and 32 px, 2 epochs, in 2
-    slots: its summary and each trial's log."""
-    done = run_sweep(batchcast_cli, [*options, "--slots", "2", "--out", out, "--", python(),
+def plain_sweep(folder: str, batchcast_cli: str, out: str, *options: str, slots: int = 2
+                ) -> tuple:
+    """The sweep of sweep_common.PLAIN (an unchanged script) at 24 and 32 px, 2 epochs, in
+    ``slots`` slots: its summary and each trial's log."""
+    done = run_sweep(batchcast_cli, [*options, "--slots", str(slots), "--out", out, "--", python(),
                                      os.path.join(folder, "plain.py"),
                                      os.path.join(folder, "data"), "{24,32}", "2"])
     assert done.returncode == 0, done.stderr + done.stdout
@@ -114,6 +115,20 @@ def test_share_dataloaders_swaps_an_unchanged_scripts_training_loader(folder, ba
         assert_rate_leaves_out_startup(t)
     keys = {p["key"] for p in s["data"]["producers"]}
     assert len(keys) == 1 and next(iter(keys)).startswith("dataloader."), keys
+    assert scope_leftovers(s["sweep"]["id"], s["data"]["producers"]) == []
+
+
+def test_trials_one_after_another_read_one_stream_and_its_cache(folder, batchcast_cli, tmp_path):
+    # One slot: the second trial starts after the first one ended. The stream's producer serves
+    # for the whole sweep, so the second reads the first one's decoded cache: each image is
+    # decoded once in the sweep, not once per trial.
+    s, _ = plain_sweep(folder, batchcast_cli, str(tmp_path / "out"), "--share-dataloaders",
+                       slots=1)
+    assert [t["exit_code"] for t in s["trials"]] == [0, 0]
+    assert s["trials"][1]["start"] >= s["trials"][0]["end"]
+    assert len(s["data"]["producers"]) == 1, s["data"]["producers"]
+    assert s["data"]["cache"]["misses"] == IMAGES, s["data"]
+    assert s["data"]["cache"]["hits"] >= 3 * IMAGES, s["data"]
     assert scope_leftovers(s["sweep"]["id"], s["data"]["producers"]) == []
 
 
