@@ -291,9 +291,10 @@ class Runner:
 
     def _decoded(self) -> Dict[str, Any]:
         """What the native share producers that ended decoded, from the ``done:`` line each
-        writes to its log (in /tmp while the sweep runs, in OUT/data/ after): samples decoded,
-        and the decoded cache's hits and misses where it ran. None where no producer ended yet
-        (or none was native)."""
+        writes to its log (in /tmp while the sweep runs, in OUT/data/ after): the samples
+        decoded from their files (the samples a producer made less those it cropped from its
+        decoded cache), and the cache's hits and misses where it ran. None where no producer
+        ended yet (or none was native)."""
         decoded, hits, misses, cached = 0, 0, 0, False
         found = False
         logs = glob.glob(glob.escape(self._marker.decode()) + "*.log")
@@ -311,7 +312,7 @@ class Runner:
                     cached = True
                     hits += int(m.group(2))
                     misses += int(m.group(3))
-        return {"samples_decoded": decoded if found else None,
+        return {"samples_decoded": decoded - hits if found else None,
                 "cache": {"hits": hits, "misses": misses} if cached else None}
 
     def data(self) -> Dict[str, Any]:
