@@ -7,8 +7,9 @@ the trainer's sys.path, cwd and main script, the launch time) followed by the pi
 (``_share.SharedStream``): for a recognised torchvision pipeline only its native plan, otherwise
 the dataset, sampler and loader arguments (``_share.pipeline_of``). It serves unbounded epochs and exits once the last Loader has
 left (after at least one attached) for GRACE_S seconds, or, started by a trial of ``batchcast
-sweep`` (``$BATCHCAST_SWEEP_PID``), once no Loader reads it and that sweep is gone (the sweep
-stops it at its end: its next trials read the same stream); before any Loader attached, once the
+sweep`` (``$BATCHCAST_SWEEP_PID``) while that sweep runs, for SWEEP_LINGER_S (the sweep's next
+trial reads the same stream and decoded cache; the sweep stops it at its end); before any
+Loader attached, once the
 claim is released (every process holding the pipe's write end, the starting trainer, closed it
 or exited: a DataLoader made and dropped without iterating) or after STARTUP_TIMEOUT_S; or on
 SIGTERM/SIGINT/SIGHUP (each removes the pool, the socket and the share's files; after SIGKILL
@@ -58,6 +59,10 @@ from ._sweep_progress import GPU_CHUNK_ENV, SWEEP_PID_ENV
 from .server import launch as launch_server
 
 GRACE_S = 1.0  # no Loader for this long after the last one left: exit
+# The same inside a running sweep: its next trial (a queue's, or one slow to start) still reads
+# this stream and its cache; a bound, because a sweep whose trials differ in stream (a seed
+# swept) would otherwise keep an idle producer, its pool and its cache per stream till its end.
+SWEEP_LINGER_S = 60.0
 STARTUP_TIMEOUT_S = 120.0  # nobody attached (the starting trainer died first): exit
 _POLL_S = 0.1
 # Set (to anything but "") in a trainer's environment: its producer keeps its log also after a
@@ -237,7 +242,7 @@ def _watch(
     """Stops the producer on a signal (a byte on the ``signals`` pipe), once no Loader remains,
     or, before any attached, once the ``claim`` pipe is released; takes the lock to decide."""
     started = time.monotonic()
-    sweep = int(os.environ.get(SWEEP_PID_ENV) or 0)  # serves while that sweep runs
+    sweep = int(os.environ.get(SWEEP_PID_ENV) or 0)  # lingers while that sweep runs
     empty_since = None
     released = False  # no claim handed down: only the start-up timeout
     watched: List[int] = [signals] if claim is None else [signals, claim]
@@ -272,7 +277,8 @@ def _watch(
             empty_since = None
             continue
         empty_since = empty_since or time.monotonic()
-        if time.monotonic() - empty_since < GRACE_S or (sweep and pid_running(sweep)):
+        linger = SWEEP_LINGER_S if sweep and pid_running(sweep) else GRACE_S
+        if time.monotonic() - empty_since < linger:
             continue
         fd = _lock(paths["lock"])
         if producer.consumers_reading == 0:  # attaching trainers hold the lock until welcomed

@@ -5,7 +5,7 @@
 ``ORDER_ENV`` and ``CACHE_ENV``: the share_memory, share_order and share_cache of its shared loaders
 that give none; ``GPU_CHUNK_ENV``: the fewest samples per chunk of a stream it starts on a GPU pool;
 ``SHARE_DATALOADERS_ENV``: set by ``--share-dataloaders`` (``_sweep_swap``); ``SWEEP_PID_ENV``:
-the sweep's process, for which the share producers its trials start keep serving.
+the sweep's process, while which the share producers its trials start linger between trials.
 
 What it is: :func:`report_progress` wraps one epoch's batches of a ``DataLoader(share=)`` and,
 when ``$BATCHCAST_SWEEP_PROGRESS`` names a file (``batchcast sweep`` sets it for each trial),
@@ -48,10 +48,11 @@ GPU_CHUNK_ENV = "BATCHCAST_SHARE_GPU_CHUNK"
 # Set: the trials' shuffled torch DataLoaders join the sweep's stream where they can
 # (--share-dataloaders); unset: they stay torch's and are only counted.
 SHARE_DATALOADERS_ENV = "BATCHCAST_SWEEP_SHARE_DATALOADERS"
-# The sweep's pid: a share producer that one of its trials starts serves while the sweep runs,
-# not only while trials read, so that a trial starting after the others ended (a queue of trials,
-# or one slow to start) reads the same stream and its decoded cache instead of decoding anew.
-# The sweep stops them when it ends; a sweep that died lets them go.
+# The sweep's pid: a share producer that one of its trials starts serves for a minute after its
+# last reader left while the sweep runs (_share_producer.SWEEP_LINGER_S), not a second, so that
+# a trial starting after the others ended (a queue of trials, or one slow to start) reads the
+# same stream and its decoded cache instead of decoding anew. The sweep stops them when it ends;
+# a sweep that died lets them go.
 SWEEP_PID_ENV = "BATCHCAST_SWEEP_PID"
 _EVERY_S = 1.0
 

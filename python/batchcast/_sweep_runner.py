@@ -12,7 +12,7 @@ producers' CPU seconds from /proc (read every second while they run), the sample
 shared loaders report (``_sweep_progress``), the samples each native producer decoded (its last
 log line), and the GPUs' energy (NVML); the producers' logs end up in ``OUT/data/``.
 
-The share producers serve for the whole sweep (``SWEEP_PID_ENV``: a trial that starts after the
+The share producers linger between trials (``SWEEP_PID_ENV``: a trial that starts after the
 others ended reads the same stream and decoded cache), and the sweep stops them when its last
 trial ended. A sweep that dies without stopping them (SIGKILL) takes its trials with it: each is
 started with the kernel's parent-death signal (SIGKILL), and their producers then exit by
