@@ -20,7 +20,7 @@ RuleTrial::Rule RuleTrial::at(double now, uint64_t sent, bool waits) {
   if (phase_ == Phase::kKeep && now - phase_since_ >= timing_.keep_s) enter(Phase::kReady, now);
   if (phase_ == Phase::kKeep) return kept_;
   if (phase_ == Phase::kReady) {
-    if (waiting_ < kWaiting) return kept_;
+    if (waiting_ < kWaiting && kept_ == Rule::kDefault) return kept_;
     enter(Phase::kTryDefault, now);
   }
   const Rule trying = phase_ == Phase::kTryDefault ? Rule::kDefault : Rule::kAlternative;

@@ -8,11 +8,13 @@
 // the alternative is more than `margin` ahead) for `keep_s`, then tries both again: trainers come
 // and go, and the better rule with them.
 //
-// A trial begins only while consumers wait for data (most of the recent calls said so): while
-// they do not, the rules differ little and what consumers are sent says nothing of them (trainers
-// warming up, a stream the CPU keeps up with). A window is as long as the calls make it: it ends
-// at the first call `window_s` after it began, and its rate is measured over the time it really
-// lasted.
+// While the default is followed, a trial begins only while consumers wait for data (most of the
+// recent calls said so): while they do not, the rules differ little and what consumers are sent
+// says nothing of them (trainers warming up, a stream the CPU keeps up with). The alternative,
+// once kept, is tried against the default again after keep_s whether they wait or not: consumers
+// that no longer wait may be served as well by the default, which then wins the tie. A window
+// is as long as the calls make it: it ends at the first call `window_s` after it began, and its
+// rate is measured over the time it really lasted.
 //
 // Thread-safety: none; the owner serialises the calls (DecodeSplit calls under its mutex).
 #pragma once

@@ -80,6 +80,20 @@ TEST(RuleTrial, TheBetterRuleFollowsTheConsumersAcrossTrials) {
   EXPECT_EQ(run.rule, Rule::kDefault);
 }
 
+TEST(RuleTrial, AKeptAlternativeIsTriedAgainWhenConsumersNoLongerWait) {
+  // The engine alone was better while consumers waited; then they stop waiting (the trainers
+  // got slower): the next trial finds both rules alike and goes back to the default.
+  Stepped run;
+  run.to(3.5, 8000, 9400);
+  ASSERT_EQ(run.rule, Rule::kAlternative);
+  run.waits = false;
+  run.to(3.5 + 15 + 3.5, 5000, 5000);
+  EXPECT_EQ(run.trial.trials(), 2u);
+  EXPECT_EQ(run.rule, Rule::kDefault);
+  run.to(60, 5000, 5000);
+  EXPECT_EQ(run.trial.trials(), 2u) << "the default, consumers not waiting: no further trial";
+}
+
 TEST(RuleTrial, AWindowLastsAsLongAsTheCallsMakeIt) {
   // Calls 0.4 s apart: windows end late, and each rate is over the time its window lasted.
   RuleTrial trial(RuleTrial::Timing{0.5, 1.0, 15.0, 0.03});
