@@ -5,13 +5,13 @@ ENDPOINT CLAIM`` (ENDPOINT only shows in ps which share it serves; CLAIM is the 
 descriptor of the claim's pipe): SPEC is a temp file holding a pickled header (key, file paths,
 the trainer's sys.path, cwd and main script, the launch time) followed by the pickled pipeline
 (``_share.SharedStream``): for a recognised torchvision pipeline only its native plan, otherwise
-the dataset, sampler and loader arguments (``_share.pipeline_of``). It serves unbounded epochs and exits once the last Loader has
-left (after at least one attached) for GRACE_S seconds, or, started by a trial of ``batchcast
-sweep`` (``$BATCHCAST_SWEEP_PID``) while that sweep runs, for SWEEP_LINGER_S (the sweep's next
-trial reads the same stream and decoded cache; the sweep stops it at its end); before any
-Loader attached, once the
-claim is released (every process holding the pipe's write end, the starting trainer, closed it
-or exited: a DataLoader made and dropped without iterating) or after STARTUP_TIMEOUT_S; or on
+the dataset, sampler and loader arguments (``_share.pipeline_of``). It serves unbounded epochs
+and exits once the last Loader has left (after at least one attached) for GRACE_S seconds, or,
+started by a trial of ``batchcast sweep`` (``$BATCHCAST_SWEEP_PID``) while that sweep runs, for
+SWEEP_LINGER_S (the sweep's next trial reads the same stream and decoded cache; the sweep stops
+it at its end); before any Loader attached, once the claim is released (every process holding
+the pipe's write end, the starting trainer, closed it or exited: a DataLoader made and dropped
+without iterating) or after STARTUP_TIMEOUT_S; or on
 SIGTERM/SIGINT/SIGHUP (each removes the pool, the socket and the share's files; after SIGKILL
 the next producer of the key, or the stale-segment sweep of any batchcast server, removes
 them). It decides to exit while holding the share's lock file, and keeps it until its endpoint

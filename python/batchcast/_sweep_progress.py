@@ -58,6 +58,7 @@ _EVERY_S = 1.0
 
 _lock = threading.Lock()
 _loaders: Dict[str, Dict[str, Any]] = {}
+_since: Dict[str, float] = {}  # each loader's first epoch's request, written or not yet
 
 
 def _write(path: str, key: str, epochs: int, stats: Any, since: float) -> None:
@@ -86,9 +87,9 @@ def report_progress(batches: Iterator[Any], key: str, stats: Callable[[], Any], 
 
 def _reported(batches: Iterator[Any], path: str, key: str, stats: Callable[[], Any],
               asked: float) -> Iterator[Any]:
-    known = _loaders.get(key, {})
-    epochs = known.get("epochs", 0)
-    since = known.get("since", asked)  # its first epoch's
+    with _lock:
+        epochs = _loaders.get(key, {}).get("epochs", 0)
+        since = _since.setdefault(key, asked)  # its first epoch's, even one left before a write
     last = time.monotonic()
     for batch in batches:
         yield batch

@@ -332,7 +332,7 @@ class Runner:
             "gpu_joules_per_sample": round(gpu_j / samples, 5) if gpu_j and samples else None,
             "producers": producers,
             "how": "samples_decoded and cache: each native share producer's done line, once it "
-                   "ended; cpu_s: each share producer's CPU read from /proc every "
+                   "ended (samples decoded: the samples it made less its cache hits); cpu_s: each share producer's CPU read from /proc every "
                    f"{_REPORT_S:g} s while it ran (its last interval is missing); gpu_joules: "
                    "the sweep's GPUs' energy counters (NVML) since the sweep started, trials "
                    "and data side together",

@@ -105,14 +105,4 @@ uint64_t DecodeSplit::engine_samples() const {
   return engine_samples_;
 }
 
-std::optional<double> DecodeSplit::cpu_seconds() const {
-  std::lock_guard lk(mu_);
-  return cpu_s_;
-}
-
-std::optional<double> DecodeSplit::engine_seconds() const {
-  std::lock_guard lk(mu_);
-  return engine_s_;
-}
-
 }  // namespace batchcast

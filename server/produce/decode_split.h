@@ -9,15 +9,15 @@
 // each engine decode waits for turns of the GPU, a cost per chunk, not per image, so a chunk split
 // between the sides pays it for a few images and is published only when its slower side is done.
 //
-// The rule: a chunk is decoded whole by one side, chosen when a worker starts its first sample
-// that needs decoding (cached images need none). The engine takes it when a consumer waits for
-// decoding (StreamHost::waited_chunk: the stream's head waited for, or a relaxed reader with credit
-// and nothing to take) and the engine holds fewer chunks than its depth; otherwise the workers
-// decode it. The depth is how many chunks the engine decodes while the workers decode one, plus
-// the one being prepared: 1 + ceil(cpu_s / (workers * engine_s)) from the measured seconds per
-// sample of a worker (cpu_s) and of the engine's uploads (engine_s), at most the ring's slots;
-// 1 until both are measured. So a consumer-bound stream is decoded on the CPU alone; a CPU-starved
-// one keeps both sides busy, each in proportion to its rate: an engine 4x faster than the workers
+// The split by rates: a chunk is decoded whole by one side, chosen when a worker starts its first
+// sample that needs decoding (cached images need none). The engine takes it when a consumer waits
+// for decoding (StreamHost::waited_chunk: the stream's head waited for, or a relaxed reader with
+// credit and nothing to take) and the engine holds fewer chunks than its depth; otherwise the
+// workers decode it. The depth is how many chunks the engine decodes while the workers decode
+// one, plus the one being prepared: 1 + ceil(cpu_s / (workers * engine_s)) from the measured
+// seconds per sample of a worker (cpu_s) and of the engine's uploads (engine_s), at most the
+// ring's slots; 1 until both are measured. So a consumer-bound stream is decoded on the CPU
+// alone; a CPU-starved one keeps both sides busy, each in proportion to its rate: an engine 4x faster than the workers
 // together holds 5 chunks and takes 4 of every 5, a slower one 2 (one decoding, one prepared)
 // beside the workers' one; an engine beyond the ring's depth takes every chunk. The workers are
 // never idle behind an engine chunk: its samples are only read, checked and given their geometry.
@@ -26,8 +26,9 @@
 // chunk is not preparing the engine's next one (reading its files, drawing its geometry), and on
 // few cores the busy workers take the time the engine's upload thread needs, so that the CPU's
 // share can cost more than it brings. So a RuleTrial (server/produce/rule_trial.h) weighs the
-// split by rates against every chunk on the engine (`--decoder nvjpeg`) by the samples the
-// stream's consumers are sent under each while they wait for data, and follows the better one.
+// split by rates against every chunk on the engine (`--decoder nvjpeg`), waited for or not, by
+// the samples the stream's consumers are sent under each while they wait for data, and follows
+// the better one for a while.
 //
 // Thread-safety: every member from any thread (one mutex; a few calls per sample). The Stream's
 // functions must be callable concurrently (StreamHost's are lock-free) for as long as the split
@@ -73,14 +74,13 @@ class DecodeSplit {
   void uploaded(uint32_t slot, uint32_t samples, double seconds);
 
   uint32_t engine_depth() const;  // chunks the engine may hold in the split by rates
-  bool by_rates() const;  // the split by rates followed at the last choice, not every chunk on the engine
+  // The split by rates followed at the last choice (not every chunk on the engine).
+  bool by_rates() const;
   // "N samples decoded on the CPU, M on the GPU's JPEG decoder (...)": the counts, both sides'
   // rates, the depth and the trial's rates and choice, for the server's last lines.
   std::string describe() const;
   uint64_t cpu_samples() const;
   uint64_t engine_samples() const;
-  std::optional<double> cpu_seconds() const;     // per sample on one worker, measured
-  std::optional<double> engine_seconds() const;  // per sample on the engine, measured
 
  private:
   enum class Side : uint8_t { kUnchosen, kCpu, kEngine };

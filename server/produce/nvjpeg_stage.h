@@ -16,9 +16,10 @@
 // event is recorded. A pool on several GPUs decodes on the first and the slot is then copied to
 // the others (ArenaSet).
 //
-// Mixed (a DecodeSplit::Stream given): a DecodeSplit (server/produce/decode_split.h) gives each chunk to
-// one side, in fill(), from the two sides' rates, which fill() (a worker's seconds per sample) and
-// upload() (an engine chunk's) measure. A chunk the CPU takes is decoded and augmented by the CPU
+// Mixed (a DecodeSplit::Stream given): a DecodeSplit (server/produce/decode_split.h) gives each
+// chunk to one side, in fill(), from the two sides' rates, which fill() (a worker's seconds per
+// sample) and upload() (an engine chunk's) measure, or every chunk to the engine where its trial
+// found that better for the consumers. A chunk the CPU takes is decoded and augmented by the CPU
 // pipeline itself, as uint8 HWC squares into a pinned area per slot, and the same kernel passes
 // those squares through unchanged (a 1:1 job), normalising them with the same table as `--decoder
 // cpu`, so those samples are bit-identical to the CPU decoder's. An engine chunk is nvJPEG's

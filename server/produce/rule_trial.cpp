@@ -33,6 +33,10 @@ RuleTrial::Rule RuleTrial::at(double now, uint64_t sent, bool waits) {
   }
   const double lasted = now - *window_start_;
   if (lasted < timing_.window_s) return trying;
+  if (lasted > 2 * timing_.window_s) {  // nothing was chosen for a while: no measure of `trying`
+    enter(Phase::kReady, now);
+    return kept_;
+  }
   const double rate = static_cast<double>(sent - window_sent_) / lasted;
   if (trying == Rule::kDefault) {
     default_rate_ = rate;

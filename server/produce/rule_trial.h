@@ -14,9 +14,13 @@
 // once kept, is tried against the default again after keep_s whether they wait or not: consumers
 // that no longer wait may be served as well by the default, which then wins the tie. A window
 // is as long as the calls make it: it ends at the first call `window_s` after it began, and its
-// rate is measured over the time it really lasted.
+// rate is measured over the time it really lasted; one that lasted over twice `window_s` (the
+// readers left and nothing was chosen meanwhile) says nothing of its rule, and the trial is given
+// up until consumers wait again. What consumers are sent also moves with how many read: a trainer
+// that joins or leaves between the two windows tilts one comparison, which the next trial redoes.
 //
 // Thread-safety: none; the owner serialises the calls (DecodeSplit calls under its mutex).
+// Ownership: a value type with no resources, owned by its DecodeSplit.
 #pragma once
 
 #include <cstdint>

@@ -63,7 +63,7 @@ struct StreamStats {
     return samples_published + samples_regenerated + samples_relaxed;
   }
   uint64_t descriptors_sent = 0;
-  uint64_t samples_sent = 0;      // rows sent to consumers, in every order (what they read)
+  uint64_t samples_sent = 0;      // rows sent to consumers, in every order (prefetched included)
   uint64_t messages_dropped = 0;  // malformed, unknown sender, forged release
   uint64_t consumers_now = 0;
   uint64_t consumers_ever = 0;

@@ -190,8 +190,9 @@ class StreamState {
   // after its last chunk and once it failed. A producer that can make a chunk faster another way
   // uses it for that chunk (server/produce/decode_split.h).
   std::optional<uint64_t> waited_chunk() const;
-  // Rows sent to consumers so far, in every order: what the stream's readers were given (a
-  // producer that weighs two ways of decoding by what they bring its readers reads it).
+  // Rows sent to consumers so far, in every order: what the stream's readers were given, their
+  // prefetch included (a producer that weighs two ways of decoding by what they bring its
+  // readers reads it).
   uint64_t samples_sent() const { return counters_.samples_sent; }
   bool failed() const { return !failure_.empty(); }
   // finish() was called, or only relaxed readers ever read and every one has read its last

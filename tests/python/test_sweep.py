@@ -232,9 +232,10 @@ def test_a_sweep_killed_outright_takes_its_trials_with_it(folder, batchcast_cli,
         sweep.communicate()
     trials = [int(p) for p in os.listdir(hold)]
     wait_for(lambda: not [pid for pid in trials if alive(pid)], "the trials to be killed")
-    # Their share producer exits once they are gone (a second's grace), removing its pool and
-    # socket; only its log (and a failure record) stay in /tmp, as no sweep is left to move it.
-    wait_for(lambda: not scope_processes(scope), "the share producer to exit", timeout=60)
+    # Their share producer exits once they are gone (a second's grace: the sweep it would wait
+    # for is gone too), removing its pool and socket; only its log (and a failure record) stay
+    # in /tmp, as no sweep is left to move it. Well under SWEEP_LINGER_S: it did not wait.
+    wait_for(lambda: not scope_processes(scope), "the share producer to exit", timeout=20)
     prefix = f"batchcast-{os.getuid()}-{scope}."
     left = [n for n in os.listdir("/tmp") if n.startswith(prefix)]
     for name in left:

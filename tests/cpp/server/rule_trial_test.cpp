@@ -94,6 +94,17 @@ TEST(RuleTrial, AKeptAlternativeIsTriedAgainWhenConsumersNoLongerWait) {
   EXPECT_EQ(run.trial.trials(), 2u) << "the default, consumers not waiting: no further trial";
 }
 
+TEST(RuleTrial, AWindowThatNothingEndedForLongIsGivenUp) {
+  // The readers left mid-window and no chunk was chosen for 5 s: that window's rate says nothing
+  // of its rule (it would lose at once), so the trial is given up until consumers wait again.
+  RuleTrial trial(RuleTrial::Timing{0.5, 1.0, 15.0, 0.03});
+  for (int i = 0; i < 20; ++i) trial.at(0.0, 0, true);
+  EXPECT_EQ(trial.at(0.6, 600, true), Rule::kDefault);  // the window starts
+  EXPECT_EQ(trial.at(5.6, 700, false), Rule::kDefault);  // given up: the default, kept
+  EXPECT_FALSE(trial.rate(Rule::kDefault));
+  EXPECT_EQ(trial.trials(), 0u);
+}
+
 TEST(RuleTrial, AWindowLastsAsLongAsTheCallsMakeIt) {
   // Calls 0.4 s apart: windows end late, and each rate is over the time its window lasted.
   RuleTrial trial(RuleTrial::Timing{0.5, 1.0, 15.0, 0.03});
