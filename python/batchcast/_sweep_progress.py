@@ -61,10 +61,10 @@ _loaders: Dict[str, Dict[str, Any]] = {}
 _since: Dict[str, float] = {}  # each loader's first epoch's request, written or not yet
 
 
-def _write(path: str, key: str, epochs: int, stats: Any, since: float) -> None:
+def _write(path: str, key: str, epochs: int, stats: Any) -> None:
     with _lock:
         _loaders[key] = {"epochs": epochs, "samples": int(stats.samples),
-                         "wait_s": float(stats.wait_s), "since": since}
+                         "wait_s": float(stats.wait_s), "since": _since[key]}
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w") as f:
@@ -89,22 +89,22 @@ def _reported(batches: Iterator[Any], path: str, key: str, stats: Callable[[], A
               asked: float) -> Iterator[Any]:
     with _lock:
         epochs = _loaders.get(key, {}).get("epochs", 0)
-        since = _since.setdefault(key, asked)  # its first epoch's, even one left before a write
+        _since.setdefault(key, asked)  # its first epoch's, even one left before a write
     last = time.monotonic()
     for batch in batches:
         yield batch
         now = time.monotonic()
         if now - last >= _EVERY_S and stats() is not None:
-            _write(path, key, epochs, stats(), since)
+            _write(path, key, epochs, stats())
             last = now
     if stats() is not None:
-        _write(path, key, epochs + 1, stats(), since)
+        _write(path, key, epochs + 1, stats())
 
 
 def read_progress(path: str) -> Optional[Dict[str, Any]]:
     """The trial's progress file summed over its loaders: ``{"epochs"}`` (the most any of its
-    loaders finished), ``{"samples", "wait_s"}`` (sums), ``{"since"}`` (the earliest, None in a
-    file that has none); None where there is none (yet)."""
+    loaders finished), ``{"samples", "wait_s"}`` (sums), ``{"since"}`` (the earliest); None where
+    there is none (yet)."""
     try:
         with open(path) as f:
             loaders = json.load(f).get("loaders", {})
@@ -116,5 +116,5 @@ def read_progress(path: str) -> Optional[Dict[str, Any]]:
         "epochs": max(int(v.get("epochs", 0)) for v in loaders.values()),
         "samples": sum(int(v.get("samples", 0)) for v in loaders.values()),
         "wait_s": sum(float(v.get("wait_s", 0.0)) for v in loaders.values()),
-        "since": min((float(v["since"]) for v in loaders.values() if "since" in v), default=None),
+        "since": min(float(v["since"]) for v in loaders.values()),
     }

@@ -266,7 +266,7 @@ class Runner:
         if seen is None:
             return
         # From the first batch asked for: a trial's start-up (imports, its model) is no reading.
-        since = max(record["start"], seen["since"] or record["start"])
+        since = max(record["start"], seen["since"])
         span = (record["end"] or time.time()) - since
         record.update(samples=seen["samples"], epochs=seen["epochs"])
         if span > 0:
@@ -332,7 +332,8 @@ class Runner:
             "gpu_joules_per_sample": round(gpu_j / samples, 5) if gpu_j and samples else None,
             "producers": producers,
             "how": "samples_decoded and cache: each native share producer's done line, once it "
-                   "ended (samples decoded: the samples it made less its cache hits); cpu_s: each share producer's CPU read from /proc every "
+                   "ended (samples decoded: the samples it made less its cache hits); cpu_s: "
+                   "each share producer's CPU read from /proc every "
                    f"{_REPORT_S:g} s while it ran (its last interval is missing); gpu_joules: "
                    "the sweep's GPUs' energy counters (NVML) since the sweep started, trials "
                    "and data side together",

@@ -4,8 +4,8 @@
 //
 // Why not always the engine: nvJPEG queues a colour-conversion kernel behind every image the
 // hardware engine decodes, so the server's context holds the GPU's compute engine, waiting, for as
-// long as the engine works on its images; collocated trainers lose that time (docs/architecture.md).
-// A chunk the CPU decodes costs them one copy. Why not a share of each chunk: under time-slicing
+// long as the engine works on its images; collocated trainers lose that time
+// (docs/architecture.md). A chunk the CPU decodes costs them one copy. Why not a share of each chunk: under time-slicing
 // each engine decode waits for turns of the GPU, a cost per chunk, not per image, so a chunk split
 // between the sides pays it for a few images and is published only when its slower side is done.
 //
@@ -17,10 +17,11 @@
 // one, plus the one being prepared: 1 + ceil(cpu_s / (workers * engine_s)) from the measured
 // seconds per sample of a worker (cpu_s) and of the engine's uploads (engine_s), at most the
 // ring's slots; 1 until both are measured. So a consumer-bound stream is decoded on the CPU
-// alone; a CPU-starved one keeps both sides busy, each in proportion to its rate: an engine 4x faster than the workers
-// together holds 5 chunks and takes 4 of every 5, a slower one 2 (one decoding, one prepared)
-// beside the workers' one; an engine beyond the ring's depth takes every chunk. The workers are
-// never idle behind an engine chunk: its samples are only read, checked and given their geometry.
+// alone; a CPU-starved one keeps both sides busy, each in proportion to its rate: an engine 4x
+// faster than the workers together holds 5 chunks and takes 4 of every 5, a slower one 2 (one
+// decoding, one prepared) beside the workers' one; an engine beyond the ring's depth takes every
+// chunk. The workers are never idle behind an engine chunk: its samples are only read, checked
+// and given their geometry.
 //
 // The split by rates assumes the sides do not slow each other. They can: a worker busy with a CPU
 // chunk is not preparing the engine's next one (reading its files, drawing its geometry), and on
